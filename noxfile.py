@@ -1,0 +1,63 @@
+"""Every check CI runs, one session each: `nox -s <name>` reproduces CI.
+
+Sessions install from `uv.lock` only (`uv sync --locked`), each with just the
+dependency group it needs, into the session's own virtualenv.
+"""
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_external_run = True
+nox.options.sessions = ["lint", "typecheck", "tests", "property"]
+
+
+def sync(session: nox.Session, *groups: str) -> None:
+    """Install the project and `groups` exactly as locked."""
+    group_args = [arg for group in groups for arg in ("--group", group)]
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        *group_args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    sync(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    sync(session, "typecheck")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    sync(session, "test")
+    session.run("pytest", "tests/core", *session.posargs)
+
+
+@nox.session(name="property")
+def property_tests(session: nox.Session) -> None:
+    sync(session, "test")
+    session.run("pytest", "tests/property", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session
+def protos(session: nox.Session) -> None:
+    """Fail on drift between protos/ and blockx/_proto/; `-- --write` regenerates."""
+    sync(session, "protos")
+    if session.posargs == ["--write"]:
+        session.run("python", "tools/gen_protos.py", "blockx/_proto")
+    elif not session.posargs:
+        session.run("python", "tools/gen_protos.py", "--check", "blockx/_proto")
+    else:
+        session.error(f"unknown arguments {session.posargs}; the only option is --write")

@@ -1,0 +1,205 @@
+"""Round trips of the generated betterproto2 messages of blockx.worker.v1.
+
+These pin down the behaviours the API layer relies on: exact round trips,
+field presence of sub-messages (unset is `None`, set-but-empty survives), and
+unknown enum values from newer peers surviving a round trip.
+"""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from blockx._proto.blockx.worker.v1 import (
+    CallFailurePolicy,
+    CallRetryPolicy,
+    CallStatistics,
+    ExecuteResult,
+    FunctionCallConfig,
+    PhaseTimings,
+    PluginResult,
+    ResultHandler,
+    TaskPhase,
+    TaskResult,
+    TaskSpec,
+    TaskState,
+    TaskUpdate,
+)
+
+UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
+UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+function_calls = st.builds(FunctionCallConfig, type=st.text(), config_json=st.text())
+result_handlers = st.builds(ResultHandler, type=st.text(), config_json=st.text())
+retry_policies = st.builds(
+    CallRetryPolicy, max_attempts=UINT32, base_backoff_ms=UINT32, jitter_percent=UINT32
+)
+task_specs = st.builds(
+    TaskSpec,
+    task_id=st.text(),
+    function_call=st.none() | function_calls,
+    payload=st.binary(),
+    result_handler=st.none() | result_handlers,
+    task_timeout_ms=INT64,
+    call_failure_policy=st.sampled_from(CallFailurePolicy),
+    call_retry_policy=st.none() | retry_policies,
+    labels=st.dictionaries(st.text(), st.text()),
+)
+
+plugin_results = st.builds(
+    PluginResult, plugin_type=st.text(), ok=st.booleans(), records_written=UINT64, detail=st.text()
+)
+execute_results = st.builds(
+    ExecuteResult,
+    output_count=UINT64,
+    output_bytes=UINT64,
+    plugin_results=st.lists(plugin_results, max_size=3),
+)
+phase_timings = st.builds(
+    PhaseTimings,
+    preparing_ms=INT64,
+    builder_ms=INT64,
+    calls_ms=INT64,
+    plugin_ms=INT64,
+    total_ms=INT64,
+)
+call_statistics = st.builds(
+    CallStatistics,
+    calls_total=UINT64,
+    calls_succeeded=UINT64,
+    calls_failed=UINT64,
+    calls_retried=UINT64,
+)
+task_results = st.builds(
+    TaskResult,
+    task_id=st.text(),
+    state=st.sampled_from(TaskState),
+    phase=st.sampled_from(TaskPhase),
+    failure_code=st.text(),
+    message=st.text(),
+    retryable=st.booleans(),
+    execute_result=st.none() | execute_results,
+    timings=st.none() | phase_timings,
+    call_stats=st.none() | call_statistics,
+    task_code_epoch=st.text(),
+    accepted_at_ms=INT64,
+    finished_at_ms=INT64,
+)
+task_updates = st.builds(
+    TaskUpdate,
+    task_id=st.text(),
+    state=st.sampled_from(TaskState),
+    phase=st.sampled_from(TaskPhase),
+    is_terminal=st.booleans(),
+    result=task_results,
+)
+
+
+def test_full_task_spec_round_trips_exactly() -> None:
+    spec = TaskSpec(
+        task_id="task-0001",
+        function_call=FunctionCallConfig(type="python.map", config_json='{"fn": "double"}'),
+        payload=b"\x00\x01payload\xff",
+        result_handler=ResultHandler(type="file", config_json='{"path": "/tmp/out"}'),
+        task_timeout_ms=30_000,
+        call_failure_policy=CallFailurePolicy.BEST_EFFORT,
+        call_retry_policy=CallRetryPolicy(max_attempts=3, base_backoff_ms=200, jitter_percent=5),
+        labels={"tenant": "acme", "priority": "high"},
+    )
+
+    parsed = TaskSpec.parse(bytes(spec))
+
+    assert parsed == spec
+    assert parsed.labels == {"tenant": "acme", "priority": "high"}
+    assert parsed.result_handler == ResultHandler(type="file", config_json='{"path": "/tmp/out"}')
+    assert parsed.call_retry_policy == CallRetryPolicy(
+        max_attempts=3, base_backoff_ms=200, jitter_percent=5
+    )
+    assert parsed.call_failure_policy is CallFailurePolicy.BEST_EFFORT
+
+
+@given(task_specs)
+def test_task_spec_round_trips(spec: TaskSpec) -> None:
+    encoded = bytes(spec)
+    parsed = TaskSpec.parse(encoded)
+
+    assert parsed == spec
+    assert bytes(parsed) == encoded
+
+
+@given(task_updates)
+def test_task_update_with_result_round_trips(update: TaskUpdate) -> None:
+    encoded = bytes(update)
+    parsed = TaskUpdate.parse(encoded)
+
+    assert parsed == update
+    assert parsed.result == update.result
+    assert bytes(parsed) == encoded
+
+
+def test_terminal_task_update_carries_its_result() -> None:
+    result = TaskResult(
+        task_id="task-0001",
+        state=TaskState.FAILED,
+        phase=TaskPhase.CALLS,
+        failure_code="TIMED_OUT",
+        message="task deadline of 30000 ms passed",
+        retryable=True,
+        timings=PhaseTimings(preparing_ms=1, builder_ms=2, calls_ms=30_000, total_ms=30_003),
+        call_stats=CallStatistics(calls_total=10, calls_succeeded=7, calls_retried=4),
+        task_code_epoch="epoch-7",
+        accepted_at_ms=1_700_000_000_000,
+        finished_at_ms=1_700_000_030_003,
+    )
+    update = TaskUpdate(
+        task_id="task-0001",
+        state=TaskState.FAILED,
+        phase=TaskPhase.TERMINAL,
+        is_terminal=True,
+        result=result,
+    )
+
+    parsed = TaskUpdate.parse(bytes(update))
+
+    assert parsed == update
+    assert parsed.result == result
+    assert parsed.result is not None
+    assert parsed.result.execute_result is None
+
+
+def test_unset_result_handler_stays_unset() -> None:
+    spec = TaskSpec(task_id="task-0001", payload=b"x")
+    assert spec.result_handler is None
+
+    parsed = TaskSpec.parse(bytes(spec))
+
+    assert parsed.result_handler is None
+    assert not parsed.is_set("result_handler")
+    assert parsed.call_retry_policy is None
+
+
+def test_empty_result_handler_stays_set() -> None:
+    # An empty sub-message is still present on the wire. It is falsy, so code
+    # must test presence with `is not None`, never with truthiness.
+    spec = TaskSpec(task_id="task-0001", result_handler=ResultHandler())
+
+    parsed = TaskSpec.parse(bytes(spec))
+
+    assert parsed.result_handler is not None
+    assert parsed.result_handler == ResultHandler()
+    assert not parsed.result_handler
+
+
+def test_enum_members_drop_the_proto_prefix() -> None:
+    assert TaskState.RUNNING.proto_name == "TASK_STATE_RUNNING"
+    assert TaskPhase.TERMINAL.proto_name == "TASK_PHASE_TERMINAL"
+    assert CallFailurePolicy(0) is CallFailurePolicy.UNSPECIFIED
+
+
+def test_unknown_enum_value_from_a_newer_peer_survives_a_round_trip() -> None:
+    update = TaskUpdate(task_id="task-0001", state=TaskState(99))
+
+    parsed = TaskUpdate.parse(bytes(update))
+
+    assert parsed.state == 99
+    assert parsed.state not in set(TaskState)
+    assert bytes(parsed) == bytes(update)

@@ -1,0 +1,119 @@
+"""Errors of the slot table, split by who is at fault.
+
+`WorkerError` and its subclasses are the caller's fault (a client asked for
+something the worker cannot or will not do); each has a stable `code` that the
+gRPC front end maps to a status. `MachineMisuse` is the runtime's fault: it
+reported something the machine never asked for. Either way the machine's state
+is left exactly as it was before the call.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from blockx.errors import BlockxError
+
+
+class ErrorCode(enum.Enum):
+    INVALID_ARGUMENT = "InvalidArgument"
+    NO_SLOT = "NoSlot"
+    UNAVAILABLE = "Unavailable"
+    INVALID_SLOT = "InvalidSlot"
+    NOT_FOUND = "NotFound"
+    SLOT_UNCERTAIN = "SlotUncertain"
+
+
+class WorkerError(BlockxError):
+    """A request the worker refuses. State is unchanged."""
+
+    code: ErrorCode
+
+
+class InvalidArgument(WorkerError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+    def __init__(self, *, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+class NoSlot(WorkerError):
+    code = ErrorCode.NO_SLOT
+
+    def __init__(self, *, task_id: str, task_slots: int) -> None:
+        self.task_id = task_id
+        self.task_slots = task_slots
+        super().__init__(f"no free slot for task {task_id!r}: all {task_slots} slots are in use")
+
+
+class Unavailable(WorkerError):
+    code = ErrorCode.UNAVAILABLE
+
+    def __init__(self, *, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"worker is draining and admits no new work (task {task_id!r})")
+
+
+class InvalidSlot(WorkerError):
+    code = ErrorCode.INVALID_SLOT
+
+    def __init__(self, *, task_id: str, slot_id: str, held_by: str | None, known: bool) -> None:
+        self.task_id = task_id
+        self.slot_id = slot_id
+        self.held_by = held_by
+        self.known = known
+        if not known:
+            why = "no such slot on this worker"
+        elif held_by is None:
+            why = "the slot is not reserved"
+        else:
+            why = f"the slot is held by task {held_by!r}"
+        super().__init__(f"slot_id={slot_id!r} cannot be used by task {task_id!r}: {why}")
+
+
+class NotFound(WorkerError):
+    code = ErrorCode.NOT_FOUND
+
+    def __init__(self, *, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(
+            f"task {task_id!r} is unknown: never submitted here, or its result retention has ended"
+        )
+
+
+class SlotUncertain(WorkerError):
+    """The task's reservation has passed its lease expiry but is not yet reclaimed.
+
+    Retrying after a moment gets a definite answer.
+    """
+
+    code = ErrorCode.SLOT_UNCERTAIN
+
+    def __init__(self, *, task_id: str, slot_id: str, lease_expired_at_ms: int) -> None:
+        self.task_id = task_id
+        self.slot_id = slot_id
+        self.lease_expired_at_ms = lease_expired_at_ms
+        super().__init__(
+            f"the lease of slot {slot_id!r} for task {task_id!r} expired at "
+            f"{lease_expired_at_ms} ms and the slot is being reclaimed; reserve again"
+        )
+
+
+class MachineMisuse(BlockxError):
+    """The runtime drove the machine in a way it never asked for (a bug)."""
+
+    def __init__(self, *, what: str) -> None:
+        self.what = what
+        super().__init__(what)
+
+
+class InvalidConfig(BlockxError):
+    """A slot-table setting is out of range or inconsistent with another."""
+
+    def __init__(self, *, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")

@@ -1,0 +1,141 @@
+"""Events: what happened, told to the slot machine. Named in the past tense.
+
+Every event carries the time it happened (`now_ms`, milliseconds on the
+worker's clock) and the id of the stimulus that caused it; commands the
+machine answers with carry the same id. Events check their own fields when
+constructed, so a malformed event never reaches the machine.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from blockx.slots._errors import MachineMisuse
+from blockx.slots._model import PhaseOutcome, TaskPhase, TaskSpec, Timer
+
+REPORTABLE_PHASES = (TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+
+
+@attrs.frozen(kw_only=True)
+class SlotRequested:
+    """A client asked to reserve a slot for `task_id` (`ttl_ms` 0 = default)."""
+
+    task_id: str
+    ttl_ms: int
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class TaskSubmitted:
+    """A client submitted a task, into a reserved slot or (slot_id None) inline."""
+
+    spec: TaskSpec
+    slot_id: str | None
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ActivationPrepared:
+    """The runtime pinned the task's code epoch and opened its IO scope."""
+
+    task_id: str
+    slot_id: str
+    task_code_epoch: str
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ActivationFailed:
+    """The runtime could not activate the task (epoch, pin or IO scope failed)."""
+
+    task_id: str
+    failure_code: str
+    message: str
+    retryable: bool
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class PhaseFinished:
+    """The task's runtime finished `phase` (BUILDER, CALLS or PLUGIN)."""
+
+    task_id: str
+    phase: TaskPhase
+    outcome: PhaseOutcome
+    now_ms: int
+    stimulus_id: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.phase not in REPORTABLE_PHASES:
+            raise MachineMisuse(what=f"phase {self.phase.value} is not reported by a task runtime")
+
+
+@attrs.frozen(kw_only=True)
+class WatchAttached:
+    """The first watch stream for `task_id` attached."""
+
+    task_id: str
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class WatchDetached:
+    """The last watch stream for `task_id` ended cleanly."""
+
+    task_id: str
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class WatchDisconnected:
+    """The last watch stream for `task_id` broke (client gone or transport lost)."""
+
+    task_id: str
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class TimerFired:
+    """A timer from `SlotMachine.due_timers` came due and the runtime fed it back."""
+
+    timer: Timer
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class DrainStarted:
+    """The worker stopped admitting new work."""
+
+    now_ms: int
+    stimulus_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class DrainDeadlinePassed:
+    """The drain timeout ran out: whatever is still live must end now."""
+
+    now_ms: int
+    stimulus_id: str = ""
+
+
+Event = (
+    SlotRequested
+    | TaskSubmitted
+    | ActivationPrepared
+    | ActivationFailed
+    | PhaseFinished
+    | WatchAttached
+    | WatchDetached
+    | WatchDisconnected
+    | TimerFired
+    | DrainStarted
+    | DrainDeadlinePassed
+)

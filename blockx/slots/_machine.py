@@ -1,0 +1,865 @@
+"""The slot machine: the single source of truth for slots and task state.
+
+Theory of operation
+-------------------
+The worker owns `task_slots` slots, `slot-0 … slot-(N-1)`, each FREE,
+ALLOCATED (reserved under a TTL lease, possibly submitted but not yet
+activated) or RUNNING (an activated task). Every task id the machine knows is
+in exactly one of two maps:
+
+* `_live`: reserved or submitted and not yet terminal. Each live task holds
+  exactly one non-FREE slot and each non-FREE slot is held by exactly one live
+  task; both sides change in the same step.
+* `_retained`: terminal, its result kept until `result_retention_ms` after it
+  ended. The slot was freed in the step that made the result.
+
+Rules:
+
+1. One mutator, `handle(event)`. It validates everything first, then
+   changes state, and returns a `Step` (a reply and commands). A refused
+   request raises a `WorkerError` and changes nothing.
+2. Idempotency by task id wins over everything else: a known live task
+   answers its snapshot, a retained one its terminal snapshot. Only then do
+   draining, capacity and slot checks apply.
+3. Phases go PREPARING → BUILDER → CALLS → PLUGIN → TERMINAL. A report for a
+   phase the task is not in (late, duplicated, or for a finished task) is
+   ignored. Once submitted, every failure ends as a terminal `TaskResult`.
+4. Time only moves through `now_ms` on events. Leases, deadlines, watch grace
+   and retention are timers with tickets; re-arming or clearing issues a new
+   ticket, so a stale timer does nothing. A lease past its expiry is not
+   honoured even before its timer fires (requests get `SlotUncertain`,
+   activation fails with `SLOT_LOST`).
+5. The machine never reads a clock, draws a random number or does IO.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from typing import assert_never
+
+import attrs
+
+from blockx.slots._commands import (
+    Command,
+    ConvergeTask,
+    ForgetTask,
+    PrepareTaskActivation,
+    StartBuilderPhase,
+    StartCallPhase,
+    StartWriterPhase,
+)
+from blockx.slots._config import MAX_JITTER_PERCENT, SlotConfig
+from blockx.slots._errors import (
+    InvalidArgument,
+    InvalidSlot,
+    MachineMisuse,
+    NoSlot,
+    NotFound,
+    SlotUncertain,
+    Unavailable,
+)
+from blockx.slots._events import (
+    ActivationFailed,
+    ActivationPrepared,
+    DrainDeadlinePassed,
+    DrainStarted,
+    Event,
+    PhaseFinished,
+    SlotRequested,
+    TaskSubmitted,
+    TimerFired,
+    WatchAttached,
+    WatchDetached,
+    WatchDisconnected,
+)
+from blockx.slots._model import (
+    CallStats,
+    FailureCode,
+    ForgetReason,
+    Heartbeat,
+    PhaseOutcome,
+    PhaseTimings,
+    PluginResult,
+    RetryPolicy,
+    SlotState,
+    SlotView,
+    TaskPhase,
+    TaskResult,
+    TaskSnapshot,
+    TaskSpec,
+    TaskState,
+    Timer,
+    TimerKind,
+)
+
+RECENT_STIMULI = 256
+
+
+@attrs.frozen(kw_only=True)
+class Step:
+    """What one event produced: the reply for the caller and commands for the runtime."""
+
+    reply: TaskSnapshot | None = None
+    commands: tuple[Command, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class LoggedStimulus:
+    event: Event
+    outcome: str
+
+
+@attrs.frozen(kw_only=True)
+class _PhaseRule:
+    next_phase: TaskPhase
+    default_failure: FailureCode
+
+
+# Phase progression as data: where a successful report leads, and the code a
+# failed one gets when the outcome names none.
+_PHASE_RULES: dict[TaskPhase, _PhaseRule] = {
+    TaskPhase.BUILDER: _PhaseRule(
+        next_phase=TaskPhase.CALLS, default_failure=FailureCode.BUILDER_FAILED
+    ),
+    TaskPhase.CALLS: _PhaseRule(
+        next_phase=TaskPhase.PLUGIN, default_failure=FailureCode.CALLS_FAILED
+    ),
+    TaskPhase.PLUGIN: _PhaseRule(
+        next_phase=TaskPhase.TERMINAL, default_failure=FailureCode.PLUGIN_FAILED
+    ),
+}
+
+_SLOT_MOVES = frozenset(
+    {
+        (SlotState.FREE, SlotState.ALLOCATED),
+        (SlotState.ALLOCATED, SlotState.RUNNING),
+        (SlotState.ALLOCATED, SlotState.FREE),
+        (SlotState.RUNNING, SlotState.FREE),
+    }
+)
+
+_ACTIVE_PHASES = (TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+
+
+@attrs.define
+class _Slot:
+    slot_id: str
+    state: SlotState = SlotState.FREE
+    task_id: str | None = None
+    lease_expires_at_ms: int | None = None
+    lease_ticket: int = 0
+
+
+@attrs.define
+class _Task:
+    """A live task id: reserved (`spec` None) or submitted and not terminal."""
+
+    task_id: str
+    slot_index: int
+    spec: TaskSpec | None = None
+    phase: TaskPhase | None = None
+    accepted_at_ms: int = 0
+    deadline_ms: int | None = None
+    deadline_ticket: int = 0
+    task_code_epoch: str = ""
+    watch_attached: bool = False
+    watch_ever_attached: bool = False
+    watch_deadline_ms: int | None = None
+    watch_ticket: int = 0
+    phase_started_at_ms: int = 0
+    phase_ms: dict[TaskPhase, int] = attrs.Factory(dict)
+    call_stats: CallStats = attrs.Factory(CallStats)
+    output_count: int = 0
+    output_bytes: int = 0
+    plugin_results: tuple[PluginResult, ...] = ()
+
+
+@attrs.define
+class _Retained:
+    result: TaskResult
+    purge_at_ms: int
+    ticket: int
+
+
+class SlotMachine:
+    """The slot table and task lifecycle of one worker. See the module docstring."""
+
+    def __init__(self, config: SlotConfig) -> None:
+        self._config = config
+        self._slots = [_Slot(slot_id=f"slot-{i}") for i in range(config.task_slots)]
+        self._slot_index = {slot.slot_id: i for i, slot in enumerate(self._slots)}
+        self._live: dict[str, _Task] = {}
+        self._retained: dict[str, _Retained] = {}
+        self._draining = False
+        self._last_ticket = 0
+        # Min-heap of (due_ms, ticket, timer); entries whose ticket is no longer
+        # current are skipped and dropped lazily.
+        self._timers: list[tuple[int, int, Timer]] = []
+        self._recent: collections.deque[LoggedStimulus] = collections.deque(maxlen=RECENT_STIMULI)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def config(self) -> SlotConfig:
+        return self._config
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def recent_stimuli(self) -> tuple[LoggedStimulus, ...]:
+        """The last events handled, oldest first, with what came of each."""
+        return tuple(self._recent)
+
+    def free_capacity(self) -> int:
+        return sum(1 for slot in self._slots if slot.state is SlotState.FREE)
+
+    def active_task_count(self) -> int:
+        """Submitted tasks that have not reached a terminal state."""
+        return sum(1 for task in self._live.values() if task.spec is not None)
+
+    def slot_views(self) -> tuple[SlotView, ...]:
+        return tuple(
+            SlotView(
+                slot_id=slot.slot_id,
+                state=slot.state,
+                task_id=slot.task_id,
+                lease_expires_at_ms=slot.lease_expires_at_ms,
+            )
+            for slot in self._slots
+        )
+
+    def heartbeat(self, now_ms: int) -> Heartbeat:
+        reserved = sum(1 for slot in self._slots if slot.state is SlotState.ALLOCATED)
+        running = sum(1 for slot in self._slots if slot.state is SlotState.RUNNING)
+        return Heartbeat(
+            at_ms=now_ms,
+            slots_total=len(self._slots),
+            reserved_slots=reserved,
+            running_tasks=running,
+            free_slots=len(self._slots) - reserved - running,
+            active_tasks=self.active_task_count(),
+            draining=self._draining,
+        )
+
+    def get_result(self, task_id: str) -> TaskSnapshot:
+        """The task's snapshot, with its result once terminal. `NotFound` if unknown."""
+        task = self._live.get(task_id)
+        if task is not None:
+            return self._snapshot(task)
+        retained = self._retained.get(task_id)
+        if retained is not None:
+            return _terminal_snapshot(retained.result)
+        raise NotFound(task_id=task_id)
+
+    def next_deadline_ms(self) -> int | None:
+        """When the earliest armed timer is due, or None if nothing is armed."""
+        self._drop_stale_timers()
+        return self._timers[0][0] if self._timers else None
+
+    def due_timers(self, now_ms: int) -> tuple[Timer, ...]:
+        """Every current timer due at `now_ms`, earliest first. Arms and fires nothing."""
+        due: list[tuple[int, int, Timer]] = []
+        while self._timers and self._timers[0][0] <= now_ms:
+            entry = heapq.heappop(self._timers)
+            if self._is_current(entry[2]):
+                due.append(entry)
+        for entry in due:
+            heapq.heappush(self._timers, entry)
+        return tuple(timer for _, _, timer in due)
+
+    # ------------------------------------------------------------------ mutator
+
+    def handle(self, event: Event) -> Step:
+        """Apply one event. Raises `WorkerError` (state unchanged) on a refused request."""
+        try:
+            step = self._dispatch(event)
+        except Exception as exc:
+            self._recent.append(LoggedStimulus(event=event, outcome=type(exc).__name__))
+            raise
+        outcome = ",".join(type(command).__name__ for command in step.commands) or "-"
+        self._recent.append(LoggedStimulus(event=event, outcome=outcome))
+        return step
+
+    def _dispatch(self, event: Event) -> Step:
+        match event:
+            case SlotRequested():
+                return self._on_slot_requested(event)
+            case TaskSubmitted():
+                return self._on_task_submitted(event)
+            case ActivationPrepared():
+                return self._on_activation_prepared(event)
+            case ActivationFailed():
+                return self._on_activation_failed(event)
+            case PhaseFinished():
+                return self._on_phase_finished(event)
+            case WatchAttached():
+                return self._on_watch_attached(event)
+            case WatchDetached():
+                return self._on_watch_detached(event)
+            case WatchDisconnected():
+                return self._on_watch_disconnected(event)
+            case TimerFired():
+                return self._on_timer_fired(event)
+            case DrainStarted():
+                self._draining = True
+                return Step()
+            case DrainDeadlinePassed():
+                return self._on_drain_deadline_passed(event)
+            case _:
+                assert_never(event)
+
+    # --------------------------------------------------------------- admission
+
+    def _on_slot_requested(self, event: SlotRequested) -> Step:
+        _check_task_id(event.task_id)
+        if not 0 <= event.ttl_ms <= self._config.max_task_timeout_ms:
+            raise InvalidArgument(
+                field="ttl_ms",
+                value=event.ttl_ms,
+                allowed=f"between 0 (default TTL) and {self._config.max_task_timeout_ms}",
+            )
+        known = self._known_reply(event.task_id, event.now_ms)
+        if known is not None:
+            return Step(reply=known)
+        self._check_admitting(event.task_id)
+        ttl_ms = event.ttl_ms or self._config.default_ttl_ms
+        task = self._reserve(event.task_id, ttl_ms, event.now_ms)
+        return Step(reply=self._snapshot(task))
+
+    def _on_task_submitted(self, event: TaskSubmitted) -> Step:
+        spec, now_ms = event.spec, event.now_ms
+        retry_policy = self._validate_spec(spec)
+        task = self._live.get(spec.task_id)
+        if task is not None and task.spec is not None:
+            if event.slot_id is not None and event.slot_id != self._slots[task.slot_index].slot_id:
+                raise self._invalid_slot(spec.task_id, event.slot_id)
+            return Step(reply=self._snapshot(task))
+        retained = self._retained.get(spec.task_id)
+        if retained is not None:
+            return Step(reply=_terminal_snapshot(retained.result))
+
+        if task is not None:  # reserved by this task id earlier
+            slot = self._slots[task.slot_index]
+            if event.slot_id is not None and event.slot_id != slot.slot_id:
+                raise self._invalid_slot(spec.task_id, event.slot_id)
+            self._check_lease_not_passed(task, now_ms)
+            self._check_admitting(spec.task_id)
+        else:
+            if event.slot_id is not None:
+                raise self._invalid_slot(spec.task_id, event.slot_id)
+            self._check_admitting(spec.task_id)
+            task = self._reserve(spec.task_id, self._config.default_ttl_ms, now_ms)
+
+        timeout_ms = spec.task_timeout_ms or self._config.task_deadline_ms
+        deadline_ms = now_ms + min(timeout_ms, self._config.max_task_timeout_ms)
+        task.spec = spec
+        task.phase = TaskPhase.PREPARING
+        task.accepted_at_ms = now_ms
+        task.phase_started_at_ms = now_ms
+        task.deadline_ms = deadline_ms
+        task.deadline_ticket = self._arm(TimerKind.TASK_DEADLINE, spec.task_id, deadline_ms)
+        if task.watch_ever_attached and not task.watch_attached:
+            self._arm_watch_grace(task, now_ms)
+        command = PrepareTaskActivation(
+            task_id=spec.task_id,
+            slot_id=self._slots[task.slot_index].slot_id,
+            spec=spec,
+            retry_policy=retry_policy,
+            deadline_ms=deadline_ms,
+            stimulus_id=event.stimulus_id,
+        )
+        return Step(reply=self._snapshot(task), commands=(command,))
+
+    def _known_reply(self, task_id: str, now_ms: int) -> TaskSnapshot | None:
+        task = self._live.get(task_id)
+        if task is not None:
+            if task.spec is None:
+                self._check_lease_not_passed(task, now_ms)
+            return self._snapshot(task)
+        retained = self._retained.get(task_id)
+        if retained is not None:
+            return _terminal_snapshot(retained.result)
+        return None
+
+    def _check_admitting(self, task_id: str) -> None:
+        if self._draining:
+            raise Unavailable(task_id=task_id)
+
+    def _check_lease_not_passed(self, task: _Task, now_ms: int) -> None:
+        slot = self._slots[task.slot_index]
+        assert slot.lease_expires_at_ms is not None
+        if now_ms >= slot.lease_expires_at_ms:
+            raise SlotUncertain(
+                task_id=task.task_id,
+                slot_id=slot.slot_id,
+                lease_expired_at_ms=slot.lease_expires_at_ms,
+            )
+
+    def _invalid_slot(self, task_id: str, slot_id: str) -> InvalidSlot:
+        index = self._slot_index.get(slot_id)
+        held_by = None if index is None else self._slots[index].task_id
+        return InvalidSlot(
+            task_id=task_id, slot_id=slot_id, held_by=held_by, known=index is not None
+        )
+
+    def _validate_spec(self, spec: TaskSpec) -> RetryPolicy:
+        _check_task_id(spec.task_id)
+        limit = self._config.max_task_timeout_ms
+        if not 0 <= spec.task_timeout_ms <= limit:
+            raise InvalidArgument(
+                field="task.task_timeout_ms",
+                value=spec.task_timeout_ms,
+                allowed=f"between 0 (default deadline) and the maximum {limit}",
+            )
+        if not spec.function_call.type:
+            raise InvalidArgument(
+                field="task.function_call.type",
+                value=spec.function_call.type,
+                allowed="a builder type is required",
+            )
+        policy = spec.call_retry_policy
+        if policy is None:
+            return self._config.default_retry_policy
+        if policy.max_attempts < 1:
+            raise InvalidArgument(
+                field="task.call_retry_policy.max_attempts",
+                value=policy.max_attempts,
+                allowed="must be >= 1",
+            )
+        if policy.base_backoff_ms < 0:
+            raise InvalidArgument(
+                field="task.call_retry_policy.base_backoff_ms",
+                value=policy.base_backoff_ms,
+                allowed="must be >= 0",
+            )
+        if not 0 <= policy.jitter_percent <= MAX_JITTER_PERCENT:
+            raise InvalidArgument(
+                field="task.call_retry_policy.jitter_percent",
+                value=policy.jitter_percent,
+                allowed=f"between 0 and {MAX_JITTER_PERCENT}",
+            )
+        return policy
+
+    def _reserve(self, task_id: str, ttl_ms: int, now_ms: int) -> _Task:
+        index = next(
+            (i for i, slot in enumerate(self._slots) if slot.state is SlotState.FREE), None
+        )
+        if index is None:
+            raise NoSlot(task_id=task_id, task_slots=len(self._slots))
+        slot = self._slots[index]
+        self._move_slot(slot, SlotState.ALLOCATED)
+        slot.task_id = task_id
+        slot.lease_expires_at_ms = now_ms + ttl_ms
+        slot.lease_ticket = self._arm(TimerKind.SLOT_LEASE, slot.slot_id, now_ms + ttl_ms)
+        task = _Task(task_id=task_id, slot_index=index)
+        self._live[task_id] = task
+        return task
+
+    # -------------------------------------------------------------- activation
+
+    def _on_activation_prepared(self, event: ActivationPrepared) -> Step:
+        task = self._live.get(event.task_id)
+        if task is None or task.phase is not TaskPhase.PREPARING:
+            return Step()
+        slot = self._slots[task.slot_index]
+        if event.slot_id != slot.slot_id:
+            raise MachineMisuse(
+                what=f"activation of task {event.task_id!r} reported slot {event.slot_id!r}, "
+                f"but the task holds {slot.slot_id!r}"
+            )
+        assert slot.lease_expires_at_ms is not None
+        if event.now_ms >= slot.lease_expires_at_ms:
+            return self._converge(
+                task,
+                TaskState.FAILED,
+                event.now_ms,
+                event.stimulus_id,
+                failure_code=FailureCode.SLOT_LOST,
+                message=f"the lease of {slot.slot_id} expired at "
+                f"{slot.lease_expires_at_ms} ms, before activation",
+                retryable=True,
+            )
+        self._move_slot(slot, SlotState.RUNNING)
+        slot.lease_expires_at_ms = None
+        slot.lease_ticket = 0
+        task.task_code_epoch = event.task_code_epoch
+        self._enter_phase(task, TaskPhase.BUILDER, event.now_ms)
+        command = StartBuilderPhase(
+            task_id=task.task_id,
+            task_code_epoch=event.task_code_epoch,
+            stimulus_id=event.stimulus_id,
+        )
+        return Step(reply=self._snapshot(task), commands=(command,))
+
+    def _on_activation_failed(self, event: ActivationFailed) -> Step:
+        task = self._live.get(event.task_id)
+        if task is None or task.phase is not TaskPhase.PREPARING:
+            return Step()
+        return self._converge(
+            task,
+            TaskState.FAILED,
+            event.now_ms,
+            event.stimulus_id,
+            failure_code=event.failure_code or FailureCode.ACTIVATION_FAILED,
+            message=event.message,
+            retryable=event.retryable,
+        )
+
+    # ------------------------------------------------------------------ phases
+
+    def _on_phase_finished(self, event: PhaseFinished) -> Step:
+        task = self._live.get(event.task_id)
+        if task is None or task.phase is not event.phase:
+            return Step()  # late or out of order: the task has moved on
+        outcome, now_ms = event.outcome, event.now_ms
+        rule = _PHASE_RULES[event.phase]
+        _record_outcome(task, event.phase, outcome)
+        if event.phase is TaskPhase.PLUGIN or not outcome.ok:
+            return self._converge(
+                task,
+                TaskState.SUCCEEDED if outcome.ok else TaskState.FAILED,
+                now_ms,
+                event.stimulus_id,
+                failure_code="" if outcome.ok else outcome.failure_code or rule.default_failure,
+                message=outcome.message,
+                retryable=False if outcome.ok else outcome.retryable,
+            )
+        self._enter_phase(task, rule.next_phase, now_ms)
+        command: Command
+        if rule.next_phase is TaskPhase.CALLS:
+            command = StartCallPhase(
+                task_id=task.task_id,
+                call_count=outcome.call_count,
+                streaming=outcome.streaming,
+                stimulus_id=event.stimulus_id,
+            )
+        else:
+            command = StartWriterPhase(task_id=task.task_id, stimulus_id=event.stimulus_id)
+        return Step(reply=self._snapshot(task), commands=(command,))
+
+    def _enter_phase(self, task: _Task, phase: TaskPhase, now_ms: int) -> None:
+        assert task.phase is not None
+        task.phase_ms[task.phase] = now_ms - task.phase_started_at_ms
+        task.phase = phase
+        task.phase_started_at_ms = now_ms
+
+    # ------------------------------------------------------------------- watch
+
+    def _on_watch_attached(self, event: WatchAttached) -> Step:
+        task = self._live.get(event.task_id)
+        if task is not None:
+            task.watch_attached = True
+            task.watch_ever_attached = True
+            self._disarm_watch_grace(task)
+        return Step()
+
+    def _on_watch_detached(self, event: WatchDetached) -> Step:
+        task = self._live.get(event.task_id)
+        if task is not None:
+            task.watch_attached = False
+            self._disarm_watch_grace(task)
+        return Step()
+
+    def _on_watch_disconnected(self, event: WatchDisconnected) -> Step:
+        task = self._live.get(event.task_id)
+        if task is not None and task.watch_attached:
+            task.watch_attached = False
+            if task.spec is not None:
+                self._arm_watch_grace(task, event.now_ms)
+        return Step()
+
+    def _arm_watch_grace(self, task: _Task, now_ms: int) -> None:
+        grace_ms = self._config.watch_disconnect_grace_ms
+        if grace_ms > 0:
+            task.watch_deadline_ms = now_ms + grace_ms
+            task.watch_ticket = self._arm(TimerKind.WATCH_GRACE, task.task_id, now_ms + grace_ms)
+
+    def _disarm_watch_grace(self, task: _Task) -> None:
+        task.watch_deadline_ms = None
+        task.watch_ticket = 0
+
+    # ------------------------------------------------------------------ timers
+
+    def _arm(self, kind: TimerKind, key: str, due_ms: int) -> int:
+        self._last_ticket += 1
+        timer = Timer(kind=kind, key=key, ticket=self._last_ticket, due_ms=due_ms)
+        heapq.heappush(self._timers, (due_ms, timer.ticket, timer))
+        return timer.ticket
+
+    def _is_current(self, timer: Timer) -> bool:
+        match timer.kind:
+            case TimerKind.SLOT_LEASE:
+                index = self._slot_index.get(timer.key)
+                return index is not None and self._slots[index].lease_ticket == timer.ticket
+            case TimerKind.TASK_DEADLINE:
+                task = self._live.get(timer.key)
+                return task is not None and task.deadline_ticket == timer.ticket
+            case TimerKind.WATCH_GRACE:
+                task = self._live.get(timer.key)
+                return task is not None and task.watch_ticket == timer.ticket
+            case TimerKind.RESULT_RETENTION:
+                retained = self._retained.get(timer.key)
+                return retained is not None and retained.ticket == timer.ticket
+            case _:
+                assert_never(timer.kind)
+
+    def _drop_stale_timers(self) -> None:
+        while self._timers and not self._is_current(self._timers[0][2]):
+            heapq.heappop(self._timers)
+        # Stale entries deeper in the heap are dropped once they clearly
+        # outnumber what can be armed (a lease per slot, a deadline and a watch
+        # grace per live task, a retention per result), so re-arming cannot
+        # grow the heap without bound.
+        armable = len(self._slots) + 2 * len(self._live) + len(self._retained)
+        if len(self._timers) > 4 * armable + 64:
+            self._timers = [entry for entry in self._timers if self._is_current(entry[2])]
+            heapq.heapify(self._timers)
+
+    def _on_timer_fired(self, event: TimerFired) -> Step:
+        timer, now_ms = event.timer, event.now_ms
+        if now_ms < timer.due_ms or not self._is_current(timer):
+            return Step()  # early, or stale: whatever armed it has moved on
+        match timer.kind:
+            case TimerKind.SLOT_LEASE:
+                return self._on_lease_expired(self._slots[self._slot_index[timer.key]], event)
+            case TimerKind.TASK_DEADLINE:
+                task = self._live[timer.key]
+                return self._converge(
+                    task,
+                    TaskState.FAILED,
+                    now_ms,
+                    event.stimulus_id,
+                    failure_code=FailureCode.TIMED_OUT,
+                    message=f"task deadline {task.deadline_ms} ms passed",
+                    retryable=True,
+                )
+            case TimerKind.WATCH_GRACE:
+                return self._converge(
+                    self._live[timer.key],
+                    TaskState.FAILED,
+                    now_ms,
+                    event.stimulus_id,
+                    failure_code=FailureCode.WATCH_DISCONNECTED,
+                    message=f"no watcher reattached within "
+                    f"{self._config.watch_disconnect_grace_ms} ms",
+                    retryable=False,
+                )
+            case TimerKind.RESULT_RETENTION:
+                del self._retained[timer.key]
+                forget = ForgetTask(
+                    task_id=timer.key,
+                    reason=ForgetReason.RESULT_PURGED,
+                    stimulus_id=event.stimulus_id,
+                )
+                return Step(commands=(forget,))
+            case _:
+                assert_never(timer.kind)
+
+    def _on_lease_expired(self, slot: _Slot, event: TimerFired) -> Step:
+        assert slot.task_id is not None
+        task = self._live[slot.task_id]
+        if task.spec is not None:  # submitted, lease lapsed before activation
+            return self._converge(
+                task,
+                TaskState.FAILED,
+                event.now_ms,
+                event.stimulus_id,
+                failure_code=FailureCode.SLOT_LOST,
+                message=f"the lease of {slot.slot_id} expired before activation",
+                retryable=True,
+            )
+        self._release(task)
+        forget = ForgetTask(
+            task_id=task.task_id, reason=ForgetReason.LEASE_EXPIRED, stimulus_id=event.stimulus_id
+        )
+        return Step(commands=(forget,))
+
+    def _on_drain_deadline_passed(self, event: DrainDeadlinePassed) -> Step:
+        self._draining = True
+        commands: list[Command] = []
+        for task in list(self._live.values()):
+            if task.spec is None:
+                self._release(task)
+                commands.append(
+                    ForgetTask(
+                        task_id=task.task_id,
+                        reason=ForgetReason.WORKER_SHUTDOWN,
+                        stimulus_id=event.stimulus_id,
+                    )
+                )
+            else:
+                commands.extend(
+                    self._converge(
+                        task,
+                        TaskState.FAILED,
+                        event.now_ms,
+                        event.stimulus_id,
+                        failure_code=FailureCode.WORKER_SHUTDOWN,
+                        message="the worker shut down before the task finished",
+                        retryable=True,
+                    ).commands
+                )
+        return Step(commands=tuple(commands))
+
+    # ------------------------------------------------------------ convergence
+
+    def _converge(
+        self,
+        task: _Task,
+        state: TaskState,
+        now_ms: int,
+        stimulus_id: str,
+        *,
+        failure_code: str,
+        message: str,
+        retryable: bool,
+    ) -> Step:
+        """End a submitted task: record the result and free its slot in one step."""
+        assert task.phase is not None
+        ended_in = task.phase
+        task.phase_ms[ended_in] = now_ms - task.phase_started_at_ms
+        slot_id = self._slots[task.slot_index].slot_id
+        result = TaskResult(
+            task_id=task.task_id,
+            slot_id=slot_id,
+            state=state,
+            phase=ended_in,
+            failure_code=failure_code,
+            message=message,
+            retryable=retryable,
+            output_count=task.output_count,
+            output_bytes=task.output_bytes,
+            plugin_results=task.plugin_results,
+            call_stats=task.call_stats,
+            timings=PhaseTimings(
+                preparing_ms=task.phase_ms.get(TaskPhase.PREPARING, 0),
+                builder_ms=task.phase_ms.get(TaskPhase.BUILDER, 0),
+                calls_ms=task.phase_ms.get(TaskPhase.CALLS, 0),
+                plugin_ms=task.phase_ms.get(TaskPhase.PLUGIN, 0),
+                total_ms=now_ms - task.accepted_at_ms,
+            ),
+            task_code_epoch=task.task_code_epoch,
+            accepted_at_ms=task.accepted_at_ms,
+            finished_at_ms=now_ms,
+        )
+        self._release(task)
+        purge_at_ms = now_ms + self._config.result_retention_ms
+        self._retained[task.task_id] = _Retained(
+            result=result,
+            purge_at_ms=purge_at_ms,
+            ticket=self._arm(TimerKind.RESULT_RETENTION, task.task_id, purge_at_ms),
+        )
+        command = ConvergeTask(task_id=task.task_id, result=result, stimulus_id=stimulus_id)
+        return Step(reply=_terminal_snapshot(result), commands=(command,))
+
+    def _release(self, task: _Task) -> None:
+        """Free the task's slot and forget the live entry (timers go stale with it)."""
+        slot = self._slots[task.slot_index]
+        self._move_slot(slot, SlotState.FREE)
+        slot.task_id = None
+        slot.lease_expires_at_ms = None
+        slot.lease_ticket = 0
+        del self._live[task.task_id]
+
+    def _move_slot(self, slot: _Slot, to: SlotState) -> None:
+        if (slot.state, to) not in _SLOT_MOVES:
+            raise MachineMisuse(what=f"{slot.slot_id}: {slot.state.value} -> {to.value}")
+        slot.state = to
+
+    # --------------------------------------------------------------- snapshots
+
+    def _snapshot(self, task: _Task) -> TaskSnapshot:
+        slot = self._slots[task.slot_index]
+        return TaskSnapshot(
+            task_id=task.task_id,
+            slot_id=slot.slot_id,
+            state=TaskState.ALLOCATED if task.spec is None else TaskState.RUNNING,
+            phase=task.phase,
+            lease_expires_at_ms=slot.lease_expires_at_ms,
+            deadline_ms=task.deadline_ms,
+        )
+
+    # -------------------------------------------------------------- invariants
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any rule of the module docstring is broken."""
+        assert len(self._slots) == self._config.task_slots
+        assert not (self._live.keys() & self._retained.keys()), "task both live and retained"
+        held: dict[str, int] = {}
+        for index, slot in enumerate(self._slots):
+            assert slot.slot_id == f"slot-{index}"
+            if slot.state is SlotState.FREE:
+                assert slot.task_id is None, f"{slot.slot_id} free but held"
+                assert slot.lease_expires_at_ms is None
+                assert slot.lease_ticket == 0
+                continue
+            assert slot.task_id is not None, f"{slot.slot_id} {slot.state} without a task"
+            assert slot.task_id not in held, f"{slot.task_id} holds two slots"
+            held[slot.task_id] = index
+            task = self._live.get(slot.task_id)
+            assert task is not None, f"{slot.slot_id} held by unknown {slot.task_id}"
+            assert task.slot_index == index
+            if slot.state is SlotState.ALLOCATED:
+                assert task.phase in (None, TaskPhase.PREPARING)
+                assert slot.lease_expires_at_ms is not None
+                assert slot.lease_ticket > 0
+            else:
+                assert task.phase in _ACTIVE_PHASES
+                assert slot.lease_expires_at_ms is None
+                assert slot.lease_ticket == 0
+        assert held.keys() == self._live.keys(), "live task without a slot"
+        for task in self._live.values():
+            submitted = task.spec is not None
+            assert submitted == (task.phase is not None)
+            assert submitted == (task.deadline_ms is not None) == (task.deadline_ticket > 0)
+            if task.watch_ticket:
+                assert submitted
+                assert not task.watch_attached
+                assert task.watch_ever_attached
+                assert task.watch_deadline_ms is not None
+            else:
+                assert task.watch_deadline_ms is None
+        for task_id, retained in self._retained.items():
+            assert retained.result.task_id == task_id
+            assert retained.result.state.is_terminal
+            assert retained.ticket > 0
+        heap_tickets = {ticket for _, ticket, _ in self._timers}
+        for slot in self._slots:
+            assert not slot.lease_ticket or slot.lease_ticket in heap_tickets
+        for task in self._live.values():
+            assert not task.deadline_ticket or task.deadline_ticket in heap_tickets
+            assert not task.watch_ticket or task.watch_ticket in heap_tickets
+        for retained in self._retained.values():
+            assert retained.ticket in heap_tickets
+
+
+def _check_task_id(task_id: str) -> None:
+    if not task_id or task_id.strip() != task_id:
+        raise InvalidArgument(
+            field="task_id",
+            value=task_id,
+            allowed="a non-empty id without leading or trailing whitespace",
+        )
+
+
+def _record_outcome(task: _Task, phase: TaskPhase, outcome: PhaseOutcome) -> None:
+    if phase is TaskPhase.CALLS:
+        if outcome.call_stats is not None:
+            task.call_stats = outcome.call_stats
+        task.output_count = outcome.output_count
+        task.output_bytes = outcome.output_bytes
+    elif phase is TaskPhase.PLUGIN:
+        task.plugin_results = outcome.plugin_results
+
+
+def _terminal_snapshot(result: TaskResult) -> TaskSnapshot:
+    return TaskSnapshot(
+        task_id=result.task_id,
+        slot_id=result.slot_id,
+        state=result.state,
+        phase=TaskPhase.TERMINAL,
+        result=result,
+    )

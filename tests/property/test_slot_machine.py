@@ -1,0 +1,379 @@
+"""Hypothesis state machine over `SlotMachine`, checked against `SlotModel`.
+
+Rules are the things that happen to a worker (clients reserve and submit,
+task runtimes report, watchers come and go, the worker drains, time passes);
+invariants are the guarantees the slot table gives whatever happens.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import hypothesis.strategies as st
+from hypothesis import note
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from blockx.slots import (
+    ActivationFailed,
+    ActivationPrepared,
+    ConvergeTask,
+    DrainDeadlinePassed,
+    DrainStarted,
+    Event,
+    FailureCode,
+    ForgetTask,
+    FunctionCall,
+    NotFound,
+    PhaseFinished,
+    PhaseOutcome,
+    PrepareTaskActivation,
+    SlotConfig,
+    SlotMachine,
+    SlotRequested,
+    SlotState,
+    Step,
+    TaskPhase,
+    TaskResult,
+    TaskSnapshot,
+    TaskSpec,
+    TaskSubmitted,
+    Timer,
+    TimerFired,
+    WatchAttached,
+    WatchDetached,
+    WatchDisconnected,
+    WorkerError,
+)
+from tests.property.slot_model import Prediction, SlotModel, normalise_command, normalise_step
+
+TASK_IDS = st.sampled_from([f"t{i}" for i in range(6)])
+REPORTED_PHASES = st.sampled_from([TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN])
+MAX_TIMEOUT_MS = 5_000
+
+
+class SlotTable(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0
+        self.stimuli = itertools.count()
+        self.prepared: set[str] = set()
+        self.results: dict[str, tuple[TaskResult, int]] = {}
+        self.seen_timers: list[Timer] = []
+
+    @initialize(
+        task_slots=st.integers(1, 4),
+        default_ttl_ms=st.sampled_from([150, 1_000]),
+        retention_ms=st.sampled_from([0, 400, 3_000]),
+        grace_ms=st.sampled_from([0, 300, 1_500]),
+    )
+    def boot(self, task_slots: int, default_ttl_ms: int, retention_ms: int, grace_ms: int) -> None:
+        self.config = SlotConfig(
+            task_slots=task_slots,
+            default_ttl_ms=default_ttl_ms,
+            task_deadline_ms=2_000,
+            max_task_timeout_ms=MAX_TIMEOUT_MS,
+            result_retention_ms=retention_ms,
+            watch_disconnect_grace_ms=grace_ms,
+        )
+        self.machine = SlotMachine(self.config)
+        self.model = SlotModel(self.config)
+
+    # ----------------------------------------------------------------- driving
+
+    def _stimulus(self) -> str:
+        return f"s{next(self.stimuli)}"
+
+    def _apply(self, event: Event, expected: Prediction) -> Step | None:
+        """Feed one event, compare with the model's prediction, track guarantees."""
+        note(f"{event!r} -> expected {expected!r}")
+        try:
+            step = self.machine.handle(event)
+        except WorkerError as exc:
+            refused: WorkerError | None = exc
+        else:
+            refused = None
+        if refused is not None:
+            assert expected.error is type(refused), f"got {refused!r}, expected {expected}"
+            return None
+        assert expected.error is None, f"expected {expected.error}, got {step!r}"
+        assert normalise_step(step) == expected, f"got {normalise_step(step)}"
+        self._track(step.commands)
+        return step
+
+    def _track(self, commands: tuple[object, ...]) -> None:
+        for command in commands:
+            match command:
+                case PrepareTaskActivation(task_id=task_id):
+                    assert not self.machine.draining, "admitted work while draining"
+                    assert task_id not in self.prepared, f"{task_id} started twice"
+                    self.prepared.add(task_id)
+                case ConvergeTask(task_id=task_id, result=result):
+                    assert task_id not in self.results, f"{task_id} converged twice"
+                    until = result.finished_at_ms + self.config.result_retention_ms
+                    self.results[task_id] = (result, until)
+                case ForgetTask(task_id=task_id):
+                    self.prepared.discard(task_id)
+                    self.results.pop(task_id, None)
+
+    def _slot_of(self, task_id: str) -> str | None:
+        for view in self.machine.slot_views():
+            if view.task_id == task_id:
+                return view.slot_id
+        return None
+
+    def _scan(self) -> None:
+        """What the runtime's timer actor does: fire every due timer."""
+        expected = self.model.scan(self.now)
+        got: list[tuple[object, ...]] = []
+        while (due := self.machine.next_deadline_ms()) is not None and due <= self.now:
+            timers = self.machine.due_timers(self.now)
+            assert timers, "next_deadline_ms is due but no timer is"
+            self.seen_timers.extend(timers)
+            for timer in timers:
+                step = self.machine.handle(
+                    TimerFired(timer=timer, now_ms=self.now, stimulus_id=self._stimulus())
+                )
+                self._track(step.commands)
+                got.extend(normalise_command(command) for command in step.commands)
+        assert tuple(got) == expected, f"scan at {self.now}: got {got}, expected {expected}"
+        due = self.machine.next_deadline_ms()
+        assert due is None or due > self.now, "a timer is still due after the scan"
+        assert due == self.model.next_due()
+
+    # ------------------------------------------------------------------- rules
+
+    @rule(task_id=TASK_IDS, ttl_ms=st.sampled_from([0, 0, 100, 1_200, -5, MAX_TIMEOUT_MS + 1]))
+    def reserve_slot(self, task_id: str, ttl_ms: int) -> None:
+        expected = self.model.request_slot(task_id, ttl_ms, self.now)
+        event = SlotRequested(
+            task_id=task_id, ttl_ms=ttl_ms, now_ms=self.now, stimulus_id=self._stimulus()
+        )
+        self._apply(event, expected)
+
+    @rule(
+        task_id=TASK_IDS,
+        slot_choice=st.sampled_from(["none", "none", "own", "own", "slot-0", "slot-1", "slot-4"]),
+        timeout_ms=st.sampled_from([0, 0, 300, 1_500, -1, MAX_TIMEOUT_MS + 1]),
+    )
+    def submit_task(self, task_id: str, slot_choice: str, timeout_ms: int) -> None:
+        own = self._slot_of(task_id)
+        slot_id: str | None
+        if slot_choice == "none":
+            slot_id = None
+        elif slot_choice == "own":
+            slot_id = own or "slot-0"
+        else:
+            slot_id = slot_choice
+        expected = self.model.submit(
+            task_id,
+            slot_given=slot_id is not None,
+            own_slot=slot_id is not None and slot_id == own,
+            timeout_ms=timeout_ms,
+            now=self.now,
+        )
+        spec = TaskSpec(
+            task_id=task_id,
+            function_call=FunctionCall(type="static"),
+            task_timeout_ms=timeout_ms,
+        )
+        event = TaskSubmitted(
+            spec=spec, slot_id=slot_id, now_ms=self.now, stimulus_id=self._stimulus()
+        )
+        self._apply(event, expected)
+
+    @rule(task_id=TASK_IDS, epoch=st.sampled_from(["e1", "e2"]))
+    def activate_task(self, task_id: str, epoch: str) -> None:
+        expected = self.model.activate(task_id, self.now)
+        event = ActivationPrepared(
+            task_id=task_id,
+            slot_id=self._slot_of(task_id) or "slot-0",
+            task_code_epoch=epoch,
+            now_ms=self.now,
+            stimulus_id=self._stimulus(),
+        )
+        self._apply(event, expected)
+
+    @rule(
+        task_id=TASK_IDS,
+        code=st.sampled_from([FailureCode.ACTIVATION_FAILED, FailureCode.IO_SCOPE_FAILED]),
+        retryable=st.booleans(),
+    )
+    def fail_activation(self, task_id: str, code: str, retryable: bool) -> None:
+        expected = self.model.fail_activation(task_id, code, retryable, self.now)
+        event = ActivationFailed(
+            task_id=task_id,
+            failure_code=code,
+            message="pin failed",
+            retryable=retryable,
+            now_ms=self.now,
+            stimulus_id=self._stimulus(),
+        )
+        self._apply(event, expected)
+
+    @rule(
+        task_id=TASK_IDS,
+        phase=REPORTED_PHASES,
+        ok=st.booleans(),
+        code=st.sampled_from([None, "BUILDER_NOT_FOUND", "CALL_RAISED"]),
+        retryable=st.booleans(),
+    )
+    def finish_phase(
+        self, task_id: str, phase: TaskPhase, ok: bool, code: str | None, retryable: bool
+    ) -> None:
+        expected = self.model.finish_phase(
+            task_id, phase, ok=ok, code=code, retryable=retryable, now=self.now
+        )
+        outcome = PhaseOutcome(ok=ok, failure_code=None if ok else code, retryable=retryable)
+        event = PhaseFinished(
+            task_id=task_id,
+            phase=phase,
+            outcome=outcome,
+            now_ms=self.now,
+            stimulus_id=self._stimulus(),
+        )
+        self._apply(event, expected)
+
+    @rule(task_id=TASK_IDS)
+    def attach_watch(self, task_id: str) -> None:
+        self.model.watch_attached(task_id)
+        event = WatchAttached(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
+        self._apply(event, Prediction())
+
+    @rule(task_id=TASK_IDS)
+    def detach_watch(self, task_id: str) -> None:
+        self.model.watch_detached(task_id)
+        event = WatchDetached(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
+        self._apply(event, Prediction())
+
+    @rule(task_id=TASK_IDS)
+    def lose_watch(self, task_id: str) -> None:
+        self.model.watch_disconnected(task_id, self.now)
+        event = WatchDisconnected(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
+        self._apply(event, Prediction())
+
+    @rule()
+    def start_drain(self) -> None:
+        self.model.draining = True
+        self._apply(DrainStarted(now_ms=self.now, stimulus_id=self._stimulus()), Prediction())
+
+    @precondition(lambda self: self.machine.draining)
+    @rule()
+    def pass_drain_deadline(self) -> None:
+        expected = self.model.drain_deadline_passed(self.now)
+        self._apply(DrainDeadlinePassed(now_ms=self.now, stimulus_id=self._stimulus()), expected)
+        assert self.machine.active_task_count() == 0
+
+    @rule(elapsed_ms=st.integers(1, 2_500))
+    def advance_clock_and_scan(self, elapsed_ms: int) -> None:
+        self.now += elapsed_ms
+        self._scan()
+        for view in self.machine.slot_views():
+            if view.task_id is not None:
+                snapshot = self.machine.get_result(view.task_id)
+                assert snapshot.deadline_ms is None or snapshot.deadline_ms > self.now
+                assert (
+                    snapshot.lease_expires_at_ms is None or snapshot.lease_expires_at_ms > self.now
+                )
+
+    @rule(elapsed_ms=st.integers(1, 400))
+    def advance_clock_without_scan(self, elapsed_ms: int) -> None:
+        self.now += elapsed_ms
+
+    @precondition(lambda self: self.seen_timers)
+    @rule(data=st.data())
+    def fire_old_timer(self, data: st.DataObject) -> None:
+        timer = data.draw(st.sampled_from(self.seen_timers))
+        if timer in self.machine.due_timers(self.now):
+            return  # still current: firing it is the scan's business
+        before = (self.machine.slot_views(), self._every_snapshot(), self.machine.heartbeat(0))
+        step = self.machine.handle(
+            TimerFired(timer=timer, now_ms=self.now, stimulus_id=self._stimulus())
+        )
+        assert step == Step(), f"stale {timer} acted: {step}"
+        after = (self.machine.slot_views(), self._every_snapshot(), self.machine.heartbeat(0))
+        assert before == after
+
+    @rule(task_id=TASK_IDS)
+    def read_result(self, task_id: str) -> None:
+        expected = self.model.reply_of(task_id)
+        try:
+            snapshot = self.machine.get_result(task_id)
+        except NotFound:
+            assert expected is None, f"{task_id} lost; model has {expected}"
+            return
+        assert (snapshot.state, snapshot.phase) == expected
+
+    def _every_snapshot(self) -> dict[str, TaskSnapshot | None]:
+        snapshots: dict[str, TaskSnapshot | None] = {}
+        for task_id in (f"t{i}" for i in range(6)):
+            try:
+                snapshots[task_id] = self.machine.get_result(task_id)
+            except NotFound:
+                snapshots[task_id] = None
+        return snapshots
+
+    # -------------------------------------------------------------- invariants
+
+    @invariant()
+    def machine_is_consistent(self) -> None:
+        self.machine.check_invariants()
+
+    @invariant()
+    def capacity_never_exceeded(self) -> None:
+        views = self.machine.slot_views()
+        assert len(views) == self.config.task_slots
+        held = [view.task_id for view in views if view.state is not SlotState.FREE]
+        assert len(held) <= self.config.task_slots
+        assert self.machine.free_capacity() == self.config.task_slots - len(held)
+
+    @invariant()
+    def one_slot_per_task_and_one_task_per_slot(self) -> None:
+        views = self.machine.slot_views()
+        counts = collections.Counter(view.task_id for view in views if view.task_id is not None)
+        assert all(count == 1 for count in counts.values()), counts
+        for view in views:
+            assert (view.state is SlotState.FREE) == (view.task_id is None)
+            if view.task_id is not None:
+                snapshot = self.machine.get_result(view.task_id)
+                assert snapshot.slot_id == view.slot_id
+                assert not snapshot.is_terminal
+        # Every live task holds a slot: the model's live set is the table's.
+        assert set(counts) == set(self.model.live)
+
+    @invariant()
+    def heartbeat_equals_table(self) -> None:
+        views = self.machine.slot_views()
+        heartbeat = self.machine.heartbeat(self.now)
+        allocated = sum(view.state is SlotState.ALLOCATED for view in views)
+        running = sum(view.state is SlotState.RUNNING for view in views)
+        assert heartbeat.at_ms == self.now
+        assert heartbeat.slots_total == len(views)
+        assert heartbeat.reserved_slots == allocated
+        assert heartbeat.running_tasks == running
+        assert heartbeat.free_slots == len(views) - allocated - running
+        assert heartbeat.draining == self.model.draining
+        assert heartbeat.active_tasks == sum(t.submitted for t in self.model.live.values())
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        for task_id, snapshot in self._every_snapshot().items():
+            expected = self.model.reply_of(task_id)
+            got = None if snapshot is None else (snapshot.state, snapshot.phase)
+            assert got == expected, f"{task_id}: machine {got}, model {expected}"
+
+    @invariant()
+    def terminal_results_never_change_within_retention(self) -> None:
+        for task_id, (result, until_ms) in self.results.items():
+            if self.now < until_ms:
+                snapshot = self.machine.get_result(task_id)
+                assert snapshot.result == result, f"{task_id} result changed"
+
+    @invariant()
+    def live_tasks_ran_at_most_once(self) -> None:
+        for task_id in self.model.live:
+            if self.model.live[task_id].submitted:
+                assert task_id in self.prepared
+
+
+TestSlotTable = SlotTable.TestCase

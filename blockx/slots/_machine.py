@@ -164,7 +164,8 @@ class _Task:
     deadline_ticket: int = 0
     task_code_epoch: str = ""
     watch_attached: bool = False
-    watch_ever_attached: bool = False
+    # The last stream broke and none has attached since (a clean detach clears it).
+    watch_lost: bool = False
     watch_deadline_ms: int | None = None
     watch_ticket: int = 0
     phase_started_at_ms: int = 0
@@ -334,8 +335,6 @@ class SlotMachine:
         retry_policy = self._validate_spec(spec)
         task = self._live.get(spec.task_id)
         if task is not None and task.spec is not None:
-            if event.slot_id is not None and event.slot_id != self._slots[task.slot_index].slot_id:
-                raise self._invalid_slot(spec.task_id, event.slot_id)
             return Step(reply=self._snapshot(task))
         retained = self._retained.get(spec.task_id)
         if retained is not None:
@@ -361,7 +360,7 @@ class SlotMachine:
         task.phase_started_at_ms = now_ms
         task.deadline_ms = deadline_ms
         task.deadline_ticket = self._arm(TimerKind.TASK_DEADLINE, spec.task_id, deadline_ms)
-        if task.watch_ever_attached and not task.watch_attached:
+        if task.watch_lost:
             self._arm_watch_grace(task, now_ms)
         command = PrepareTaskActivation(
             task_id=spec.task_id,
@@ -552,7 +551,7 @@ class SlotMachine:
         task = self._live.get(event.task_id)
         if task is not None:
             task.watch_attached = True
-            task.watch_ever_attached = True
+            task.watch_lost = False
             self._disarm_watch_grace(task)
         return Step()
 
@@ -560,6 +559,7 @@ class SlotMachine:
         task = self._live.get(event.task_id)
         if task is not None:
             task.watch_attached = False
+            task.watch_lost = False
             self._disarm_watch_grace(task)
         return Step()
 
@@ -567,6 +567,7 @@ class SlotMachine:
         task = self._live.get(event.task_id)
         if task is not None and task.watch_attached:
             task.watch_attached = False
+            task.watch_lost = True
             if task.spec is not None:
                 self._arm_watch_grace(task, event.now_ms)
         return Step()
@@ -818,7 +819,7 @@ class SlotMachine:
             if task.watch_ticket:
                 assert submitted
                 assert not task.watch_attached
-                assert task.watch_ever_attached
+                assert task.watch_lost
                 assert task.watch_deadline_ms is not None
             else:
                 assert task.watch_deadline_ms is None

@@ -87,7 +87,7 @@ class ModelTask:
     deadline: int | None = None
     deadline_seq: int = 0
     attached: bool = False
-    ever_attached: bool = False
+    lost: bool = False
     grace_deadline: int | None = None
     grace_seq: int = 0
 
@@ -152,8 +152,6 @@ class SlotModel:
         foreign_slot = slot_given and not own_slot
         task = self.live.get(task_id)
         if task is not None and task.submitted:
-            if foreign_slot:
-                return Prediction(error=InvalidSlot)
             return Prediction(reply=self.reply_of(task_id))
         if task_id in self.results:
             return Prediction(reply=self.reply_of(task_id))
@@ -177,7 +175,7 @@ class SlotModel:
         task.phase = TaskPhase.PREPARING
         task.deadline = now + timeout
         task.deadline_seq = self._next_seq()
-        if task.ever_attached and not task.attached:
+        if task.lost:
             self._arm_grace(task, now)
         return Prediction(
             reply=(TaskState.RUNNING, TaskPhase.PREPARING),
@@ -228,19 +226,19 @@ class SlotModel:
     def watch_attached(self, task_id: str) -> None:
         task = self.live.get(task_id)
         if task is not None:
-            task.attached = task.ever_attached = True
+            task.attached, task.lost = True, False
             task.grace_deadline = None
 
     def watch_detached(self, task_id: str) -> None:
         task = self.live.get(task_id)
         if task is not None:
-            task.attached = False
+            task.attached = task.lost = False
             task.grace_deadline = None
 
     def watch_disconnected(self, task_id: str, now: int) -> None:
         task = self.live.get(task_id)
         if task is not None and task.attached:
-            task.attached = False
+            task.attached, task.lost = False, True
             if task.submitted:
                 self._arm_grace(task, now)
 

@@ -47,8 +47,10 @@ from blockx.slots import (
 )
 from tests.property.slot_model import Prediction, SlotModel, normalise_command, normalise_step
 
-TASK_IDS = st.sampled_from([f"t{i}" for i in range(6)])
-REPORTED_PHASES = st.sampled_from([TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN])
+ALL_TASK_IDS = [f"t{i}" for i in range(4)]
+TASK_IDS = st.sampled_from(ALL_TASK_IDS)
+REPORTABLE_PHASES = (TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+REPORTED_PHASES = st.sampled_from(REPORTABLE_PHASES)
 MAX_TIMEOUT_MS = 5_000
 
 
@@ -116,6 +118,15 @@ class SlotTable(RuleBasedStateMachine):
                     self.prepared.discard(task_id)
                     self.results.pop(task_id, None)
 
+    def _pick(self, data: st.DataObject, candidates: list[str]) -> str:
+        """Mostly one of `candidates` (tasks the rule can move on), sometimes any id."""
+        if candidates and data.draw(st.integers(0, 4), label="targeted") > 0:
+            return data.draw(st.sampled_from(sorted(candidates)), label="task_id")
+        return data.draw(TASK_IDS, label="task_id")
+
+    def _model_ids(self, *phases: TaskPhase | None) -> list[str]:
+        return [task_id for task_id, task in self.model.live.items() if task.phase in phases]
+
     def _slot_of(self, task_id: str) -> str | None:
         for view in self.machine.slot_views():
             if view.task_id == task_id:
@@ -152,11 +163,12 @@ class SlotTable(RuleBasedStateMachine):
         self._apply(event, expected)
 
     @rule(
-        task_id=TASK_IDS,
+        data=st.data(),
         slot_choice=st.sampled_from(["none", "none", "own", "own", "slot-0", "slot-1", "slot-4"]),
         timeout_ms=st.sampled_from([0, 0, 300, 1_500, -1, MAX_TIMEOUT_MS + 1]),
     )
-    def submit_task(self, task_id: str, slot_choice: str, timeout_ms: int) -> None:
+    def submit_task(self, data: st.DataObject, slot_choice: str, timeout_ms: int) -> None:
+        task_id = self._pick(data, self._model_ids(None))
         own = self._slot_of(task_id)
         slot_id: str | None
         if slot_choice == "none":
@@ -182,8 +194,9 @@ class SlotTable(RuleBasedStateMachine):
         )
         self._apply(event, expected)
 
-    @rule(task_id=TASK_IDS, epoch=st.sampled_from(["e1", "e2"]))
-    def activate_task(self, task_id: str, epoch: str) -> None:
+    @rule(data=st.data(), epoch=st.sampled_from(["e1", "e2"]))
+    def activate_task(self, data: st.DataObject, epoch: str) -> None:
+        task_id = self._pick(data, self._model_ids(TaskPhase.PREPARING))
         expected = self.model.activate(task_id, self.now)
         event = ActivationPrepared(
             task_id=task_id,
@@ -195,11 +208,12 @@ class SlotTable(RuleBasedStateMachine):
         self._apply(event, expected)
 
     @rule(
-        task_id=TASK_IDS,
+        data=st.data(),
         code=st.sampled_from([FailureCode.ACTIVATION_FAILED, FailureCode.IO_SCOPE_FAILED]),
         retryable=st.booleans(),
     )
-    def fail_activation(self, task_id: str, code: str, retryable: bool) -> None:
+    def fail_activation(self, data: st.DataObject, code: str, retryable: bool) -> None:
+        task_id = self._pick(data, self._model_ids(TaskPhase.PREPARING))
         expected = self.model.fail_activation(task_id, code, retryable, self.now)
         event = ActivationFailed(
             task_id=task_id,
@@ -212,15 +226,23 @@ class SlotTable(RuleBasedStateMachine):
         self._apply(event, expected)
 
     @rule(
-        task_id=TASK_IDS,
-        phase=REPORTED_PHASES,
-        ok=st.booleans(),
+        data=st.data(),
+        ok=st.sampled_from([True, True, True, False]),
         code=st.sampled_from([None, "BUILDER_NOT_FOUND", "CALL_RAISED"]),
         retryable=st.booleans(),
     )
     def finish_phase(
-        self, task_id: str, phase: TaskPhase, ok: bool, code: str | None, retryable: bool
+        self, data: st.DataObject, ok: bool, code: str | None, retryable: bool
     ) -> None:
+        task_id = self._pick(
+            data, self._model_ids(TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+        )
+        task = self.model.live.get(task_id)
+        current = None if task is None else task.phase
+        if current in REPORTABLE_PHASES and data.draw(st.booleans(), label="in_order"):
+            phase = current
+        else:
+            phase = data.draw(REPORTED_PHASES, label="phase")
         expected = self.model.finish_phase(
             task_id, phase, ok=ok, code=code, retryable=retryable, now=self.now
         )
@@ -306,7 +328,7 @@ class SlotTable(RuleBasedStateMachine):
 
     def _every_snapshot(self) -> dict[str, TaskSnapshot | None]:
         snapshots: dict[str, TaskSnapshot | None] = {}
-        for task_id in (f"t{i}" for i in range(6)):
+        for task_id in ALL_TASK_IDS:
             try:
                 snapshots[task_id] = self.machine.get_result(task_id)
             except NotFound:

@@ -7,7 +7,11 @@ import attrs
 from blockx.slots._errors import InvalidConfig
 from blockx.slots._model import RetryPolicy
 
-MAX_JITTER_PERCENT = 5
+_RETRY_FIELDS = {
+    "max_attempts": "worker.defaultMaxAttempts",
+    "base_backoff_ms": "worker.defaultBaseBackoffMs",
+    "jitter_percent": "worker.defaultRetryJitterPercent",
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -53,22 +57,7 @@ class SlotConfig:
             self.watch_disconnect_grace_ms,
             "must be >= 0 (0 turns reclamation off)",
         )
-        policy = self.default_retry_policy
-        need(
-            policy.max_attempts >= 1,
-            "worker.defaultMaxAttempts",
-            policy.max_attempts,
-            "must be >= 1",
-        )
-        need(
-            policy.base_backoff_ms >= 0,
-            "worker.defaultBaseBackoffMs",
-            policy.base_backoff_ms,
-            "must be >= 0",
-        )
-        need(
-            0 <= policy.jitter_percent <= MAX_JITTER_PERCENT,
-            "worker.defaultRetryJitterPercent",
-            policy.jitter_percent,
-            f"must be between 0 and {MAX_JITTER_PERCENT}",
-        )
+        violation = self.default_retry_policy.first_violation()
+        if violation is not None:
+            attribute, value, allowed = violation
+            raise InvalidConfig(field=_RETRY_FIELDS[attribute], value=value, allowed=allowed)

@@ -49,7 +49,7 @@ from blockx.slots._commands import (
     StartCallPhase,
     StartWriterPhase,
 )
-from blockx.slots._config import MAX_JITTER_PERCENT, SlotConfig
+from blockx.slots._config import SlotConfig
 from blockx.slots._errors import (
     InvalidArgument,
     InvalidSlot,
@@ -422,23 +422,11 @@ class SlotMachine:
         policy = spec.call_retry_policy
         if policy is None:
             return self._config.default_retry_policy
-        if policy.max_attempts < 1:
+        violation = policy.first_violation()
+        if violation is not None:
+            attribute, value, allowed = violation
             raise InvalidArgument(
-                field="task.call_retry_policy.max_attempts",
-                value=policy.max_attempts,
-                allowed="must be >= 1",
-            )
-        if policy.base_backoff_ms < 0:
-            raise InvalidArgument(
-                field="task.call_retry_policy.base_backoff_ms",
-                value=policy.base_backoff_ms,
-                allowed="must be >= 0",
-            )
-        if not 0 <= policy.jitter_percent <= MAX_JITTER_PERCENT:
-            raise InvalidArgument(
-                field="task.call_retry_policy.jitter_percent",
-                value=policy.jitter_percent,
-                allowed=f"between 0 and {MAX_JITTER_PERCENT}",
+                field=f"task.call_retry_policy.{attribute}", value=value, allowed=allowed
             )
         return policy
 

@@ -76,11 +76,24 @@ class ForgetReason(enum.Enum):
     WORKER_SHUTDOWN = "WORKER_SHUTDOWN"
 
 
+MAX_JITTER_PERCENT = 5
+
+
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
     max_attempts: int
     base_backoff_ms: int
     jitter_percent: int
+
+    def first_violation(self) -> tuple[str, int, str] | None:
+        """(attribute, value, what is allowed) of the first out-of-range field, if any."""
+        if self.max_attempts < 1:
+            return ("max_attempts", self.max_attempts, "must be >= 1")
+        if self.base_backoff_ms < 0:
+            return ("base_backoff_ms", self.base_backoff_ms, "must be >= 0")
+        if not 0 <= self.jitter_percent <= MAX_JITTER_PERCENT:
+            return ("jitter_percent", self.jitter_percent, f"between 0 and {MAX_JITTER_PERCENT}")
+        return None
 
 
 @attrs.frozen(kw_only=True)

@@ -625,8 +625,15 @@ def test_duplicate_submit_of_a_live_task_answers_its_snapshot_and_commands_nothi
     inline_again = machine.handle(submitted("t1", now_ms=100, stimulus_id="s2"))
     named_again = machine.handle(submitted("t1", now_ms=100, slot_id="slot-0", stimulus_id="s3"))
 
+    # A retried submit naming another slot is still the same task: idempotency
+    # by task id wins over slot checks.
+    other_slot_again = machine.handle(
+        submitted("t1", now_ms=100, slot_id="slot-2", stimulus_id="s3b")
+    )
+
     assert inline_again == Step(reply=first.reply)
     assert named_again == Step(reply=first.reply)
+    assert other_slot_again == Step(reply=first.reply)
     assert observe(machine, "t1") == before
 
     machine.handle(prepared("t1", slot_id="slot-0", now_ms=200))

@@ -256,20 +256,23 @@ class SlotTable(RuleBasedStateMachine):
         )
         self._apply(event, expected)
 
-    @rule(task_id=TASK_IDS)
-    def attach_watch(self, task_id: str) -> None:
+    @rule(data=st.data())
+    def attach_watch(self, data: st.DataObject) -> None:
+        task_id = self._pick(data, list(self.model.live))
         self.model.watch_attached(task_id)
         event = WatchAttached(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
         self._apply(event, Prediction())
 
-    @rule(task_id=TASK_IDS)
-    def detach_watch(self, task_id: str) -> None:
+    @rule(data=st.data())
+    def detach_watch(self, data: st.DataObject) -> None:
+        task_id = self._pick(data, list(self.model.live))
         self.model.watch_detached(task_id)
         event = WatchDetached(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
         self._apply(event, Prediction())
 
-    @rule(task_id=TASK_IDS)
-    def lose_watch(self, task_id: str) -> None:
+    @rule(data=st.data())
+    def lose_watch(self, data: st.DataObject) -> None:
+        task_id = self._pick(data, list(self.model.live))
         self.model.watch_disconnected(task_id, self.now)
         event = WatchDisconnected(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
         self._apply(event, Prediction())

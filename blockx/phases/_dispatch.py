@@ -1,0 +1,647 @@
+"""The call-dispatch core: which call runs where and when, and what a failure means.
+
+Theory of operation
+-------------------
+Tasks open with a `CallPolicy` and receive calls (possibly in several batches,
+the last one `sealed`). Executors join with a capacity: how many calls may be
+queued on them at once, which keeps their pipe full.
+
+1. Fairness: tasks with dispatchable calls sit in a round-robin ring; each turn
+   dispatches one call of the task at the front, so no task starves while
+   others progress. A task never has more than `window` top-level calls
+   running. Each call goes to the executor with the most room.
+2. Retries: a retryable failure with attempts left waits
+   `base * 2**(attempt-1)` plus up to `jitter_percent` of that (scaled by the
+   event's `draw`) and runs again, ahead of the task's fresh calls. A call
+   ends exactly once: succeeded, or failed for good.
+3. Failure policy: fail fast ends the calls phase at the first call that
+   failed for good and cancels the task's other calls; best effort runs every
+   call and reports the failures.
+4. Subcalls: a running call may ask for a call and wait. Its executor gets one
+   extra unit of room per outstanding subcall (it runs calls nested while it
+   waits), and subcalls go ahead of the task's window, so calls waiting on
+   subcalls can never starve the subcalls they wait for.
+5. Cancellation: a cancelled or finished task's running calls are cancelled on
+   their executors and still occupy that room until the executor answers or
+   leaves; nothing of that task is ever dispatched again. A call whose
+   executor leaves or whose deadline passes fails retryably, and its
+   outstanding subcalls are abandoned.
+6. Pure: no clock, no randomness, no IO. Time and draws come in on events.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+from typing import assert_never
+
+import attrs
+
+from blockx.phases._dispatch_types import (
+    CallDispatch,
+    CallErrorCode,
+    CallFailure,
+    CallOutcome,
+    CallPhaseOutcome,
+    CallPhaseStats,
+    CallPolicy,
+    CallResultsArrived,
+    CallsAdded,
+    CallSpec,
+    CancelCalls,
+    ClockTicked,
+    DeliverSubcallResult,
+    DispatchCommand,
+    DispatchEvent,
+    DispatchMisuse,
+    ExecutorJoined,
+    ExecutorLeft,
+    FinishCallPhase,
+    RunCalls,
+    SubcallRequested,
+    TaskCancelled,
+    TaskOpened,
+)
+
+_RETRYABLE_CODES = frozenset(
+    {
+        CallErrorCode.CALL_RAISED_RETRYABLE,
+        CallErrorCode.EXECUTOR_LOST,
+        CallErrorCode.EXECUTOR_WEDGED,
+        CallErrorCode.DEADLINE_EXCEEDED,
+    }
+)
+
+
+@attrs.define(eq=False)
+class _Call:
+    spec: CallSpec
+    task_id: str
+    index: int  # position among the task's calls; -1 for a subcall
+    parent: _Call | None = None
+    attempts: int = 0
+    executor_id: str | None = None  # set while an attempt runs
+    deadline_ms: int = 0
+    ended: bool = False
+    waiting_on: int = 0  # outstanding subcalls of the running attempt
+    children: list[_Call] = attrs.Factory(list)
+
+
+@attrs.define(eq=False)
+class _Task:
+    task_id: str
+    policy: CallPolicy
+    ready: collections.deque[_Call] = attrs.Factory(collections.deque)
+    sub_ready: collections.deque[_Call] = attrs.Factory(collections.deque)
+    calls: dict[str, _Call] = attrs.Factory(dict)
+    running_top: int = 0
+    total: int = 0
+    ended_top: int = 0
+    sealed: bool = False
+    in_ring: bool = False
+    outputs: dict[int, bytes] = attrs.Factory(dict)
+    failures: list[CallFailure] = attrs.Factory(list)
+    succeeded: int = 0
+    retried: int = 0
+    subcalls: int = 0
+
+
+@attrs.define(eq=False)
+class _Executor:
+    executor_id: str
+    capacity: int
+    running: dict[str, _Call] = attrs.Factory(dict)
+    # Cancelled (call id, attempt) pairs whose answer has not been seen: they
+    # still occupy the executor until it answers or leaves.
+    zombies: set[tuple[str, int]] = attrs.Factory(set)
+    waiting: int = 0  # outstanding subcalls of its running calls
+    leaving: bool = False
+
+    def room(self) -> int:
+        """Room for fresh calls and retries."""
+        return self.capacity - len(self.running) - len(self.zombies)
+
+    def subcall_room(self) -> int:
+        """Room for subcalls: one more unit per subcall its calls wait for."""
+        return self.room() + self.waiting
+
+
+class DispatchCore:
+    """Runs the calls of many tasks on many executors. See the module docstring."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, _Task] = {}
+        self._executors: dict[str, _Executor] = {}
+        self._ring: collections.deque[_Task] = collections.deque()
+        self._seq = itertools.count()
+        self._backoffs: list[tuple[int, int, _Call]] = []
+        self._deadlines: list[tuple[int, int, _Call, int]] = []
+        # Call ids of open tasks: executors answer by id, so ids are unique
+        # across every task the core knows.
+        self._call_owner: dict[str, str] = {}
+
+    # ---------------------------------------------------------------- queries
+
+    def task_ids(self) -> tuple[str, ...]:
+        return tuple(self._tasks)
+
+    def executor_ids(self) -> tuple[str, ...]:
+        return tuple(self._executors)
+
+    def running_calls(self, executor_id: str) -> tuple[str, ...]:
+        return tuple(self._executors[executor_id].running)
+
+    def next_deadline_ms(self) -> int | None:
+        """When a back-off ends or a call deadline passes next (None: nothing armed)."""
+        while self._backoffs and self._backoffs[0][2].ended:
+            heapq.heappop(self._backoffs)
+        while self._deadlines and not self._deadline_current(self._deadlines[0]):
+            heapq.heappop(self._deadlines)
+        dues = [heap[0][0] for heap in (self._backoffs, self._deadlines) if heap]
+        return min(dues, default=None)
+
+    # ---------------------------------------------------------------- mutator
+
+    def handle(self, event: DispatchEvent) -> list[DispatchCommand]:
+        commands: list[DispatchCommand] = []
+        match event:
+            case ExecutorJoined():
+                if event.executor_id in self._executors or event.capacity < 1:
+                    raise DispatchMisuse(what=f"cannot join {event!r}")
+                self._executors[event.executor_id] = _Executor(
+                    executor_id=event.executor_id, capacity=event.capacity
+                )
+            case ExecutorLeft():
+                self._on_executor_left(event, commands)
+            case TaskOpened():
+                if event.task_id in self._tasks:
+                    raise DispatchMisuse(what=f"task {event.task_id!r} is already open")
+                self._tasks[event.task_id] = _Task(task_id=event.task_id, policy=event.policy)
+            case CallsAdded():
+                self._on_calls_added(event, commands)
+            case CallResultsArrived():
+                self._on_results(event, commands)
+            case SubcallRequested():
+                self._on_subcall(event, commands)
+            case TaskCancelled():
+                task = self._tasks.get(event.task_id)
+                if task is not None:
+                    self._end_task(task, commands)
+            case ClockTicked():
+                self._on_tick(event, commands)
+            case _:
+                assert_never(event)
+        self._pump(event.now_ms, commands)
+        return commands
+
+    # ----------------------------------------------------------------- events
+
+    def _on_calls_added(self, event: CallsAdded, commands: list[DispatchCommand]) -> None:
+        task = self._tasks.get(event.task_id)
+        if task is None or task.sealed:
+            raise DispatchMisuse(what=f"calls added to a closed or unknown task {event.task_id!r}")
+        seen: set[str] = set()
+        for spec in event.calls:  # all checked before any is queued
+            if spec.call_id in seen or spec.call_id in self._call_owner:
+                raise DispatchMisuse(what=f"call id {spec.call_id!r} used twice")
+            seen.add(spec.call_id)
+        for spec in event.calls:
+            call = _Call(spec=spec, task_id=task.task_id, index=task.total)
+            task.total += 1
+            task.calls[spec.call_id] = call
+            self._call_owner[spec.call_id] = task.task_id
+            task.ready.append(call)
+        task.sealed = event.sealed
+        self._ring_in(task)
+        self._maybe_finish(task, commands)
+
+    def _on_results(self, event: CallResultsArrived, commands: list[DispatchCommand]) -> None:
+        executor = self._executors.get(event.executor_id)
+        if executor is None:
+            return  # answers of an executor that has since left
+        for outcome in event.outcomes:
+            attempt = (outcome.call_id, outcome.attempt)
+            if attempt in executor.zombies:
+                executor.zombies.discard(attempt)
+                continue
+            call = executor.running.get(outcome.call_id)
+            if call is None or call.attempts != outcome.attempt:
+                continue
+            self._take_off(call, commands)
+            if outcome.ok:
+                self._succeed(call, outcome.value, commands)
+            else:
+                self._attempt_failed(
+                    call,
+                    error_code=outcome.error_code,
+                    message=outcome.error_message,
+                    retryable=outcome.retryable,
+                    now_ms=event.now_ms,
+                    draw=event.draw,
+                    commands=commands,
+                )
+
+    def _on_subcall(self, event: SubcallRequested, commands: list[DispatchCommand]) -> None:
+        executor = self._executors.get(event.executor_id)
+        parent = None if executor is None else executor.running.get(event.parent_call_id)
+        if parent is not None and parent.attempts != event.parent_attempt:
+            parent = None
+        if executor is None or parent is None:
+            # The parent attempt is gone (cancelled, timed out): unblock it if
+            # its executor is still there, and run nothing.
+            if executor is not None:
+                refused = CallOutcome(
+                    call_id=event.subcall.call_id,
+                    attempt=0,
+                    ok=False,
+                    error_code=CallErrorCode.CALL_RAISED,
+                    error_message="the calling attempt was cancelled",
+                )
+                commands.append(
+                    DeliverSubcallResult(
+                        executor_id=executor.executor_id,
+                        parent_call_id=event.parent_call_id,
+                        parent_attempt=event.parent_attempt,
+                        outcome=refused,
+                    )
+                )
+            return
+        task = self._tasks[parent.task_id]
+        if event.subcall.call_id in self._call_owner:
+            raise DispatchMisuse(what=f"call id {event.subcall.call_id!r} used twice")
+        child = _Call(spec=event.subcall, task_id=task.task_id, index=-1, parent=parent)
+        task.calls[child.spec.call_id] = child
+        self._call_owner[child.spec.call_id] = task.task_id
+        task.sub_ready.append(child)
+        task.subcalls += 1
+        parent.children.append(child)
+        parent.waiting_on += 1
+        executor.waiting += 1
+        self._ring_in(task)
+
+    def _on_executor_left(self, event: ExecutorLeft, commands: list[DispatchCommand]) -> None:
+        executor = self._executors.get(event.executor_id)
+        if executor is None:
+            return
+        executor.leaving = True
+        for call in list(executor.running.values()):
+            if call.executor_id != executor.executor_id:
+                continue  # a subcall abandoned with its parent just before
+            self._take_off(call, commands)
+            self._attempt_failed(
+                call,
+                error_code=event.error_code,
+                message=f"executor {event.executor_id} left during the call",
+                retryable=True,
+                now_ms=event.now_ms,
+                draw=event.draw,
+                commands=commands,
+            )
+        del self._executors[event.executor_id]
+
+    def _on_tick(self, event: ClockTicked, commands: list[DispatchCommand]) -> None:
+        now_ms = event.now_ms
+        while self._backoffs and self._backoffs[0][0] <= now_ms:
+            _, _, call = heapq.heappop(self._backoffs)
+            if not call.ended:
+                task = self._tasks[call.task_id]
+                self._requeue(task, call)
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            entry = heapq.heappop(self._deadlines)
+            if not self._deadline_current(entry):
+                continue
+            call = entry[2]
+            self._cancel(call, commands)
+            self._attempt_failed(
+                call,
+                error_code=CallErrorCode.DEADLINE_EXCEEDED,
+                message=f"call deadline {call.deadline_ms} ms passed",
+                retryable=True,
+                now_ms=now_ms,
+                draw=event.draw,
+                commands=commands,
+            )
+
+    # ----------------------------------------------------------- call endings
+
+    def _take_off(self, call: _Call, commands: list[DispatchCommand]) -> None:
+        """Remove a running attempt from its executor; abandon its subcalls."""
+        assert call.executor_id is not None
+        executor = self._executors[call.executor_id]
+        del executor.running[call.spec.call_id]
+        executor.waiting -= call.waiting_on
+        call.waiting_on = 0
+        call.executor_id = None
+        if call.parent is None:
+            self._tasks[call.task_id].running_top -= 1
+        for child in call.children:
+            self._abandon(child, commands)
+        call.children.clear()
+
+    def _cancel(self, call: _Call, commands: list[DispatchCommand]) -> None:
+        """Take a running attempt off its executor and tell the executor to stop it."""
+        assert call.executor_id is not None
+        executor = self._executors[call.executor_id]
+        attempt = (call.spec.call_id, call.attempts)
+        self._take_off(call, commands)
+        if not executor.leaving:
+            executor.zombies.add(attempt)
+            commands.append(CancelCalls(executor_id=executor.executor_id, attempts=(attempt,)))
+
+    def _abandon(self, call: _Call, commands: list[DispatchCommand]) -> None:
+        """End a call silently (its result is no longer wanted)."""
+        if call.ended:
+            return
+        if call.executor_id is not None:
+            self._cancel(call, commands)
+        call.ended = True
+
+    def _succeed(self, call: _Call, value: bytes, commands: list[DispatchCommand]) -> None:
+        call.ended = True
+        task = self._tasks[call.task_id]
+        if call.parent is not None:
+            succeeded = CallOutcome(
+                call_id=call.spec.call_id, attempt=call.attempts, ok=True, value=value
+            )
+            self._deliver(call, succeeded, commands)
+            return
+        task.outputs[call.index] = value
+        task.succeeded += 1
+        task.ended_top += 1
+        self._ring_in(task)
+        self._maybe_finish(task, commands)
+
+    def _attempt_failed(
+        self,
+        call: _Call,
+        *,
+        error_code: str,
+        message: str,
+        retryable: bool,
+        now_ms: int,
+        draw: float,
+        commands: list[DispatchCommand],
+    ) -> None:
+        task = self._tasks[call.task_id]
+        policy = task.policy
+        if retryable and call.attempts < policy.max_attempts:
+            task.retried += 1
+            due_ms = now_ms + policy.backoff_ms(call.attempts, draw)
+            if due_ms <= now_ms:
+                self._requeue(task, call)
+            else:
+                heapq.heappush(self._backoffs, (due_ms, next(self._seq), call))
+                self._ring_in(task)  # the window may have room for other calls now
+            return
+        call.ended = True
+        if call.parent is not None:
+            failed = CallOutcome(
+                call_id=call.spec.call_id,
+                attempt=call.attempts,
+                ok=False,
+                error_code=error_code,
+                error_message=message,
+                retryable=retryable,
+            )
+            self._deliver(call, failed, commands)
+            return
+        task.failures.append(
+            CallFailure(
+                call_id=call.spec.call_id,
+                function=call.spec.function,
+                attempts=call.attempts,
+                error_code=error_code,
+                error_message=message,
+            )
+        )
+        task.ended_top += 1
+        if policy.fail_fast:
+            outcome = CallPhaseOutcome(
+                ok=False,
+                failure_code=error_code,
+                message=f"call {call.spec.call_id} ({call.spec.function}) failed after "
+                f"{call.attempts} attempt(s): {message}",
+                retryable=error_code in _RETRYABLE_CODES,
+                stats=self._stats(task),
+            )
+            self._end_task(task, commands)
+            commands.append(FinishCallPhase(task_id=task.task_id, outcome=outcome))
+            return
+        self._ring_in(task)
+        self._maybe_finish(task, commands)
+
+    def _requeue(self, task: _Task, call: _Call) -> None:
+        """A retry runs ahead of the task's fresh calls."""
+        (task.ready if call.parent is None else task.sub_ready).appendleft(call)
+        self._ring_in(task)
+
+    def _deliver(self, call: _Call, outcome: CallOutcome, commands: list[DispatchCommand]) -> None:
+        """Hand a subcall's final outcome to the attempt waiting for it."""
+        parent = call.parent
+        assert parent is not None
+        if parent.executor_id is None or call not in parent.children:
+            return
+        parent.children.remove(call)
+        parent.waiting_on -= 1
+        self._executors[parent.executor_id].waiting -= 1
+        commands.append(
+            DeliverSubcallResult(
+                executor_id=parent.executor_id,
+                parent_call_id=parent.spec.call_id,
+                parent_attempt=parent.attempts,
+                outcome=outcome,
+            )
+        )
+
+    def _maybe_finish(self, task: _Task, commands: list[DispatchCommand]) -> None:
+        if not task.sealed or task.ended_top < task.total:
+            return
+        outputs = tuple(task.outputs[index] for index in sorted(task.outputs))
+        outcome = CallPhaseOutcome(
+            ok=True, stats=self._stats(task), outputs=outputs, failures=tuple(task.failures)
+        )
+        self._end_task(task, commands)
+        commands.append(FinishCallPhase(task_id=task.task_id, outcome=outcome))
+
+    def _end_task(self, task: _Task, commands: list[DispatchCommand]) -> None:
+        """Forget the task; cancel whatever of it still runs."""
+        running = [c for c in task.calls.values() if not c.ended and c.executor_id is not None]
+        for call in task.calls.values():
+            call.ended = True  # first, so that taking calls off abandons nothing twice
+        cancels: dict[str, list[tuple[str, int]]] = {}
+        for call in running:
+            assert call.executor_id is not None
+            executor = self._executors[call.executor_id]
+            attempt = (call.spec.call_id, call.attempts)
+            self._take_off(call, commands)
+            if not executor.leaving:
+                executor.zombies.add(attempt)
+                cancels.setdefault(executor.executor_id, []).append(attempt)
+        commands.extend(
+            CancelCalls(executor_id=executor_id, attempts=tuple(attempts))
+            for executor_id, attempts in cancels.items()
+        )
+        for call_id in task.calls:
+            del self._call_owner[call_id]
+        del self._tasks[task.task_id]
+
+    @staticmethod
+    def _stats(task: _Task) -> CallPhaseStats:
+        return CallPhaseStats(
+            calls_total=task.total,
+            calls_succeeded=task.succeeded,
+            calls_failed=len(task.failures),
+            calls_retried=task.retried,
+            subcalls=task.subcalls,
+        )
+
+    # ------------------------------------------------------------- dispatching
+
+    def _ring_in(self, task: _Task) -> None:
+        if not task.in_ring and task.task_id in self._tasks and self._dispatchable(task):
+            task.in_ring = True
+            self._ring.append(task)
+
+    @staticmethod
+    def _dispatchable(task: _Task) -> bool:
+        return bool(task.sub_ready) or (bool(task.ready) and task.running_top < task.policy.window)
+
+    @staticmethod
+    def _next_subcall(task: _Task) -> _Call | None:
+        while task.sub_ready:
+            call = task.sub_ready.popleft()
+            if not call.ended:
+                return call
+        return None
+
+    @staticmethod
+    def _wants_fresh_room(task: _Task) -> bool:
+        while task.ready and task.ready[0].ended:
+            task.ready.popleft()
+        return bool(task.ready) and task.running_top < task.policy.window
+
+    def _pump(self, now_ms: int, commands: list[DispatchCommand]) -> None:
+        """Dispatch round-robin over tasks while executors have room.
+
+        Fresh calls and retries need an executor's plain room; subcalls may
+        also use the extra room of executors whose calls wait on subcalls, and
+        nothing else may take that room.
+        """
+        if not self._ring:
+            return
+        rooms: dict[str, int] = {}
+        subcall_rooms: dict[str, int] = {}
+        for executor_id, executor in self._executors.items():
+            if (room := executor.room()) > 0:
+                rooms[executor_id] = room
+            if (room := executor.subcall_room()) > 0:
+                subcall_rooms[executor_id] = room
+        batches: dict[str, list[CallDispatch]] = {}
+        deferred: list[_Task] = []  # fresh work waiting for plain room only
+        while self._ring and subcall_rooms:
+            task = self._ring.popleft()
+            if task.task_id not in self._tasks:
+                continue
+            call = self._next_subcall(task)
+            if call is not None:
+                executor_id = max(subcall_rooms, key=subcall_rooms.__getitem__)
+            elif not self._wants_fresh_room(task):
+                task.in_ring = False
+                continue
+            elif not rooms:
+                deferred.append(task)
+                continue
+            else:
+                call = task.ready.popleft()
+                executor_id = max(rooms, key=rooms.__getitem__)
+            for pool in (rooms, subcall_rooms):
+                if executor_id in pool:
+                    pool[executor_id] -= 1
+                    if not pool[executor_id]:
+                        del pool[executor_id]
+            self._start(call, self._executors[executor_id], now_ms, task, batches)
+            if self._dispatchable(task):
+                self._ring.append(task)
+            else:
+                task.in_ring = False
+        self._ring.extendleft(reversed(deferred))
+        commands.extend(
+            RunCalls(executor_id=executor_id, calls=tuple(calls))
+            for executor_id, calls in batches.items()
+        )
+
+    def _start(
+        self,
+        call: _Call,
+        executor: _Executor,
+        now_ms: int,
+        task: _Task,
+        batches: dict[str, list[CallDispatch]],
+    ) -> None:
+        call.attempts += 1
+        call.executor_id = executor.executor_id
+        call.deadline_ms = now_ms + task.policy.call_deadline_ms
+        executor.running[call.spec.call_id] = call
+        if call.parent is None:
+            task.running_top += 1
+        heapq.heappush(self._deadlines, (call.deadline_ms, next(self._seq), call, call.attempts))
+        batches.setdefault(executor.executor_id, []).append(
+            CallDispatch(
+                call_id=call.spec.call_id,
+                task_id=call.task_id,
+                function=call.spec.function,
+                args=call.spec.args,
+                attempt=call.attempts,
+                deadline_ms=call.deadline_ms,
+            )
+        )
+
+    @staticmethod
+    def _deadline_current(entry: tuple[int, int, _Call, int]) -> bool:
+        _, _, call, attempt = entry
+        return not call.ended and call.executor_id is not None and call.attempts == attempt
+
+    # -------------------------------------------------------------- invariants
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any rule of the module docstring is broken."""
+        placed: dict[str, str] = {}
+        for executor_id, executor in self._executors.items():
+            live = {(call_id, call.attempts) for call_id, call in executor.running.items()}
+            assert not (live & executor.zombies)
+            assert executor.waiting == sum(c.waiting_on for c in executor.running.values())
+            # Room may be negative only through cancellation (zombies outstay the
+            # subcall room they were dispatched into); _pump never overfills.
+            assert not executor.leaving
+            for call_id, call in executor.running.items():
+                assert call.executor_id == executor_id
+                assert not call.ended
+                assert call.task_id in self._tasks
+                assert call_id not in placed, f"{call_id} runs on two executors"
+                placed[call_id] = executor_id
+        for task in self._tasks.values():
+            top_running = 0
+            for call in task.calls.values():
+                assert call.attempts <= task.policy.max_attempts
+                if call.executor_id is not None:
+                    assert placed.get(call.spec.call_id) == call.executor_id
+                    top_running += call.parent is None
+                if call.ended:
+                    assert call.executor_id is None
+            assert task.running_top == top_running
+            assert task.running_top <= task.policy.window
+            assert task.ended_top <= task.total
+        # Work-conserving: no runnable call waits while room for it is idle.
+        executors = self._executors.values()
+        plain_room = any(executor.room() > 0 for executor in executors)
+        subcall_room = any(executor.subcall_room() > 0 for executor in executors)
+        for task in self._tasks.values():
+            waiting = [c for c in (*task.ready, *task.sub_ready) if not c.ended]
+            if subcall_room and any(c.parent is not None for c in waiting):
+                raise AssertionError(f"{task.task_id} has a subcall waiting and room is idle")
+            fresh = [c for c in waiting if c.parent is None]
+            if plain_room and fresh and task.running_top < task.policy.window:
+                raise AssertionError(f"{task.task_id} has runnable calls and room is idle")
+        owners = {call_id: t.task_id for t in self._tasks.values() for call_id in t.calls}
+        assert owners == self._call_owner

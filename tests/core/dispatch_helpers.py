@@ -1,0 +1,197 @@
+"""Shared builders for the dispatch core's tests.
+
+Builds policies, call specs, events and the commands a test expects, all with
+explicit times and draws, and observes a core's visible state so a test can
+assert that a refused event changed nothing. Never reads a clock.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from blockx.phases import (
+    CallDispatch,
+    CallErrorCode,
+    CallOutcome,
+    CallPolicy,
+    CallResultsArrived,
+    CallsAdded,
+    CallSpec,
+    CancelCalls,
+    ClockTicked,
+    DeliverSubcallResult,
+    DispatchCommand,
+    DispatchCore,
+    ExecutorJoined,
+    ExecutorLeft,
+    RunCalls,
+    SubcallRequested,
+    TaskOpened,
+)
+
+# 3 attempts, 10 ms base back-off, 5 % jitter, fail fast, window 64, 60 s deadline.
+DEFAULT_POLICY = CallPolicy()
+DEADLINE_MS = DEFAULT_POLICY.call_deadline_ms
+FUNCTION = "work"
+
+
+def value_of(call_id: str) -> bytes:
+    """The value a test's executor returns for `call_id`."""
+    return f"out-{call_id}".encode()
+
+
+def spec(call_id: str) -> CallSpec:
+    return CallSpec(call_id=call_id, function=FUNCTION, args=call_id.encode())
+
+
+def dispatch(
+    call_id: str,
+    *,
+    at_ms: int,
+    task_id: str = "t1",
+    attempt: int = 1,
+    deadline_after_ms: int = DEADLINE_MS,
+) -> CallDispatch:
+    """The `CallDispatch` for `spec(call_id)` sent at `at_ms`."""
+    return CallDispatch(
+        call_id=call_id,
+        task_id=task_id,
+        function=FUNCTION,
+        args=call_id.encode(),
+        attempt=attempt,
+        deadline_ms=at_ms + deadline_after_ms,
+    )
+
+
+def run(executor_id: str, *calls: CallDispatch) -> RunCalls:
+    return RunCalls(executor_id=executor_id, calls=calls)
+
+
+def joined(executor_id: str, *, capacity: int, now_ms: int) -> ExecutorJoined:
+    return ExecutorJoined(executor_id=executor_id, capacity=capacity, now_ms=now_ms)
+
+
+def left(
+    executor_id: str,
+    *,
+    now_ms: int,
+    error_code: str = CallErrorCode.EXECUTOR_LOST,
+    draw: float = 0.0,
+) -> ExecutorLeft:
+    return ExecutorLeft(executor_id=executor_id, error_code=error_code, now_ms=now_ms, draw=draw)
+
+
+def opened(task_id: str = "t1", *, now_ms: int, policy: CallPolicy = DEFAULT_POLICY) -> TaskOpened:
+    return TaskOpened(task_id=task_id, policy=policy, now_ms=now_ms)
+
+
+def added(task_id: str, *call_ids: str, now_ms: int, sealed: bool = True) -> CallsAdded:
+    return CallsAdded(
+        task_id=task_id,
+        calls=tuple(spec(call_id) for call_id in call_ids),
+        sealed=sealed,
+        now_ms=now_ms,
+    )
+
+
+def ok(call_id: str, *, attempt: int = 1) -> CallOutcome:
+    return CallOutcome(call_id=call_id, attempt=attempt, ok=True, value=value_of(call_id))
+
+
+def failed(
+    call_id: str,
+    *,
+    attempt: int = 1,
+    code: str = CallErrorCode.CALL_RAISED,
+    retryable: bool = False,
+    message: str = "boom",
+) -> CallOutcome:
+    return CallOutcome(
+        call_id=call_id,
+        attempt=attempt,
+        ok=False,
+        error_code=code,
+        error_message=message,
+        retryable=retryable,
+    )
+
+
+def retryable_failure(call_id: str, *, attempt: int = 1) -> CallOutcome:
+    return failed(
+        call_id, attempt=attempt, code=CallErrorCode.CALL_RAISED_RETRYABLE, retryable=True
+    )
+
+
+def cancel(executor_id: str, *attempts: tuple[str, int]) -> CancelCalls:
+    """`CancelCalls` of (call id, attempt) pairs on `executor_id`."""
+    return CancelCalls(executor_id=executor_id, attempts=attempts)
+
+
+def arrived(
+    executor_id: str, *outcomes: CallOutcome, now_ms: int, draw: float = 0.0
+) -> CallResultsArrived:
+    return CallResultsArrived(executor_id=executor_id, outcomes=outcomes, now_ms=now_ms, draw=draw)
+
+
+def ticked(now_ms: int, *, draw: float = 0.0) -> ClockTicked:
+    return ClockTicked(now_ms=now_ms, draw=draw)
+
+
+def subcall(
+    executor_id: str,
+    parent_call_id: str,
+    subcall_id: str,
+    *,
+    now_ms: int,
+    parent_attempt: int = 1,
+) -> SubcallRequested:
+    return SubcallRequested(
+        executor_id=executor_id,
+        parent_call_id=parent_call_id,
+        parent_attempt=parent_attempt,
+        subcall=spec(subcall_id),
+        now_ms=now_ms,
+    )
+
+
+def delivered(
+    executor_id: str, parent_call_id: str, outcome: CallOutcome, *, parent_attempt: int = 1
+) -> DeliverSubcallResult:
+    return DeliverSubcallResult(
+        executor_id=executor_id,
+        parent_call_id=parent_call_id,
+        parent_attempt=parent_attempt,
+        outcome=outcome,
+    )
+
+
+def start(
+    core: DispatchCore,
+    task_id: str,
+    *call_ids: str,
+    now_ms: int,
+    policy: CallPolicy = DEFAULT_POLICY,
+    sealed: bool = True,
+) -> list[DispatchCommand]:
+    """Open `task_id` and add `call_ids` at `now_ms`; returns the commands of the add."""
+    assert core.handle(opened(task_id, now_ms=now_ms, policy=policy)) == []
+    return core.handle(added(task_id, *call_ids, now_ms=now_ms, sealed=sealed))
+
+
+@attrs.frozen(kw_only=True)
+class Observed:
+    """Everything a caller can see of a core, for before/after comparisons."""
+
+    task_ids: tuple[str, ...]
+    running: tuple[tuple[str, tuple[str, ...]], ...]
+    next_deadline_ms: int | None
+
+
+def observe(core: DispatchCore) -> Observed:
+    return Observed(
+        task_ids=core.task_ids(),
+        running=tuple(
+            (executor_id, core.running_calls(executor_id)) for executor_id in core.executor_ids()
+        ),
+        next_deadline_ms=core.next_deadline_ms(),
+    )

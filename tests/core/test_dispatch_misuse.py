@@ -1,0 +1,197 @@
+"""Misuse of the dispatch core is refused with `DispatchMisuse` and changes
+nothing: invalid policies and draws, calls added to a closed or unknown task,
+call ids used twice, a task opened twice, an executor joined twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from blockx.phases import (
+    CallPhaseOutcome,
+    CallPhaseStats,
+    CallPolicy,
+    CallResultsArrived,
+    ClockTicked,
+    DispatchCore,
+    DispatchMisuse,
+    ExecutorLeft,
+    FinishCallPhase,
+)
+from tests.core.dispatch_helpers import (
+    added,
+    arrived,
+    dispatch,
+    joined,
+    observe,
+    ok,
+    opened,
+    run,
+    start,
+    value_of,
+)
+
+
+@pytest.fixture
+def core() -> Iterator[DispatchCore]:
+    core = DispatchCore()
+    yield core
+    core.check_invariants()
+
+
+# --------------------------------------------------------- policies and draws
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"window": 0}, id="window-0"),
+        pytest.param({"max_attempts": 0}, id="max-attempts-0"),
+        pytest.param({"base_backoff_ms": -1}, id="negative-backoff"),
+        pytest.param({"jitter_percent": -1}, id="negative-jitter"),
+        pytest.param({"jitter_percent": 101}, id="jitter-over-100"),
+        pytest.param({"call_deadline_ms": 0}, id="deadline-0"),
+    ],
+)
+def test_an_invalid_call_policy_is_misuse(fields: dict[str, Any]) -> None:
+    with pytest.raises(DispatchMisuse, match="invalid call policy"):
+        CallPolicy(**fields)
+
+
+def test_the_smallest_and_largest_valid_policy_figures_are_accepted() -> None:
+    CallPolicy(window=1, max_attempts=1, base_backoff_ms=0, jitter_percent=0, call_deadline_ms=1)
+    CallPolicy(jitter_percent=100)
+
+
+@pytest.mark.parametrize("draw", [-0.001, 1.0, 1.5])
+def test_a_draw_outside_zero_to_one_is_misuse(draw: float) -> None:
+    with pytest.raises(DispatchMisuse, match="draw"):
+        ClockTicked(now_ms=0, draw=draw)
+    with pytest.raises(DispatchMisuse, match="draw"):
+        CallResultsArrived(executor_id="e0", outcomes=(), now_ms=0, draw=draw)
+    with pytest.raises(DispatchMisuse, match="draw"):
+        ExecutorLeft(executor_id="e0", error_code="EXECUTOR_LOST", now_ms=0, draw=draw)
+
+
+@pytest.mark.parametrize("draw", [0.0, 0.999])
+def test_draws_in_zero_to_one_are_accepted(draw: float) -> None:
+    assert ClockTicked(now_ms=0, draw=draw).draw == draw
+
+
+# -------------------------------------------------------------------- tasks
+
+
+def test_adding_calls_to_an_unknown_task_is_misuse(core: DispatchCore) -> None:
+    core.handle(joined("e0", capacity=1, now_ms=0))
+    before = observe(core)
+
+    with pytest.raises(DispatchMisuse):
+        core.handle(added("t1", "c0", now_ms=0))
+    assert observe(core) == before
+
+
+def test_adding_calls_to_a_sealed_task_is_misuse(core: DispatchCore) -> None:
+    core.handle(joined("e0", capacity=1, now_ms=0))
+    start(core, "t1", "c0", now_ms=0)
+    before = observe(core)
+
+    with pytest.raises(DispatchMisuse):
+        core.handle(added("t1", "c1", now_ms=1))
+    with pytest.raises(DispatchMisuse):
+        core.handle(added("t1", now_ms=1))
+    assert observe(core) == before
+
+
+def test_adding_calls_to_a_finished_task_is_misuse(core: DispatchCore) -> None:
+    assert start(core, "t1", now_ms=0) == [
+        FinishCallPhase(task_id="t1", outcome=CallPhaseOutcome(ok=True))
+    ]
+
+    with pytest.raises(DispatchMisuse):
+        core.handle(added("t1", "c0", now_ms=1))
+    assert core.task_ids() == ()
+
+
+def test_opening_a_task_twice_is_misuse_and_keeps_the_first_policy(core: DispatchCore) -> None:
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    assert core.handle(opened("t1", now_ms=0, policy=CallPolicy(window=1))) == []
+
+    with pytest.raises(DispatchMisuse, match="already open"):
+        core.handle(opened("t1", now_ms=1, policy=CallPolicy(window=8)))
+
+    assert core.handle(added("t1", "c0", "c1", now_ms=2)) == [run("e0", dispatch("c0", at_ms=2))]
+
+
+@pytest.mark.parametrize(
+    ("first_batch", "refused_batch"),
+    [
+        pytest.param(("c0",), ("c1", "c0"), id="id-of-an-earlier-batch"),
+        pytest.param(("c0",), ("c1", "c1"), id="id-twice-in-one-batch"),
+    ],
+)
+def test_a_call_id_used_twice_is_misuse_and_changes_nothing(
+    core: DispatchCore, first_batch: tuple[str, ...], refused_batch: tuple[str, ...]
+) -> None:
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    assert start(core, "t1", *first_batch, now_ms=0, sealed=False) == [
+        run("e0", dispatch("c0", at_ms=0))
+    ]
+    before = observe(core)
+
+    with pytest.raises(DispatchMisuse, match="used twice"):
+        core.handle(added("t1", *refused_batch, now_ms=5))
+
+    # Refused as a whole: c1 is not queued, the task is not sealed.
+    assert observe(core) == before
+    core.check_invariants()
+    assert core.handle(arrived("e0", ok("c0"), now_ms=10)) == []
+    assert core.handle(added("t1", now_ms=20)) == [
+        FinishCallPhase(
+            task_id="t1",
+            outcome=CallPhaseOutcome(
+                ok=True,
+                stats=CallPhaseStats(calls_total=1, calls_succeeded=1),
+                outputs=(value_of("c0"),),
+            ),
+        )
+    ]
+
+
+def test_a_call_id_of_another_open_task_is_misuse(core: DispatchCore) -> None:
+    # Executors answer and cancel by (call id, attempt) alone, so two open
+    # tasks can never share a call id: t2's c0 would overwrite t1's on e0.
+    core.handle(joined("e0", capacity=2, now_ms=0))
+    assert start(core, "t1", "c0", now_ms=0) == [run("e0", dispatch("c0", at_ms=0))]
+    assert core.handle(opened("t2", now_ms=1)) == []
+    before = observe(core)
+
+    with pytest.raises(DispatchMisuse, match="used twice"):
+        core.handle(added("t2", "c0", now_ms=2))
+    assert observe(core) == before
+
+    assert core.handle(arrived("e0", ok("c0"), now_ms=10)) == [
+        FinishCallPhase(
+            task_id="t1",
+            outcome=CallPhaseOutcome(
+                ok=True,
+                stats=CallPhaseStats(calls_total=1, calls_succeeded=1),
+                outputs=(value_of("c0"),),
+            ),
+        )
+    ]
+
+
+# ---------------------------------------------------------------- executors
+
+
+def test_joining_twice_or_without_capacity_is_misuse(core: DispatchCore) -> None:
+    core.handle(joined("e0", capacity=1, now_ms=0))
+
+    with pytest.raises(DispatchMisuse):
+        core.handle(joined("e0", capacity=4, now_ms=1))
+    with pytest.raises(DispatchMisuse):
+        core.handle(joined("e1", capacity=0, now_ms=1))
+    assert core.executor_ids() == ("e0",)

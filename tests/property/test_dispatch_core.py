@@ -1,0 +1,385 @@
+"""Hypothesis state machine over `DispatchCore`.
+
+The test keeps its own record of what runs where (from the commands alone)
+and checks the core's guarantees after every step: every call ends at most
+once, attempts never exceed the maximum, nothing of an ended task starts,
+in-flight never exceeds the window or an executor's room, one step shares
+dispatches fairly between tasks, and (at teardown) every sealed task that was
+not cancelled finishes once its calls can run.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import attrs
+import hypothesis.strategies as st
+from hypothesis import note
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from blockx.phases import (
+    CallErrorCode,
+    CallOutcome,
+    CallPolicy,
+    CallResultsArrived,
+    CallsAdded,
+    CallSpec,
+    CancelCalls,
+    ClockTicked,
+    DeliverSubcallResult,
+    DispatchCommand,
+    DispatchCore,
+    DispatchEvent,
+    ExecutorJoined,
+    ExecutorLeft,
+    FinishCallPhase,
+    RunCalls,
+    SubcallRequested,
+    TaskCancelled,
+    TaskOpened,
+)
+
+EXECUTOR_IDS = ["e0", "e1", "e2"]
+DRAWS = st.sampled_from([0.0, 0.5, 0.999])
+
+
+@attrs.define
+class TaskRecord:
+    policy: CallPolicy
+    calls: list[str] = attrs.Factory(list)
+    sealed: bool = False
+    ended: bool = False  # finished or cancelled
+    cancelled: bool = False
+    finishes: int = 0
+
+
+@attrs.define
+class Running:
+    executor_id: str
+    task_id: str
+    attempt: int
+    subcall: bool
+
+
+class DispatchTable(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = DispatchCore()
+        self.now = 0
+        self.ids = itertools.count()
+        self.tasks: dict[str, TaskRecord] = {}
+        self.capacity: dict[str, int] = {}
+        self.running: dict[str, Running] = {}
+        self.zombies: dict[tuple[str, int], str] = {}
+        self.attempts: dict[str, int] = {}
+        self.subcall_ids: set[str] = set()
+        self.waiting: collections.Counter[str] = collections.Counter()  # parent -> subcalls
+        self.call_task: dict[str, str] = {}
+        self.succeeded: set[str] = set()
+
+    # ---------------------------------------------------------------- driving
+
+    def _send(self, event: DispatchEvent) -> list[DispatchCommand]:
+        note(repr(event))
+        commands = self.core.handle(event)
+        note(f"  -> {commands!r}")
+        per_task: collections.Counter[str] = collections.Counter()
+        for command in commands:
+            match command:
+                case RunCalls(executor_id=executor_id, calls=calls):
+                    assert calls, "empty RunCalls"
+                    assert executor_id in self.capacity, "dispatched to an absent executor"
+                    for call in calls:
+                        self._started(executor_id, call.call_id, call.task_id, call.attempt)
+                        per_task[call.task_id] += 1
+                    self._check_room(executor_id)
+                case CancelCalls(executor_id=executor_id, attempts=attempts):
+                    for call_id, attempt in attempts:
+                        running = self.running.pop(call_id)
+                        assert (running.executor_id, running.attempt) == (executor_id, attempt)
+                        self.zombies[call_id, attempt] = executor_id
+                        self.waiting.pop(call_id, None)
+                case DeliverSubcallResult(parent_call_id=parent, parent_attempt=attempt):
+                    if parent in self.running and self.running[parent].attempt == attempt:
+                        self.waiting[parent] -= 1
+                case FinishCallPhase(task_id=task_id, outcome=outcome):
+                    record = self.tasks[task_id]
+                    assert not record.ended, f"{task_id} finished twice"
+                    record.ended = True
+                    record.finishes += 1
+                    if outcome.ok:
+                        assert len(outcome.outputs) == sum(
+                            c in self.succeeded for c in record.calls
+                        )
+                        assert len(outcome.outputs) + len(outcome.failures) == len(record.calls)
+        self._check_fair(per_task)
+        self.core.check_invariants()
+        return commands
+
+    def _started(self, executor_id: str, call_id: str, task_id: str, attempt: int) -> None:
+        record = self.tasks[task_id]
+        assert not record.ended, f"{call_id} started after {task_id} ended"
+        assert call_id not in self.running, f"{call_id} runs twice at once"
+        assert call_id not in self.succeeded, f"{call_id} ran again after it succeeded"
+        assert attempt == self.attempts.get(call_id, 0) + 1
+        assert attempt <= record.policy.max_attempts
+        self.attempts[call_id] = attempt
+        self.running[call_id] = Running(
+            executor_id=executor_id,
+            task_id=task_id,
+            attempt=attempt,
+            subcall=call_id in self.subcall_ids,
+        )
+        top = sum(1 for r in self.running.values() if r.task_id == task_id and not r.subcall)
+        assert top <= record.policy.window, f"{task_id} runs {top} > window"
+
+    def _check_room(self, executor_id: str) -> None:
+        """Right after a dispatch to it, an executor holds no more than its room."""
+        here = [c for c, r in self.running.items() if r.executor_id == executor_id]
+        zombies = sum(1 for e in self.zombies.values() if e == executor_id)
+        extra = sum(self.waiting[c] for c in here)
+        room = self.capacity[executor_id] + extra
+        assert len(here) + zombies <= room, f"{executor_id} overfilled"
+
+    def _check_fair(self, per_task: collections.Counter[str]) -> None:
+        """Tasks that still have runnable calls after a step got equal turns in it."""
+        still_runnable = [t for t in per_task if self._runnable(t)]
+        counts = [per_task[t] for t in still_runnable]
+        assert not counts or max(counts) - min(counts) <= 1, f"unfair step {per_task}"
+
+    def _runnable(self, task_id: str) -> bool:
+        record = self.tasks[task_id]
+        if record.ended:
+            return False
+        top = sum(1 for r in self.running.values() if r.task_id == task_id and not r.subcall)
+        fresh = [c for c in record.calls if c not in self.attempts]
+        return bool(fresh) and top < record.policy.window
+
+    def _completable(self) -> list[str]:
+        """Running calls that can answer: not blocked waiting on a subcall."""
+        return sorted(c for c in self.running if not self.waiting[c])
+
+    def _open_tasks(self) -> list[str]:
+        return [t for t, r in self.tasks.items() if not r.ended and not r.sealed]
+
+    # ----------------------------------------------------------------- rules
+
+    @precondition(lambda self: len(self.tasks) < 4)
+    @rule(
+        max_attempts=st.integers(1, 3),
+        base_backoff_ms=st.sampled_from([0, 10]),
+        window=st.integers(1, 3),
+        fail_fast=st.booleans(),
+        call_deadline_ms=st.sampled_from([50, 1_000]),
+    )
+    def open_task(
+        self,
+        max_attempts: int,
+        base_backoff_ms: int,
+        window: int,
+        fail_fast: bool,
+        call_deadline_ms: int,
+    ) -> None:
+        task_id = f"t{len(self.tasks)}"
+        policy = CallPolicy(
+            max_attempts=max_attempts,
+            base_backoff_ms=base_backoff_ms,
+            jitter_percent=5,
+            fail_fast=fail_fast,
+            window=window,
+            call_deadline_ms=call_deadline_ms,
+        )
+        self.tasks[task_id] = TaskRecord(policy=policy)
+        self._send(TaskOpened(task_id=task_id, policy=policy, now_ms=self.now))
+
+    @precondition(lambda self: self._open_tasks())
+    @rule(data=st.data(), count=st.integers(0, 4), sealed=st.booleans())
+    def add_calls(self, data: st.DataObject, count: int, sealed: bool) -> None:
+        task_id = data.draw(st.sampled_from(self._open_tasks()), label="task_id")
+        specs = []
+        for _ in range(count):
+            call_id = f"c{next(self.ids)}"
+            specs.append(CallSpec(call_id=call_id, function="demo.add"))
+            self.tasks[task_id].calls.append(call_id)
+            self.call_task[call_id] = task_id
+        self.tasks[task_id].sealed = sealed
+        self._send(CallsAdded(task_id=task_id, calls=tuple(specs), sealed=sealed, now_ms=self.now))
+
+    @rule(executor_id=st.sampled_from(EXECUTOR_IDS), capacity=st.integers(1, 3))
+    def join_executor(self, executor_id: str, capacity: int) -> None:
+        if executor_id in self.capacity:
+            return
+        self.capacity[executor_id] = capacity
+        self._send(ExecutorJoined(executor_id=executor_id, capacity=capacity, now_ms=self.now))
+
+    @precondition(lambda self: self.capacity)
+    @rule(
+        data=st.data(),
+        code=st.sampled_from([CallErrorCode.EXECUTOR_LOST, CallErrorCode.EXECUTOR_WEDGED]),
+        draw=DRAWS,
+    )
+    def lose_executor(self, data: st.DataObject, code: str, draw: float) -> None:
+        executor_id = data.draw(st.sampled_from(sorted(self.capacity)), label="executor_id")
+        del self.capacity[executor_id]
+        for call_id in [c for c, r in self.running.items() if r.executor_id == executor_id]:
+            del self.running[call_id]
+            self.waiting.pop(call_id, None)
+        for attempt in [a for a, e in self.zombies.items() if e == executor_id]:
+            del self.zombies[attempt]
+        self._send(
+            ExecutorLeft(executor_id=executor_id, error_code=code, now_ms=self.now, draw=draw)
+        )
+        assert executor_id not in self.core.executor_ids()
+
+    @precondition(lambda self: self._completable())
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["ok", "ok", "ok", "retryable", "final"]),
+        draw=DRAWS,
+    )
+    def finish_call(self, data: st.DataObject, kind: str, draw: float) -> None:
+        call_id = data.draw(st.sampled_from(self._completable()), label="call_id")
+        running = self.running.pop(call_id)
+        self.waiting.pop(call_id, None)
+        if kind == "ok":
+            outcome = CallOutcome(
+                call_id=call_id, attempt=running.attempt, ok=True, value=call_id.encode()
+            )
+            self.succeeded.add(call_id)
+        else:
+            code = CallErrorCode.CALL_RAISED_RETRYABLE if kind == "retryable" else "CALL_RAISED"
+            outcome = CallOutcome(
+                call_id=call_id,
+                attempt=running.attempt,
+                ok=False,
+                error_code=code,
+                retryable=kind == "retryable",
+            )
+        self._send(
+            CallResultsArrived(
+                executor_id=running.executor_id, outcomes=(outcome,), now_ms=self.now, draw=draw
+            )
+        )
+
+    @precondition(lambda self: self._completable())
+    @rule(data=st.data())
+    def finish_executor_batch(self, data: st.DataObject) -> None:
+        executor_id = data.draw(
+            st.sampled_from(sorted({self.running[c].executor_id for c in self._completable()})),
+            label="executor_id",
+        )
+        self._succeed_all_on(executor_id)
+
+    def _succeed_all_on(self, executor_id: str) -> None:
+        done = {
+            c: self.running[c].attempt
+            for c in self._completable()
+            if self.running[c].executor_id == executor_id
+        }
+        for call_id in done:
+            del self.running[call_id]
+            self.waiting.pop(call_id, None)
+            self.succeeded.add(call_id)
+        outcomes = tuple(
+            CallOutcome(call_id=c, attempt=attempt, ok=True, value=b"v")
+            for c, attempt in done.items()
+        )
+        self._send(CallResultsArrived(executor_id=executor_id, outcomes=outcomes, now_ms=self.now))
+
+    @precondition(lambda self: self.zombies)
+    @rule(data=st.data())
+    def answer_cancelled_call(self, data: st.DataObject) -> None:
+        attempt = data.draw(st.sampled_from(sorted(self.zombies)), label="attempt")
+        commands = self._answer_zombie(attempt)
+        assert not any(isinstance(c, FinishCallPhase | DeliverSubcallResult) for c in commands)
+
+    def _answer_zombie(self, attempt: tuple[str, int]) -> list[DispatchCommand]:
+        executor_id = self.zombies.pop(attempt)
+        outcome = CallOutcome(call_id=attempt[0], attempt=attempt[1], ok=True, value=b"late")
+        return self._send(
+            CallResultsArrived(executor_id=executor_id, outcomes=(outcome,), now_ms=self.now)
+        )
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def request_subcall(self, data: st.DataObject) -> None:
+        parent = data.draw(st.sampled_from(sorted(self.running)), label="parent")
+        running = self.running[parent]
+        subcall_id = f"s{next(self.ids)}"
+        self.subcall_ids.add(subcall_id)
+        self.call_task[subcall_id] = running.task_id
+        self.waiting[parent] += 1
+        self._send(
+            SubcallRequested(
+                executor_id=running.executor_id,
+                parent_call_id=parent,
+                parent_attempt=running.attempt,
+                subcall=CallSpec(call_id=subcall_id, function="demo.echo"),
+                now_ms=self.now,
+            )
+        )
+
+    @precondition(lambda self: self.tasks)
+    @rule(data=st.data())
+    def cancel_task(self, data: st.DataObject) -> None:
+        task_id = data.draw(st.sampled_from(sorted(self.tasks)), label="task_id")
+        record = self.tasks[task_id]
+        commands = self._send(TaskCancelled(task_id=task_id, now_ms=self.now))
+        assert not any(isinstance(c, FinishCallPhase) for c in commands)
+        if not record.ended:
+            record.ended = record.cancelled = True
+        assert task_id not in self.core.task_ids()
+
+    @rule(elapsed_ms=st.integers(0, 600), draw=DRAWS)
+    def advance_clock(self, elapsed_ms: int, draw: float) -> None:
+        self.now += elapsed_ms
+        self._send(ClockTicked(now_ms=self.now, draw=draw))
+        due = self.core.next_deadline_ms()
+        assert due is None or due > self.now
+
+    # ------------------------------------------------------------- invariants
+
+    @invariant()
+    def running_matches_the_core(self) -> None:
+        for executor_id in self.core.executor_ids():
+            ours = {c for c, r in self.running.items() if r.executor_id == executor_id}
+            assert set(self.core.running_calls(executor_id)) == ours
+
+    @invariant()
+    def ended_tasks_are_forgotten(self) -> None:
+        for task_id, record in self.tasks.items():
+            assert (task_id in self.core.task_ids()) == (not record.ended)
+            assert record.finishes <= 1
+
+    # ---------------------------------------------------------------- liveness
+
+    def teardown(self) -> None:
+        """Let every call run and succeed: every sealed, uncancelled task finishes."""
+        if not hasattr(self, "core"):
+            return
+        if not self.capacity:
+            self.join_executor("e0", 2)
+        for task_id in self._open_tasks():
+            self.tasks[task_id].sealed = True
+            self._send(CallsAdded(task_id=task_id, calls=(), sealed=True, now_ms=self.now))
+        for _ in range(10_000):
+            pending = [t for t, r in self.tasks.items() if not r.ended]
+            if not pending:
+                break
+            if completable := self._completable():
+                self._succeed_all_on(self.running[completable[0]].executor_id)
+            elif self.zombies:
+                self._answer_zombie(next(iter(self.zombies)))
+            else:
+                due = self.core.next_deadline_ms()
+                assert due is not None, f"{pending} stuck with nothing running or armed"
+                self.now = max(self.now, due)
+                self._send(ClockTicked(now_ms=self.now))
+        else:
+            raise AssertionError("tasks did not finish")
+        for record in self.tasks.values():
+            assert record.finishes == (0 if record.cancelled else 1)
+
+
+TestDispatchTable = DispatchTable.TestCase

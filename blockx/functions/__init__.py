@@ -8,6 +8,8 @@ feeds it; executors import a task's pinned epoch with `EpochModules`. Nothing
 here decides task state.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from blockx.functions._errors import (
     EmptySnapshot,
     EpochConflict,
@@ -28,7 +30,6 @@ from blockx.functions._errors import (
     UnknownModule,
 )
 from blockx.functions._loader import EpochModules, Fetch
-from blockx.functions._service import run_code_refresher
 from blockx.functions._snapshot import FunctionSnapshot, content_epoch, is_valid_module_name
 from blockx.functions._sources import (
     DEFAULT_REDIS_PREFIX,
@@ -47,6 +48,20 @@ from blockx.functions._view import (
     FunctionCodeView,
     ViewChange,
 )
+
+if TYPE_CHECKING:
+    from blockx.functions._service import run_code_refresher
+
+
+def __getattr__(name: str) -> Any:
+    # Executor processes import the loader from here; the refresher (and with
+    # it trio) loads only when the worker asks for it.
+    if name == "run_code_refresher":
+        from blockx.functions._service import run_code_refresher  # noqa: PLC0415
+
+        return run_code_refresher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_REDIS_PREFIX",

@@ -64,15 +64,6 @@ from blockx.phases._dispatch_types import (
     TaskOpened,
 )
 
-_RETRYABLE_CODES = frozenset(
-    {
-        CallErrorCode.CALL_RAISED_RETRYABLE,
-        CallErrorCode.EXECUTOR_LOST,
-        CallErrorCode.EXECUTOR_WEDGED,
-        CallErrorCode.DEADLINE_EXCEEDED,
-    }
-)
-
 
 @attrs.define(eq=False)
 class _Call:
@@ -422,7 +413,7 @@ class DispatchCore:
                 failure_code=error_code,
                 message=f"call {call.spec.call_id} ({call.spec.function}) failed after "
                 f"{call.attempts} attempt(s): {message}",
-                retryable=error_code in _RETRYABLE_CODES,
+                retryable=retryable,
                 stats=self._stats(task),
             )
             self._end_task(task, commands)

@@ -16,16 +16,35 @@ from blockx.errors import BlockxError
 
 
 class CallErrorCode(enum.StrEnum):
-    """Stable codes of a failed call attempt."""
+    """Stable codes of a failed call attempt, shared by executors and the dispatcher.
+
+    Executors report the first group; the dispatcher adds executor lost,
+    wedged and deadline exceeded. Whether an attempt is retried follows the
+    `retryable` flag reported with it, not the code.
+    """
 
     CALL_RAISED = "CALL_RAISED"
+    """The function raised; not retryable."""
     CALL_RAISED_RETRYABLE = "CALL_RAISED_RETRYABLE"
+    """The function raised `blockx.RetryableError` (or a retryable subcall failure)."""
     UNKNOWN_FUNCTION = "UNKNOWN_FUNCTION"
-    EXECUTOR_LOST = "EXECUTOR_LOST"
-    EXECUTOR_WEDGED = "EXECUTOR_WEDGED"
-    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    """No such module or callable in the call's epoch; not retryable."""
+    CODE_UNAVAILABLE = "CODE_UNAVAILABLE"
+    """The worker could not supply the module source; retryable."""
+    INVALID_ARGS = "INVALID_ARGS"
+    """`args` is not a msgpack argument list or keyword map; not retryable."""
     RESULT_NOT_SERIALIZABLE = "RESULT_NOT_SERIALIZABLE"
+    """The return value cannot be encoded with msgpack; not retryable."""
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    """The encoded return value exceeds the executor's result size limit; not retryable."""
+    CALL_CANCELLED = "CALL_CANCELLED"
+    """Cancelled before it started, or while it waited on a subcall; not retryable."""
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    """The call deadline passed (queued on the executor, or running); retryable."""
+    EXECUTOR_LOST = "EXECUTOR_LOST"
+    """The executor died or stopped answering during the call; retryable."""
+    EXECUTOR_WEDGED = "EXECUTOR_WEDGED"
+    """The executor's loop stalled during the call and it was killed; retryable."""
 
 
 class DispatchMisuse(BlockxError):

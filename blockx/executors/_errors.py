@@ -1,0 +1,152 @@
+"""Errors of the executor subsystem, split by who is at fault.
+
+`WireError` and its subclasses are the peer's fault: bytes that arrived on an
+executor socket are not a valid frame or message. `InvalidMessage`,
+`InvalidPoolConfig` and the pool's `UnknownExecutor` / `ExecutorUnavailable` /
+`SendQueueFull` are the local caller's fault. `CodeUnavailable` and
+`InvalidArguments` describe why a call could not run inside an executor; the
+child turns them into call results.
+This module imports only `blockx.errors`: the executor child imports it too.
+"""
+
+from __future__ import annotations
+
+from blockx.errors import BlockxError
+
+
+class ExecutorError(BlockxError):
+    """Base of every error of the executor subsystem."""
+
+
+class WireError(ExecutorError):
+    """The peer sent something that is not a valid frame or message."""
+
+
+class FrameTooLarge(WireError):
+    """A frame announced (or, when encoding, would need) more bytes than allowed."""
+
+    def __init__(self, *, frame_bytes: int, max_frame_bytes: int) -> None:
+        self.frame_bytes = frame_bytes
+        self.max_frame_bytes = max_frame_bytes
+        super().__init__(
+            f"frame of {frame_bytes} bytes exceeds the limit of {max_frame_bytes} bytes"
+        )
+
+
+class MalformedFrame(WireError):
+    """A complete frame whose payload is not a valid message.
+
+    `message_type` is the frame's type tag when it could be read, else None.
+    """
+
+    def __init__(self, *, reason: str, message_type: str | None = None) -> None:
+        self.reason = reason
+        self.message_type = message_type
+        where = f"{message_type!r} frame" if message_type is not None else "frame"
+        super().__init__(f"malformed {where}: {reason}")
+
+
+class UnknownMessageType(WireError):
+    """A frame whose type tag names no message of this protocol."""
+
+    def __init__(self, *, type_tag: object, known: tuple[str, ...]) -> None:
+        self.type_tag = type_tag
+        self.known = known
+        super().__init__(f"unknown message type {type_tag!r}; known types: {', '.join(known)}")
+
+
+class ProtocolViolation(WireError):
+    """A valid message that the peer must not send in its role or at this point."""
+
+    def __init__(self, *, executor_id: str, message_type: str, expected: str) -> None:
+        self.executor_id = executor_id
+        self.message_type = message_type
+        self.expected = expected
+        super().__init__(f"executor {executor_id!r} sent {message_type!r}; expected {expected}")
+
+
+class InvalidMessage(ExecutorError):
+    """A message constructed with fields that contradict each other."""
+
+    def __init__(self, *, message_type: str, field: str, value: object, allowed: str) -> None:
+        self.message_type = message_type
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{message_type}.{field}={value!r} is invalid: {allowed}")
+
+
+class InvalidArguments(ExecutorError):
+    """A call's `args` bytes are not a msgpack argument list or keyword map."""
+
+    def __init__(self, *, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"invalid call arguments: {reason}")
+
+
+class CodeUnavailable(ExecutorError):
+    """The worker could not supply the source of `module` for `epoch` (transient)."""
+
+    def __init__(self, *, module: str, epoch: str, reason: str) -> None:
+        self.module = module
+        self.epoch = epoch
+        self.reason = reason
+        super().__init__(f"code of module {module!r} in epoch {epoch!r} is unavailable: {reason}")
+
+
+class InvalidPoolConfig(ExecutorError):
+    """A pool setting is out of range. `field` is the configuration name."""
+
+    def __init__(self, *, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+class UnknownExecutor(ExecutorError):
+    """No executor of this pool has `executor_id`."""
+
+    def __init__(self, *, executor_id: str, known: tuple[str, ...]) -> None:
+        self.executor_id = executor_id
+        self.known = known
+        super().__init__(f"no executor {executor_id!r}; the pool has {', '.join(known)}")
+
+
+class ExecutorUnavailable(ExecutorError):
+    """The executor exists but has no live connection (its state says why)."""
+
+    def __init__(self, *, executor_id: str, state: str) -> None:
+        self.executor_id = executor_id
+        self.state = state
+        super().__init__(f"executor {executor_id!r} cannot take messages in state {state}")
+
+
+class SendQueueFull(ExecutorError):
+    """The executor's bounded send queue holds `capacity` frames already."""
+
+    def __init__(self, *, executor_id: str, capacity: int) -> None:
+        self.executor_id = executor_id
+        self.capacity = capacity
+        super().__init__(
+            f"send queue of executor {executor_id!r} is full ({capacity} frames); "
+            "batch calls into fewer RunCalls frames or wait for results"
+        )
+
+
+class PoolLifecycleError(ExecutorError):
+    """The pool was asked to do something its lifecycle does not allow."""
+
+    def __init__(self, *, operation: str, reason: str) -> None:
+        self.operation = operation
+        self.reason = reason
+        super().__init__(f"cannot {operation}: {reason}")
+
+
+class RuntimeDirError(ExecutorError):
+    """The private runtime directory or its socket path cannot be used."""
+
+    def __init__(self, *, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"runtime path {path!r} cannot be used: {reason}")

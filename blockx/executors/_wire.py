@@ -1,0 +1,429 @@
+"""The executor wire protocol: frames, messages and the one converter both ends use.
+
+Owns the bytes between the worker and its executor processes. A frame is a
+4-byte big-endian payload length followed by a msgpack map whose `type` key
+names the message; the other keys are the message's fields. Call arguments and
+values travel as opaque msgpack bytes inside the messages (`encode_args`,
+`decode_args`, `encode_value`, `decode_value`), so the frame schema never
+depends on what a function takes or returns.
+
+Must never do I/O, read a clock or import trio: the executor child imports this
+module and stays a plain blocking program. Bad input never escapes as anything
+but a `WireError` that names what is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, TypeAlias
+
+import attrs
+import cattrs
+import msgpack  # type: ignore[import-untyped]  # ships no type information
+
+from blockx.executors._errors import (
+    FrameTooLarge,
+    InvalidArguments,
+    InvalidMessage,
+    MalformedFrame,
+    UnknownMessageType,
+)
+
+PROTOCOL_VERSION: Final = 1
+HEADER_BYTES: Final = 4
+MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+"""Largest frame payload either end sends or accepts (64 MiB)."""
+
+TOKEN_ENV: Final = "BLOCKX_EXECUTOR_TOKEN"
+"""Environment variable that hands an executor its token (never argv: `ps` shows argv)."""
+
+TYPE_KEY: Final = "type"
+POSITIONAL_KEY: Final = "*"
+"""Key of the positional arguments when a call has both kinds (not an identifier)."""
+
+
+# --- messages -----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Hello:
+    """Executor → worker, first frame: who I am and the token I was given."""
+
+    executor_id: str
+    pid: int
+    token: str
+    protocol_version: int
+
+
+@attrs.frozen(kw_only=True)
+class Welcome:
+    """Worker → executor, answer to an accepted Hello: how to behave."""
+
+    heartbeat_interval_ms: int
+    max_result_bytes: int
+
+
+@attrs.frozen(kw_only=True)
+class Heartbeat:
+    """Executor → worker, every `heartbeat_interval_ms`.
+
+    `loop_progress_age_ms` is measured by the executor itself: how long ago its
+    main loop last took up work or was idle waiting. A call stuck in a loop
+    shows a growing age with `running_call_id` set.
+    """
+
+    running_call_id: str | None
+    loop_progress_age_ms: int
+    rss_bytes: int
+    calls_served: int
+
+
+@attrs.frozen(kw_only=True)
+class CallRequest:
+    """One call: run `function` ("module.function") of `epoch` with `args`.
+
+    `args` is msgpack (see `encode_args`); `deadline_ms_from_now` None = no
+    deadline. The executor never starts a call whose deadline has passed.
+    """
+
+    call_id: str
+    task_id: str
+    epoch: str
+    function: str
+    args: bytes
+    deadline_ms_from_now: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RunCalls:
+    """Worker → executor: calls to run in order, several per frame."""
+
+    calls: tuple[CallRequest, ...]
+
+
+def _check_outcome(
+    message_type: str,
+    ok: bool,
+    value: bytes | None,
+    error_code: str | None,
+) -> None:
+    if ok and (value is None or error_code is not None):
+        raise InvalidMessage(
+            message_type=message_type,
+            field="ok",
+            value=ok,
+            allowed="ok=True needs a value and no error_code",
+        )
+    if not ok and (value is not None or not error_code):
+        raise InvalidMessage(
+            message_type=message_type,
+            field="ok",
+            value=ok,
+            allowed="ok=False needs an error_code and no value",
+        )
+
+
+@attrs.frozen(kw_only=True)
+class CallResult:
+    """The outcome of one call: a msgpack `value`, or an error code and message."""
+
+    call_id: str
+    ok: bool
+    value: bytes | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retryable: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _check_outcome("CallResult", self.ok, self.value, self.error_code)
+
+    @classmethod
+    def success(cls, *, call_id: str, value: bytes) -> CallResult:
+        return cls(call_id=call_id, ok=True, value=value)
+
+    @classmethod
+    def failure(
+        cls, *, call_id: str, error_code: str, error_message: str, retryable: bool
+    ) -> CallResult:
+        return cls(
+            call_id=call_id,
+            ok=False,
+            error_code=error_code,
+            error_message=error_message,
+            retryable=retryable,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class CallResults:
+    """Executor → worker: results of calls that finished, several per frame."""
+
+    results: tuple[CallResult, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CancelCall:
+    """Worker → executor: drop the call if queued; abort its subcall wait if running."""
+
+    call_id: str
+
+
+@attrs.frozen(kw_only=True)
+class CodeRequest:
+    """Executor → worker: the source text of `module` in `epoch`, please."""
+
+    request_id: str
+    epoch: str
+    module: str
+
+
+@attrs.frozen(kw_only=True)
+class CodeReply:
+    """Worker → executor: `source`, or None with `error` None when there is no such
+    module, or None with `error` set when the source could not be read."""
+
+    request_id: str
+    source: str | None
+    error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Subcall:
+    """Executor → worker: run `function` with `args` on behalf of `parent_call_id`."""
+
+    subcall_id: str
+    parent_call_id: str
+    function: str
+    args: bytes
+
+
+@attrs.frozen(kw_only=True)
+class SubcallResult:
+    """Worker → executor: the outcome of a subcall, shaped like `CallResult`."""
+
+    subcall_id: str
+    ok: bool
+    value: bytes | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retryable: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _check_outcome("SubcallResult", self.ok, self.value, self.error_code)
+
+
+@attrs.frozen(kw_only=True)
+class Shutdown:
+    """Worker → executor: finish the running call, report, and exit."""
+
+
+Message: TypeAlias = (
+    Hello
+    | Welcome
+    | Heartbeat
+    | RunCalls
+    | CallResults
+    | CancelCall
+    | CodeRequest
+    | CodeReply
+    | Subcall
+    | SubcallResult
+    | Shutdown
+)
+FromExecutor: TypeAlias = Hello | Heartbeat | CallResults | CodeRequest | Subcall
+"""What an executor sends."""
+ToExecutor: TypeAlias = RunCalls | CancelCall | CodeReply | SubcallResult | Shutdown
+"""What the worker's dispatcher may send to an executor (Welcome is the pool's own)."""
+
+MESSAGE_TAGS: Final[Mapping[type[Message], str]] = {
+    Hello: "hello",
+    Welcome: "welcome",
+    Heartbeat: "heartbeat",
+    RunCalls: "run_calls",
+    CallResults: "call_results",
+    CancelCall: "cancel_call",
+    CodeRequest: "code_request",
+    CodeReply: "code_reply",
+    Subcall: "subcall",
+    SubcallResult: "subcall_result",
+    Shutdown: "shutdown",
+}
+_TYPE_BY_TAG: Final[Mapping[str, type[Message]]] = {tag: t for t, tag in MESSAGE_TAGS.items()}
+_KNOWN_TAGS: Final = tuple(MESSAGE_TAGS.values())
+
+
+# --- the converter ----------------------------------------------------------------
+
+
+def _strict(expected: type[Any]) -> Callable[[object, type[Any]], object]:
+    # cattrs' default hooks coerce (str(3) == "3", int(True) == 1); on a wire
+    # a wrong type is a malformed frame, never something to repair.
+    def structure(value: object, _type: type[Any]) -> object:
+        if type(value) is not expected:
+            raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
+        return value
+
+    return structure
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    for primitive in (str, int, bytes, bool):
+        converter.register_structure_hook(primitive, _strict(primitive))
+    return converter
+
+
+CONVERTER: Final = _make_converter()
+"""The one cattrs converter of this wire format, shared by worker and executor."""
+
+_UNSTRUCTURE: Final = {t: CONVERTER.get_unstructure_hook(t) for t in MESSAGE_TAGS}
+_STRUCTURE: Final = {t: CONVERTER.get_structure_hook(t) for t in MESSAGE_TAGS}
+
+
+# --- frames ------------------------------------------------------------------------
+
+
+def encode_payload(message: Message) -> bytes:
+    """The msgpack payload of `message` (a frame without its length header)."""
+    mapping: dict[str, object] = _UNSTRUCTURE[type(message)](message)
+    mapping[TYPE_KEY] = MESSAGE_TAGS[type(message)]
+    payload: bytes = msgpack.packb(mapping)
+    return payload
+
+
+def encode_frame(message: Message, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """One complete frame. Raises `FrameTooLarge` rather than send what the peer refuses."""
+    payload = encode_payload(message)
+    if len(payload) > max_frame_bytes:
+        raise FrameTooLarge(frame_bytes=len(payload), max_frame_bytes=max_frame_bytes)
+    return len(payload).to_bytes(HEADER_BYTES, "big") + payload
+
+
+def encode_frames(messages: Sequence[Message], *, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """Several frames back to back, ready for one write."""
+    return b"".join(encode_frame(m, max_frame_bytes=max_frame_bytes) for m in messages)
+
+
+def decode_payload(payload: bytes | bytearray) -> Message:
+    """The message in one frame payload; `WireError` if it is not one."""
+    try:
+        mapping = msgpack.unpackb(payload)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise MalformedFrame(reason=f"payload is not valid msgpack ({exc})") from exc
+    if not isinstance(mapping, dict):
+        raise MalformedFrame(reason=f"payload is a {type(mapping).__name__}, not a map")
+    tag = mapping.pop(TYPE_KEY, None)
+    if tag is None:
+        raise MalformedFrame(reason=f"map has no {TYPE_KEY!r} key")
+    message_type = _TYPE_BY_TAG.get(tag) if isinstance(tag, str) else None
+    if message_type is None:
+        raise UnknownMessageType(type_tag=tag, known=_KNOWN_TAGS)
+    try:
+        message: Message = _STRUCTURE[message_type](mapping, message_type)
+    except cattrs.BaseValidationError as exc:
+        raise MalformedFrame(
+            reason="; ".join(cattrs.transform_error(exc)), message_type=tag
+        ) from exc
+    except Exception as exc:
+        # Constructors validate (InvalidMessage) and cattrs may raise plain
+        # errors on shapes it cannot walk; whatever it is, the frame is bad,
+        # and bad input must reach the reader as a WireError, never a crash.
+        raise MalformedFrame(reason=str(exc) or type(exc).__name__, message_type=tag) from exc
+    return message
+
+
+class FrameDecoder:
+    """Streaming frame decoder: `feed` bytes as they arrive, iterate complete messages.
+
+    Iteration stops when no complete frame is buffered. A malformed frame raises
+    `MalformedFrame` / `UnknownMessageType` after it is consumed, so the caller
+    may log it and keep iterating. An oversized length header raises
+    `FrameTooLarge` and is fatal: the stream cannot be resynchronised, and every
+    later iteration raises the same error.
+    """
+
+    def __init__(self, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._offset = 0
+        self._fatal: FrameTooLarge | None = None
+
+    def feed(self, data: bytes | bytearray) -> None:
+        if self._offset:
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet part of a returned message."""
+        return len(self._buffer) - self._offset
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        if self._fatal is not None:
+            raise self._fatal
+        buffer, start = self._buffer, self._offset
+        if len(buffer) - start < HEADER_BYTES:
+            raise StopIteration
+        size = int.from_bytes(buffer[start : start + HEADER_BYTES], "big")
+        if size > self.max_frame_bytes:
+            self._fatal = FrameTooLarge(frame_bytes=size, max_frame_bytes=self.max_frame_bytes)
+            raise self._fatal
+        end = start + HEADER_BYTES + size
+        if len(buffer) < end:
+            raise StopIteration
+        self._offset = end
+        return decode_payload(buffer[start + HEADER_BYTES : end])
+
+
+# --- call arguments and values --------------------------------------------------------
+
+
+def encode_args(args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None) -> bytes:
+    """msgpack of a call's arguments: a list (positional), a map (keywords), or a
+    map of keywords with the positional list under `"*"` when there are both.
+    Raises TypeError / OverflowError (from msgpack) when an argument cannot be encoded."""
+    packed: bytes
+    if not kwargs:
+        packed = msgpack.packb(list(args))
+    elif not args:
+        packed = msgpack.packb(dict(kwargs))
+    else:
+        packed = msgpack.packb({POSITIONAL_KEY: list(args), **kwargs})
+    return packed
+
+
+def decode_args(data: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """The positional and keyword arguments in `data`; `InvalidArguments` if malformed."""
+    try:
+        decoded = msgpack.unpackb(data, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise InvalidArguments(reason=f"not valid msgpack ({exc})") from exc
+    if isinstance(decoded, list):
+        return decoded, {}
+    if not isinstance(decoded, dict):
+        raise InvalidArguments(reason=f"a {type(decoded).__name__}, not a list or a map")
+    positional = decoded.pop(POSITIONAL_KEY, [])
+    if not isinstance(positional, list):
+        raise InvalidArguments(
+            reason=f"{POSITIONAL_KEY!r} holds a {type(positional).__name__}, not a list"
+        )
+    for key in decoded:
+        if not isinstance(key, str):
+            raise InvalidArguments(reason=f"keyword {key!r} is not a string")
+    return positional, decoded
+
+
+def encode_value(value: object) -> bytes:
+    """msgpack of a call's value. Raises TypeError / OverflowError (from msgpack)
+    when the value has no msgpack form."""
+    packed: bytes = msgpack.packb(value)
+    return packed
+
+
+def decode_value(data: bytes) -> Any:
+    """The value in `data` as msgpack gives it (tuples come back as lists)."""
+    return msgpack.unpackb(data, strict_map_key=False)

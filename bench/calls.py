@@ -1,0 +1,122 @@
+"""Calls per second of the executor engine, against a raw socket floor, in one run.
+
+    uv run python bench/calls.py [--calls 20000] [--executors 2]
+
+* engine: one task of N trivial calls through `ExecutorPool` (dispatch core,
+  pool manager, real executor processes) on E executors.
+* floor: two processes and a Unix socket, msgpack frames, pipelined
+  request/response with no dispatcher, no retries and no function lookup:
+  about the fastest any Python worker can hand calls to another process.
+
+Prints `RESULT name=calls_per_s`, `RESULT name=floor_calls_per_s` and
+`RESULT name=engine_to_floor_ratio`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgpack
+import trio
+
+from blockx.actors import ExecutorPool
+from blockx.executors import ExecutorPoolConfig, encode_args
+from blockx.functions import FunctionCodeView, FunctionSnapshot
+from blockx.phases import CallPolicy, CallSpec
+
+WORK = "def echo(i):\n    return i\n"
+FLOOR_BATCH = 256
+
+FLOOR_SERVER = r"""
+import socket, struct, sys
+import msgpack
+path = sys.argv[1]
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+unpacker = msgpack.Unpacker(raw=False)
+pack = msgpack.Packer().pack
+while True:
+    data = s.recv(1 << 20)
+    if not data:
+        break
+    unpacker.feed(data)
+    out = []
+    for request in unpacker:
+        out.append(pack({"id": request["id"], "ok": True, "value": pack(request["args"][0])}))
+    if out:
+        s.sendall(b"".join(out))
+"""
+
+
+async def engine_calls_per_s(count: int, executors: int) -> float:
+    view = FunctionCodeView()
+    view.observe(FunctionSnapshot.of({"work": WORK}), now_ms=0)
+    config = ExecutorPoolConfig(executor_count=executors)
+    calls = [
+        CallSpec(call_id=str(i), function="work.echo", args=encode_args((i,))) for i in range(count)
+    ]
+    policy = CallPolicy(window=count)
+    async with ExecutorPool(pool_config=config, code_view=view, executor_capacity=512) as pool:
+        await pool.wait_ready()
+        while sum(v.state.value == "READY" for v in pool.manager.snapshot()) < executors:
+            await trio.sleep(0.01)
+        epoch = view.pin("warm", now_ms=0)
+        await pool.run_calls("warm", epoch, calls[:200], policy)  # code loaded everywhere
+        started = time.perf_counter()
+        outcome = await pool.run_calls("bench", epoch, calls, policy)
+        elapsed = time.perf_counter() - started
+    if not outcome.ok or len(outcome.outputs) != count:
+        raise SystemExit(f"the benchmark task failed: {outcome.message}")
+    return count / elapsed
+
+
+def floor_calls_per_s(count: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "floor.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(1)
+        child = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, path])
+        conn, _ = listener.accept()
+        pack = msgpack.Packer().pack
+        unpacker = msgpack.Unpacker(raw=False)
+        started = time.perf_counter()
+        sent = received = 0
+        while received < count:
+            if sent < count and sent - received < 4 * FLOOR_BATCH:
+                batch = range(sent, min(sent + FLOOR_BATCH, count))
+                conn.sendall(
+                    b"".join(pack({"id": str(i), "fn": "work.echo", "args": [i]}) for i in batch)
+                )
+                sent += len(batch)
+                continue
+            unpacker.feed(conn.recv(1 << 20))
+            for _ in unpacker:
+                received += 1
+        elapsed = time.perf_counter() - started
+        conn.close()
+        child.wait(timeout=10)
+        listener.close()
+    return count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--executors", type=int, default=2)
+    args = parser.parse_args()
+    floor = floor_calls_per_s(args.calls)
+    engine = trio.run(engine_calls_per_s, args.calls, args.executors)
+    print(f"RESULT name=calls_per_s value={engine:.0f}")
+    print(f"RESULT name=floor_calls_per_s value={floor:.0f}")
+    print(f"RESULT name=engine_to_floor_ratio value={engine / floor:.3f}")
+
+
+if __name__ == "__main__":
+    main()

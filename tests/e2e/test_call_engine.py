@@ -1,0 +1,252 @@
+"""`ExecutorPool` end to end: real executor processes, the dispatch core, code epochs.
+
+Function code is served from a `FunctionCodeView`; gates and markers are files
+in `tmp_path`, so a test can hold a call at a known point without sleeping in
+the call path (the test only polls for files a real process writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from blockx.actors import ExecutorPool
+from blockx.executors import ExecutorPoolConfig, decode_value, encode_args
+from blockx.functions import FunctionCodeView, FunctionSnapshot
+from blockx.phases import CallErrorCode, CallPhaseOutcome, CallPolicy, CallSpec
+
+FAST: dict[str, Any] = {
+    "executor_count": 2,
+    "heartbeat_interval_ms": 50,
+    "heartbeat_timeout_ms": 1_000,
+    "stall_timeout_ms": 400,
+    "health_check_interval_ms": 20,
+    "restart_delay_ms": 50,
+    "grace_ms": 2_000,
+}
+
+WORK = """
+import os
+import time
+
+import blockx
+
+VERSION = 1
+
+
+def add(a, b):
+    return a + b
+
+
+def version(_i):
+    return VERSION
+
+
+def crash_once(marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(17)
+    return "survived"
+
+
+def spin_once(marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        while True:
+            pass
+    return "unstuck"
+
+
+def gated_version(gate_dir, i):
+    open(os.path.join(gate_dir, f"reached-{i}"), "w").close()
+    while not os.path.exists(os.path.join(gate_dir, f"open-{i}")):
+        time.sleep(0.005)
+    return VERSION
+
+
+def chain(n):
+    if n == 0:
+        return 0
+    return 1 + blockx.subcall("work.chain", n - 1)
+
+
+def boom(message):
+    raise ValueError(message)
+"""
+
+
+def calls(function: str, *arg_lists: tuple[object, ...]) -> list[CallSpec]:
+    return [
+        CallSpec(call_id=f"c{i}", function=function, args=encode_args(args))
+        for i, args in enumerate(arg_lists)
+    ]
+
+
+def values(outcome: CallPhaseOutcome) -> list[object]:
+    return [decode_value(value) for value in outcome.outputs]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@asynccontextmanager
+async def engine(
+    modules: Mapping[str, str] | None = None, **overrides: Any
+) -> AsyncIterator[tuple[ExecutorPool, FunctionCodeView]]:
+    view = FunctionCodeView()
+    view.observe(FunctionSnapshot.of(modules or {"work": WORK}), now_ms=0)
+    pool = ExecutorPool(pool_config=ExecutorPoolConfig(**{**FAST, **overrides}), code_view=view)
+    async with pool:
+        with trio.fail_after(20):
+            await pool.wait_ready()
+        yield pool, view
+    pids = [view.pid for view in pool.manager.snapshot() if view.pid is not None]
+    assert not any(alive(pid) for pid in pids), "an executor outlived its pool"
+
+
+async def wait_for_restarts(pool: ExecutorPool, count: int) -> None:
+    """Until `count` executors have been replaced and are serving again."""
+    with trio.fail_after(20):
+        while True:
+            views = pool.manager.snapshot()
+            if sum(view.restarts for view in views) >= count and all(
+                view.state.value in ("READY", "BUSY") for view in views
+            ):
+                return
+            await trio.sleep(0.01)
+
+
+async def wait_for_file(path: Path) -> None:
+    with trio.fail_after(20):
+        while not path.exists():
+            await trio.sleep(0.005)
+
+
+async def test_a_task_of_many_calls_returns_its_outputs_in_call_order() -> None:
+    async with engine() as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        with trio.fail_after(30):
+            outcome = await pool.run_calls(
+                "t1", epoch, calls("work.add", *[(i, 1) for i in range(500)]), CallPolicy()
+            )
+    assert outcome.ok
+    assert values(outcome) == [i + 1 for i in range(500)]
+    assert outcome.stats.calls_total == 500
+    assert outcome.stats.calls_succeeded == 500
+    assert outcome.stats.calls_retried == 0
+
+
+async def test_a_call_whose_executor_dies_is_retried_elsewhere(tmp_path: Path) -> None:
+    marker = str(tmp_path / "crashed")
+    async with engine() as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        batch = [*calls("work.add", (1, 2), (3, 4)), *calls("work.crash_once", (marker,))]
+        batch[2] = CallSpec(call_id="crash", function=batch[2].function, args=batch[2].args)
+        with trio.fail_after(30):
+            outcome = await pool.run_calls("t1", epoch, batch, CallPolicy())
+        await wait_for_restarts(pool, 1)
+        restarts = sum(executor.restarts for executor in pool.manager.snapshot())
+    assert outcome.ok, outcome
+    assert values(outcome) == [3, 7, "survived"]
+    # The crash call, and whatever else was queued on that executor, ran again.
+    assert 1 <= outcome.stats.calls_retried <= 3
+    assert restarts == 1
+
+
+async def test_an_endless_call_is_detected_as_wedged_and_its_executor_replaced(
+    tmp_path: Path,
+) -> None:
+    marker = str(tmp_path / "spun")
+    async with engine() as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        first_pids = {e.executor_id: e.pid for e in pool.manager.snapshot()}
+        policy = CallPolicy(call_deadline_ms=30_000)  # the stall check, not the deadline
+        with trio.fail_after(30):
+            outcome = await pool.run_calls("t1", epoch, calls("work.spin_once", (marker,)), policy)
+        await wait_for_restarts(pool, 1)
+        after = {e.executor_id: (e.pid, e.restarts) for e in pool.manager.snapshot()}
+    assert outcome.ok, outcome
+    assert values(outcome) == ["unstuck"]
+    assert outcome.stats.calls_retried == 1
+    replaced = [eid for eid, (pid, restarts) in after.items() if pid != first_pids[eid]]
+    assert len(replaced) == 1
+    assert after[replaced[0]][1] == 1
+    assert not alive(first_pids[replaced[0]] or 0)
+
+
+async def test_code_changed_mid_task_does_not_change_what_the_task_sees(tmp_path: Path) -> None:
+    gates = str(tmp_path)
+    async with engine() as (pool, view):
+        old_epoch = view.pin("old", now_ms=0)
+        policy = CallPolicy(window=1)
+        outcomes: dict[str, CallPhaseOutcome] = {}
+
+        async def run(task_id: str, epoch: str, specs: list[CallSpec]) -> None:
+            outcomes[task_id] = await pool.run_calls(task_id, epoch, specs, policy)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                run, "old", old_epoch, calls("work.gated_version", (gates, 0), (gates, 1))
+            )
+            await wait_for_file(tmp_path / "reached-0")
+            (tmp_path / "open-0").touch()
+            await wait_for_file(tmp_path / "reached-1")
+            # The first call has finished and the second is running: change the code.
+            view.observe(
+                FunctionSnapshot.of({"work": WORK.replace("VERSION = 1", "VERSION = 2")}),
+                now_ms=1,
+            )
+            new_epoch = view.pin("new", now_ms=1)
+            assert new_epoch != old_epoch
+            (tmp_path / "open-1").touch()
+            nursery.start_soon(run, "new", new_epoch, calls("work.version", (0,), (1,)))
+    assert values(outcomes["old"]) == [1, 1]
+    assert values(outcomes["new"]) == [2, 2]
+
+
+async def test_a_subcall_chain_deeper_than_the_executor_count_completes() -> None:
+    async with engine(executor_count=2) as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        with trio.fail_after(30):
+            outcome = await pool.run_calls(
+                "t1", epoch, calls("work.chain", (7,), (5,)), CallPolicy()
+            )
+    assert outcome.ok, outcome
+    assert values(outcome) == [7, 5]
+    assert outcome.stats.subcalls == 12
+
+
+async def test_a_raising_call_fails_the_task_fast_with_its_code() -> None:
+    async with engine() as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        with trio.fail_after(30):
+            outcome = await pool.run_calls(
+                "t1", epoch, calls("work.boom", ("bad input",)), CallPolicy()
+            )
+    assert not outcome.ok
+    assert outcome.failure_code == CallErrorCode.CALL_RAISED
+    assert "bad input" in outcome.message
+    assert not outcome.retryable
+
+
+async def test_an_unknown_function_is_reported_with_its_code() -> None:
+    async with engine() as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        with trio.fail_after(30):
+            outcome = await pool.run_calls(
+                "t1",
+                epoch,
+                calls("work.nope", ()),
+                CallPolicy(fail_fast=False),
+            )
+    assert outcome.ok
+    assert [failure.error_code for failure in outcome.failures] == [CallErrorCode.UNKNOWN_FUNCTION]

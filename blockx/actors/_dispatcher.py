@@ -180,7 +180,10 @@ class ExecutorPool:
         if task_id in self._waiters:
             raise CallsRefused(task_id=task_id, reason="the task is already running calls")
         # The core needs call ids unique across tasks; executors see these too.
-        calls = [attrs.evolve(call, call_id=f"{task_id}:{call.call_id}") for call in calls]
+        calls = [
+            CallSpec(call_id=f"{task_id}:{call.call_id}", function=call.function, args=call.args)
+            for call in calls
+        ]
         waiter = _Waiter()
         self._waiters[task_id] = waiter
         await self._inbox_send.send(

@@ -266,10 +266,38 @@ def _strict(expected: type[Any]) -> Callable[[object, type[Any]], object]:
     return structure
 
 
+def _flat_hook(cls: type[Any]) -> Callable[[object, type[Any]], object]:
+    """A strict structure hook for a class whose fields are primitives or optional ones.
+
+    Same checks as the generic path (exact types, no extra or missing keys) at a
+    fraction of its cost: these classes travel once per call.
+    """
+    fields = attrs.fields(attrs.resolve_types(cls))
+    checks = tuple(
+        (field.name, tuple(getattr(field.type, "__args__", (field.type,)))) for field in fields
+    )
+    names = frozenset(name for name, _ in checks)
+    required = frozenset(f.name for f in fields if f.default is attrs.NOTHING)
+
+    def structure(value: object, _type: type[Any]) -> object:
+        if type(value) is not dict:
+            raise TypeError(f"{cls.__name__}: expected a map, got {type(value).__name__}")
+        if not names.issuperset(value) or not required.issubset(value):
+            raise TypeError(f"{cls.__name__}: keys {sorted(value)} do not match {sorted(names)}")
+        for name, allowed in checks:
+            if name in value and type(value[name]) not in allowed:
+                raise TypeError(f"{cls.__name__}.{name}: unexpected {type(value[name]).__name__}")
+        return cls(**value)
+
+    return structure
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     for primitive in (str, int, bytes, bool):
         converter.register_structure_hook(primitive, _strict(primitive))
+    for per_call in (CallRequest, CallResult):
+        converter.register_structure_hook(per_call, _flat_hook(per_call))
     return converter
 
 

@@ -260,18 +260,18 @@ class SlotModel:
         """Fire every due timer, earliest first, ties in the order they were armed."""
         commands: list[Norm] = []
         while True:
-            due = [timer for timer in self._timers() if timer[0] <= now]
+            due = [timer for timer in self.timers() if timer[0] <= now]
             if not due:
                 return tuple(commands)
             _, _, kind, task_id = min(due)
             commands.extend(self._fire(kind, task_id, now))
 
     def next_due(self) -> int | None:
-        return min((timer[0] for timer in self._timers()), default=None)
+        return min((timer[0] for timer in self.timers()), default=None)
 
     # -------------------------------------------------------------- helpers
 
-    def _timers(self) -> list[tuple[int, int, str, str]]:
+    def timers(self) -> list[tuple[int, int, str, str]]:
         timers: list[tuple[int, int, str, str]] = []
         for task_id, task in self.live.items():
             if task.lease_expires_at is not None:

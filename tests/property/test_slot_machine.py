@@ -40,6 +40,7 @@ from blockx.slots import (
     TaskSubmitted,
     Timer,
     TimerFired,
+    TimerKind,
     WatchAttached,
     WatchDetached,
     WatchDisconnected,
@@ -277,6 +278,29 @@ class SlotTable(RuleBasedStateMachine):
         event = WatchDisconnected(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
         self._apply(event, Prediction())
 
+    @rule(data=st.data(), ending=st.sampled_from(["detach", "attach", "stay lost"]))
+    def watcher_flaps(self, data: st.DataObject, ending: str) -> None:
+        """A watcher attaches, its stream breaks, then it detaches, comes back or not."""
+        task_id = self._pick(data, list(self.model.live))
+        steps: list[tuple[type[WatchAttached | WatchDetached | WatchDisconnected], str]] = [
+            (WatchAttached, "attach"),
+            (WatchDisconnected, "lose"),
+        ]
+        if ending == "detach":
+            steps.append((WatchDetached, "detach"))
+        elif ending == "attach":
+            steps.append((WatchAttached, "attach"))
+        for event_type, verb in steps:
+            match verb:
+                case "attach":
+                    self.model.watch_attached(task_id)
+                case "lose":
+                    self.model.watch_disconnected(task_id, self.now)
+                case _:
+                    self.model.watch_detached(task_id)
+            event = event_type(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
+            self._apply(event, Prediction())
+
     @rule()
     def start_drain(self) -> None:
         self.model.draining = True
@@ -386,6 +410,26 @@ class SlotTable(RuleBasedStateMachine):
             expected = self.model.reply_of(task_id)
             got = None if snapshot is None else (snapshot.state, snapshot.phase)
             assert got == expected, f"{task_id}: machine {got}, model {expected}"
+
+    @invariant()
+    def armed_timers_agree_with_model(self) -> None:
+        owner = {view.slot_id: view.task_id for view in self.machine.slot_views()}
+        names = {
+            TimerKind.SLOT_LEASE: "lease",
+            TimerKind.TASK_DEADLINE: "deadline",
+            TimerKind.WATCH_GRACE: "grace",
+            TimerKind.RESULT_RETENTION: "purge",
+        }
+        armed = {
+            (
+                names[timer.kind],
+                owner[timer.key] if timer.kind is TimerKind.SLOT_LEASE else timer.key,
+                timer.due_ms,
+            )
+            for timer in self.machine.due_timers(10**15)
+        }
+        expected = {(kind, task_id, due) for due, _, kind, task_id in self.model.timers()}
+        assert armed == expected, f"machine {armed}, model {expected}"
 
     @invariant()
     def terminal_results_never_change_within_retention(self) -> None:

@@ -18,6 +18,7 @@ from blockx.actors import ExecutorPool
 from blockx.executors import ExecutorPoolConfig, decode_value, encode_args
 from blockx.functions import FunctionCodeView, FunctionSnapshot
 from blockx.phases import CallErrorCode, CallPhaseOutcome, CallPolicy, CallSpec
+from tests.e2e.processes import alive
 
 FAST: dict[str, Any] = {
     "executor_count": 2,
@@ -88,14 +89,6 @@ def calls(function: str, *arg_lists: tuple[object, ...]) -> list[CallSpec]:
 
 def values(outcome: CallPhaseOutcome) -> list[object]:
     return [decode_value(value) for value in outcome.outputs]
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @asynccontextmanager

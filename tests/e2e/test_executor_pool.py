@@ -45,6 +45,7 @@ from blockx.executors import (
     encode_args,
     encode_frame,
 )
+from tests.e2e.processes import alive
 
 FAST: dict[str, Any] = {
     "heartbeat_interval_ms": 50,
@@ -66,15 +67,6 @@ def call(call_id: str, function: str, *args: object) -> CallRequest:
     return CallRequest(
         call_id=call_id, task_id="t", epoch="e1", function=function, args=encode_args(args)
     )
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie has exited: it only waits to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Dispatcher:

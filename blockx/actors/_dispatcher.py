@@ -23,7 +23,6 @@ import trio
 
 from blockx.errors import BlockxError
 from blockx.executors import (
-    CallRequest,
     CallResults,
     CancelCall,
     CodeReply,
@@ -40,8 +39,8 @@ from blockx.executors import (
     Subcall,
     SubcallResult,
     ToExecutor,
+    encode_run_calls_frame,
 )
-from blockx.executors import RunCalls as WireRunCalls
 from blockx.functions import FunctionCodeError, FunctionCodeView, UnknownModule
 from blockx.phases import (
     CallErrorCode,
@@ -331,18 +330,19 @@ class ExecutorPool:
         for command in commands:
             match command:
                 case RunCalls():
-                    requests = tuple(
-                        CallRequest(
-                            call_id=wire_call_id(call.call_id, call.attempt),
-                            task_id=call.task_id,
-                            epoch=self._epochs[call.task_id],
-                            function=call.function,
-                            args=call.args,
-                            deadline_ms_from_now=max(call.deadline_ms - now_ms, 1),
+                    frame = encode_run_calls_frame(
+                        (
+                            wire_call_id(call.call_id, call.attempt),
+                            call.task_id,
+                            self._epochs[call.task_id],
+                            call.function,
+                            call.args,
+                            max(call.deadline_ms - now_ms, 1),
                         )
                         for call in command.calls
                     )
-                    self._send(command.executor_id, WireRunCalls(calls=requests))
+                    with contextlib.suppress(ExecutorError):  # as in _send
+                        self.manager.send_frame(command.executor_id, frame)
                 case CancelCalls():
                     for call_id, attempt in command.attempts:
                         self._send(

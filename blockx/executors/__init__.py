@@ -64,6 +64,7 @@ from blockx.executors._wire import (
     encode_frame,
     encode_frames,
     encode_payload,
+    encode_run_calls_frame,
     encode_value,
 )
 from blockx.phases import CallErrorCode
@@ -135,5 +136,6 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "encode_payload",
+    "encode_run_calls_frame",
     "encode_value",
 ]

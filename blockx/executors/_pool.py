@@ -173,6 +173,10 @@ class ExecutorPoolManager:
         Raises UnknownExecutor, ExecutorUnavailable (not connected), SendQueueFull,
         or FrameTooLarge (the message cannot be one frame).
         """
+        self.send_frame(executor_id, encode_frame(message))
+
+    def send_frame(self, executor_id: str, frame: bytes) -> None:
+        """Queue an already encoded frame (see `encode_run_calls_frame`); as `send`."""
         executor = self._executors.get(executor_id)
         if executor is None:
             raise UnknownExecutor(executor_id=executor_id, known=self.executor_ids)
@@ -184,7 +188,6 @@ class ExecutorPoolManager:
             or self._stop_requested.is_set()
         ):
             raise ExecutorUnavailable(executor_id=executor_id, state=executor.state.value)
-        frame = encode_frame(message)
         try:
             incarnation.frames.send_nowait(frame)
         except trio.WouldBlock:

@@ -21,7 +21,6 @@ import argparse
 import collections
 import contextlib
 import ctypes
-import gc
 import itertools
 import os
 import resource
@@ -36,6 +35,7 @@ from typing import Any, Final, NoReturn, Protocol
 
 from blockx import _api
 from blockx._api import CallCancelled, RetryableError, SubcallFailed
+from blockx._process import tune_gc
 from blockx.executors._errors import CodeUnavailable, InvalidArguments, WireError
 from blockx.executors._wire import (
     PROTOCOL_VERSION,
@@ -559,9 +559,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _complain(f"{TOKEN_ENV} is not set; executors are started by the worker")
         _exit(EXIT_USAGE)
     _die_with_parent()
-    # Calls allocate many short-lived, acyclic objects: collect the young
-    # generation far less often than the default of every 700 allocations.
-    gc.set_threshold(20_000, 20, 20)
+    tune_gc()
     # Ctrl-C in a terminal reaches the whole process group; the worker decides
     # when executors stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -42,6 +42,7 @@ from blockx.executors import (
     encode_frame,
     encode_frames,
     encode_payload,
+    encode_run_calls_frame,
     encode_value,
 )
 from blockx.executors._wire import MESSAGE_TAGS
@@ -350,3 +351,22 @@ def test_values_without_a_msgpack_form_raise() -> None:
         encode_value(object())
     with pytest.raises(OverflowError):
         encode_value(2**64)
+
+
+@given(st.lists(call_requests, max_size=8))
+def test_the_run_calls_fast_path_is_byte_identical_to_the_generic_encoder(
+    requests: list[CallRequest],
+) -> None:
+    generic = encode_frame(RunCalls(calls=tuple(requests)))
+    fast = encode_run_calls_frame(
+        (r.call_id, r.task_id, r.epoch, r.function, r.args, r.deadline_ms_from_now)
+        for r in requests
+    )
+    assert fast == generic
+
+
+def test_the_run_calls_fast_path_refuses_an_oversized_frame() -> None:
+    call = ("c", "t", "e", "m.f", b"x" * 100, None)
+    with pytest.raises(FrameTooLarge) as exc:
+        encode_run_calls_frame([call], max_frame_bytes=64)
+    assert exc.value.max_frame_bytes == 64

@@ -19,8 +19,9 @@ queued on them at once, which keeps their pipe full.
    call and reports the failures.
 4. Subcalls: a running call may ask for a call and wait. Its executor gets one
    extra unit of room per outstanding subcall (it runs calls nested while it
-   waits), and subcalls go ahead of the task's window, so calls waiting on
-   subcalls can never starve the subcalls they wait for.
+   waits) that only subcalls may use, and subcalls go ahead of the task's
+   window, so calls waiting on subcalls never starve the subcalls they wait
+   for, however deep the chain.
 5. Cancellation: a cancelled or finished task's running calls are cancelled on
    their executors and still occupy that room until the executor answers or
    leaves; nothing of that task is ever dispatched again. A call whose

@@ -91,9 +91,9 @@ class DispatchTable(RuleBasedStateMachine):
                     assert calls, "empty RunCalls"
                     assert executor_id in self.capacity, "dispatched to an absent executor"
                     for call in calls:
+                        self._check_room_for(executor_id, call.call_id)
                         self._started(executor_id, call.call_id, call.task_id, call.attempt)
                         per_task[call.task_id] += 1
-                    self._check_room(executor_id)
                 case CancelCalls(executor_id=executor_id, attempts=attempts):
                     for call_id, attempt in attempts:
                         running = self.running.pop(call_id)
@@ -134,13 +134,18 @@ class DispatchTable(RuleBasedStateMachine):
         top = sum(1 for r in self.running.values() if r.task_id == task_id and not r.subcall)
         assert top <= record.policy.window, f"{task_id} runs {top} > window"
 
-    def _check_room(self, executor_id: str) -> None:
-        """Right after a dispatch to it, an executor holds no more than its room."""
+    def _check_room_for(self, executor_id: str, call_id: str) -> None:
+        """A call is dispatched only into room it may use.
+
+        Fresh calls and retries need plain room (capacity); subcalls may also
+        use the extra unit each subcall waited for brings to its executor.
+        """
         here = [c for c, r in self.running.items() if r.executor_id == executor_id]
-        zombies = sum(1 for e in self.zombies.values() if e == executor_id)
-        extra = sum(self.waiting[c] for c in here)
-        room = self.capacity[executor_id] + extra
-        assert len(here) + zombies <= room, f"{executor_id} overfilled"
+        occupied = len(here) + sum(1 for e in self.zombies.values() if e == executor_id)
+        room = self.capacity[executor_id]
+        if call_id in self.subcall_ids:
+            room += sum(self.waiting[c] for c in here)
+        assert occupied < room, f"{call_id} dispatched to a full {executor_id}"
 
     def _check_fair(self, per_task: collections.Counter[str]) -> None:
         """Tasks that still have runnable calls after a step got equal turns in it."""
@@ -169,7 +174,7 @@ class DispatchTable(RuleBasedStateMachine):
     @rule(
         max_attempts=st.integers(1, 3),
         base_backoff_ms=st.sampled_from([0, 10]),
-        window=st.integers(1, 3),
+        window=st.integers(1, 6),
         fail_fast=st.booleans(),
         call_deadline_ms=st.sampled_from([50, 1_000]),
     )
@@ -194,7 +199,7 @@ class DispatchTable(RuleBasedStateMachine):
         self._send(TaskOpened(task_id=task_id, policy=policy, now_ms=self.now))
 
     @precondition(lambda self: self._open_tasks())
-    @rule(data=st.data(), count=st.integers(0, 4), sealed=st.booleans())
+    @rule(data=st.data(), count=st.integers(0, 6), sealed=st.booleans())
     def add_calls(self, data: st.DataObject, count: int, sealed: bool) -> None:
         task_id = data.draw(st.sampled_from(self._open_tasks()), label="task_id")
         specs = []

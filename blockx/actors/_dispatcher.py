@@ -13,6 +13,7 @@ that process, so the core knows them as `"<executor>#<pid>:<subcall id>"`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 from collections.abc import AsyncIterator, Sequence
@@ -91,7 +92,6 @@ class _RunTask:
     epoch: str
     calls: tuple[CallSpec, ...]
     policy: CallPolicy
-    waiter: _Waiter
 
 
 @attrs.frozen
@@ -138,6 +138,9 @@ class ExecutorPool:
         self._epochs: dict[str, str] = {}
         self._pids: dict[str, int] = {}
         self._child_subcall_ids: dict[str, str] = {}
+        # Cancellations that found the inbox full; the actor takes them next.
+        self._late_cancels: set[str] = set()
+        self._runs = itertools.count()
 
     # ------------------------------------------------------------------ API
 
@@ -178,21 +181,29 @@ class ExecutorPool:
             raise CallsRefused(task_id=task_id, reason="call ids repeat within the task")
         if task_id in self._waiters:
             raise CallsRefused(task_id=task_id, reason="the task is already running calls")
-        # The core needs call ids unique across tasks; executors see these too.
+        # Executors answer by call id, so ids must be unique across tasks and
+        # across runs of one task id (a cancelled run's late answers included).
+        prefix = f"{task_id}#{next(self._runs)}:"
         calls = [
-            CallSpec(call_id=f"{task_id}:{call.call_id}", function=call.function, args=call.args)
+            CallSpec(call_id=prefix + call.call_id, function=call.function, args=call.args)
             for call in calls
         ]
-        waiter = _Waiter()
-        self._waiters[task_id] = waiter
-        await self._inbox_send.send(
-            _RunTask(task_id=task_id, epoch=epoch, calls=tuple(calls), policy=policy, waiter=waiter)
-        )
+        waiter = self._waiters[task_id] = _Waiter()
+        posted = False
         try:
+            await self._inbox_send.send(
+                _RunTask(task_id=task_id, epoch=epoch, calls=tuple(calls), policy=policy)
+            )
+            posted = True
             await waiter.done.wait()
         finally:
-            if waiter.outcome is None:
-                self._inbox_send.send_nowait(_CancelTask(task_id=task_id))
+            if waiter.outcome is None:  # the caller was cancelled
+                self._waiters.pop(task_id, None)
+                if posted:
+                    try:
+                        self._inbox_send.send_nowait(_CancelTask(task_id=task_id))
+                    except trio.WouldBlock:
+                        self._late_cancels.add(task_id)  # the actor is busy: it looks here
         assert waiter.outcome is not None
         return waiter.outcome
 
@@ -204,6 +215,8 @@ class ExecutorPool:
 
     async def _actor(self) -> None:
         while True:
+            while self._late_cancels:
+                self._on_message(_CancelTask(task_id=self._late_cancels.pop()))
             due_ms = self._core.next_deadline_ms()
             deadline = math.inf if due_ms is None else due_ms / 1000
             with trio.move_on_at(deadline):
@@ -228,6 +241,9 @@ class ExecutorPool:
         now_ms = self._now_ms()
         match message:
             case _RunTask():
+                if message.task_id in self._late_cancels:  # an earlier run of this id
+                    self._late_cancels.discard(message.task_id)
+                    self._on_message(_CancelTask(task_id=message.task_id))
                 self._epochs[message.task_id] = message.epoch
                 self._apply(
                     TaskOpened(task_id=message.task_id, policy=message.policy, now_ms=now_ms)
@@ -238,7 +254,6 @@ class ExecutorPool:
                     )
                 )
             case _CancelTask():
-                self._waiters.pop(message.task_id, None)
                 if self._epochs.pop(message.task_id, None) is not None:
                     self._apply(TaskCancelled(task_id=message.task_id, now_ms=now_ms))
             case ExecutorUp():

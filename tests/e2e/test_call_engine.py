@@ -243,3 +243,27 @@ async def test_an_unknown_function_is_reported_with_its_code() -> None:
             )
     assert outcome.ok
     assert [failure.error_code for failure in outcome.failures] == [CallErrorCode.UNKNOWN_FUNCTION]
+
+
+async def test_a_cancelled_caller_cancels_its_task_and_the_task_id_can_run_again(
+    tmp_path: Path,
+) -> None:
+    gates = str(tmp_path)
+    async with engine() as (pool, view):
+        epoch = view.pin("t1", now_ms=0)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    pool.run_calls,
+                    "t1",
+                    epoch,
+                    calls("work.gated_version", (gates, 0)),
+                    CallPolicy(),
+                )
+                await wait_for_file(tmp_path / "reached-0")
+                scope.cancel()
+        assert scope.cancelled_caught
+        (tmp_path / "open-0").touch()  # the running call ends; its answer is ignored
+        with trio.fail_after(30):
+            again = await pool.run_calls("t1", epoch, calls("work.add", (2, 3)), CallPolicy())
+    assert values(again) == [5]

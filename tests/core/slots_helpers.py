@@ -25,6 +25,7 @@ from blockx.slots import (
     TaskPhase,
     TaskSnapshot,
     TaskSpec,
+    TaskState,
     TaskSubmitted,
     Timer,
     TimerFired,
@@ -197,3 +198,12 @@ def result_or_none(machine: SlotMachine, task_id: str) -> TaskSnapshot | None:
 
 
 EMPTY_STEP = Step()
+
+
+def fail_builder(machine: SlotMachine, task_id: str, *, now_ms: int) -> None:
+    """Report the builder phase of `task_id` as failed; the task must end FAILED."""
+    step = machine.handle(
+        finished(task_id, TaskPhase.BUILDER, now_ms=now_ms, outcome=PhaseOutcome(ok=False))
+    )
+    assert step.reply is not None
+    assert step.reply.state is TaskState.FAILED

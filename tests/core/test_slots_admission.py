@@ -4,7 +4,7 @@ slot checks, validation, draining, SlotUncertain, heartbeat and config.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -20,7 +20,6 @@ from blockx.slots import (
     InvalidSlot,
     NoSlot,
     NotFound,
-    PhaseOutcome,
     PhaseTimings,
     PrepareTaskActivation,
     RetryPolicy,
@@ -44,7 +43,7 @@ from tests.core.slots_helpers import (
     DEFAULT_RETRY,
     MachineFactory,
     current_timers,
-    finished,
+    fail_builder,
     fired,
     observe,
     prepared,
@@ -56,28 +55,8 @@ from tests.core.slots_helpers import (
 )
 
 
-@pytest.fixture
-def make_machine() -> Iterator[MachineFactory]:
-    factory = MachineFactory()
-    yield factory
-    factory.check_all()
-
-
-@pytest.fixture
-def machine(make_machine: MachineFactory) -> SlotMachine:
-    return make_machine()
-
-
 def _free(slot_id: str) -> SlotView:
     return SlotView(slot_id=slot_id, state=SlotState.FREE, task_id=None, lease_expires_at_ms=None)
-
-
-def _fail_builder(machine: SlotMachine, task_id: str, *, now_ms: int) -> None:
-    step = machine.handle(
-        finished(task_id, TaskPhase.BUILDER, now_ms=now_ms, outcome=PhaseOutcome(ok=False))
-    )
-    assert step.reply is not None
-    assert step.reply.state is TaskState.FAILED
 
 
 # ------------------------------------------------------------------ slots
@@ -154,7 +133,7 @@ def test_a_freed_middle_slot_is_taken_before_a_higher_free_one(
     start_task(machine, "t1", now_ms=0)
     start_task(machine, "t2", now_ms=0)
     start_task(machine, "t3", now_ms=0)
-    _fail_builder(machine, "t2", now_ms=100)
+    fail_builder(machine, "t2", now_ms=100)
     assert [view.state for view in machine.slot_views()] == [
         SlotState.RUNNING,
         SlotState.FREE,
@@ -218,7 +197,7 @@ def test_free_capacity_and_heartbeat_count_allocated_and_running_slots(
         draining=False,
     )
 
-    _fail_builder(machine, "t3", now_ms=400)
+    fail_builder(machine, "t3", now_ms=400)
 
     assert machine.free_capacity() == 2
     assert machine.heartbeat(500) == Heartbeat(
@@ -289,7 +268,7 @@ def test_repeat_request_for_a_terminal_task_answers_its_terminal_snapshot(
     machine: SlotMachine,
 ) -> None:
     start_task(machine, "t1", now_ms=0)
-    _fail_builder(machine, "t1", now_ms=500)
+    fail_builder(machine, "t1", now_ms=500)
     before = observe(machine, "t1")
 
     step = machine.handle(requested("t1", now_ms=600))
@@ -320,7 +299,7 @@ def test_repeat_request_for_a_terminal_task_answers_its_terminal_snapshot(
 
 def test_a_purged_task_id_is_new_again(machine: SlotMachine) -> None:
     start_task(machine, "t1", now_ms=0)
-    _fail_builder(machine, "t1", now_ms=500)
+    fail_builder(machine, "t1", now_ms=500)
     retention = timer_of(machine, TimerKind.RESULT_RETENTION, "t1")
     assert retention.due_ms == 30_500
     machine.handle(fired(retention, now_ms=30_500))
@@ -657,7 +636,7 @@ def test_duplicate_submit_of_a_terminal_task_answers_its_terminal_snapshot(
     machine: SlotMachine,
 ) -> None:
     start_task(machine, "t1", now_ms=0)
-    _fail_builder(machine, "t1", now_ms=400)
+    fail_builder(machine, "t1", now_ms=400)
     terminal = machine.get_result("t1")
     before = observe(machine, "t1")
 
@@ -745,7 +724,7 @@ def test_draining_still_answers_known_task_ids(machine: SlotMachine) -> None:
     machine.handle(requested("t1", now_ms=0, ttl_ms=10_000))
     machine.handle(submitted("t2", now_ms=0))
     start_task(machine, "t3", now_ms=0)
-    _fail_builder(machine, "t3", now_ms=50)
+    fail_builder(machine, "t3", now_ms=50)
     machine.handle(DrainStarted(now_ms=100))
     before = observe(machine, "t1", "t2", "t3")
 

@@ -4,8 +4,6 @@ out-of-order reports, the drain deadline and the log of recent stimuli.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from blockx.slots import (
@@ -58,18 +56,6 @@ from tests.core.slots_helpers import (
     submitted,
     timer_of,
 )
-
-
-@pytest.fixture
-def make_machine() -> Iterator[MachineFactory]:
-    factory = MachineFactory()
-    yield factory
-    factory.check_all()
-
-
-@pytest.fixture
-def machine(make_machine: MachineFactory) -> SlotMachine:
-    return make_machine()
 
 
 def _terminal(result: TaskResult) -> TaskSnapshot:

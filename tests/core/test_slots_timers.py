@@ -4,8 +4,6 @@ make stale timers harmless, watch grace, and `next_deadline_ms`/`due_timers`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from blockx.slots import (
@@ -15,7 +13,6 @@ from blockx.slots import (
     ForgetReason,
     ForgetTask,
     NotFound,
-    PhaseOutcome,
     PhaseTimings,
     SlotMachine,
     SlotState,
@@ -34,7 +31,7 @@ from tests.core.slots_helpers import (
     FAR_FUTURE_MS,
     MachineFactory,
     current_timers,
-    finished,
+    fail_builder,
     fired,
     observe,
     prepared,
@@ -46,29 +43,9 @@ from tests.core.slots_helpers import (
 
 
 @pytest.fixture
-def make_machine() -> Iterator[MachineFactory]:
-    factory = MachineFactory()
-    yield factory
-    factory.check_all()
-
-
-@pytest.fixture
-def machine(make_machine: MachineFactory) -> SlotMachine:
-    return make_machine()
-
-
-@pytest.fixture
 def watched(make_machine: MachineFactory) -> SlotMachine:
     """A machine with a watch disconnect grace of 1000 ms."""
     return make_machine(watch_disconnect_grace_ms=1_000)
-
-
-def _fail_builder(machine: SlotMachine, task_id: str, *, now_ms: int) -> None:
-    step = machine.handle(
-        finished(task_id, TaskPhase.BUILDER, now_ms=now_ms, outcome=PhaseOutcome(ok=False))
-    )
-    assert step.reply is not None
-    assert step.reply.state is TaskState.FAILED
 
 
 def _state(machine: SlotMachine, task_id: str) -> tuple[TaskState, TaskPhase | None]:
@@ -122,7 +99,7 @@ def test_a_lease_timer_fed_back_late_still_expires_the_reservation(machine: Slot
 
 def test_a_result_is_readable_until_its_retention_timer_purges_it(machine: SlotMachine) -> None:
     start_task(machine, "t1", now_ms=0)
-    _fail_builder(machine, "t1", now_ms=500)
+    fail_builder(machine, "t1", now_ms=500)
     terminal = machine.get_result("t1")
     retention = timer_of(machine, TimerKind.RESULT_RETENTION, "t1")
     assert retention.due_ms == 30_500
@@ -149,7 +126,7 @@ def test_a_result_is_readable_until_its_retention_timer_purges_it(machine: SlotM
 def test_retention_0_makes_the_purge_due_at_once(make_machine: MachineFactory) -> None:
     machine = make_machine(result_retention_ms=0)
     start_task(machine, "t1", now_ms=0)
-    _fail_builder(machine, "t1", now_ms=500)
+    fail_builder(machine, "t1", now_ms=500)
 
     (retention,) = machine.due_timers(500)
     assert (retention.kind, retention.key, retention.due_ms) == (
@@ -180,7 +157,7 @@ def test_a_lease_timer_of_a_slot_since_given_to_another_task_does_nothing(
     old_lease = timer_of(machine, TimerKind.SLOT_LEASE, "slot-0")
     machine.handle(submitted("t1", now_ms=100, slot_id="slot-0"))
     machine.handle(prepared("t1", slot_id="slot-0", now_ms=200))
-    _fail_builder(machine, "t1", now_ms=300)
+    fail_builder(machine, "t1", now_ms=300)
     machine.handle(requested("t2", now_ms=400, ttl_ms=5_000))
     assert machine.slot_views()[0] == SlotView(
         slot_id="slot-0", state=SlotState.ALLOCATED, task_id="t2", lease_expires_at_ms=5_400
@@ -212,7 +189,7 @@ def test_an_already_fired_lease_timer_does_nothing_to_the_next_reservation(
 def test_a_deadline_timer_of_a_task_since_ended_does_nothing(machine: SlotMachine) -> None:
     start_task(machine, "t1", now_ms=0)
     deadline = timer_of(machine, TimerKind.TASK_DEADLINE, "t1")
-    _fail_builder(machine, "t1", now_ms=500)
+    fail_builder(machine, "t1", now_ms=500)
     before = observe(machine, "t1")
 
     assert machine.handle(fired(deadline, now_ms=60_000)) == Step()
@@ -228,7 +205,7 @@ def test_a_deadline_timer_from_before_a_purge_does_nothing_to_the_reused_id(
 ) -> None:
     start_task(machine, "t1", now_ms=0)
     old_deadline = timer_of(machine, TimerKind.TASK_DEADLINE, "t1")
-    _fail_builder(machine, "t1", now_ms=500)
+    fail_builder(machine, "t1", now_ms=500)
     machine.handle(fired(timer_of(machine, TimerKind.RESULT_RETENTION, "t1"), now_ms=30_500))
     start_task(machine, "t1", now_ms=40_000)
     assert timer_of(machine, TimerKind.TASK_DEADLINE, "t1").due_ms == 100_000
@@ -401,7 +378,7 @@ def test_a_reservation_still_watched_at_submit_arms_nothing(watched: SlotMachine
 
 def test_watch_events_for_unknown_or_ended_tasks_are_ignored(watched: SlotMachine) -> None:
     start_task(watched, "t1", now_ms=0)
-    _fail_builder(watched, "t1", now_ms=100)
+    fail_builder(watched, "t1", now_ms=100)
     before = observe(watched, "t1", "ghost")
 
     events: list[Event] = [

@@ -1,9 +1,10 @@
-"""Fixtures of the core tests: slot machines that are checked at teardown."""
+"""Fixtures of the core tests: machines that are checked at teardown."""
 
 from collections.abc import Iterator
 
 import pytest
 
+from blockx.phases import DispatchCore
 from blockx.slots import SlotMachine
 from tests.core.slots_helpers import MachineFactory
 
@@ -19,3 +20,11 @@ def make_machine() -> Iterator[MachineFactory]:
 @pytest.fixture
 def machine(make_machine: MachineFactory) -> SlotMachine:
     return make_machine()
+
+
+@pytest.fixture
+def core() -> Iterator[DispatchCore]:
+    """A dispatch core that passes check_invariants() at teardown."""
+    core = DispatchCore()
+    yield core
+    core.check_invariants()

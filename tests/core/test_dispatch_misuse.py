@@ -5,7 +5,6 @@ call ids used twice, a task opened twice, an executor joined twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,14 +32,6 @@ from tests.core.dispatch_helpers import (
     start,
     value_of,
 )
-
-
-@pytest.fixture
-def core() -> Iterator[DispatchCore]:
-    core = DispatchCore()
-    yield core
-    core.check_invariants()
-
 
 # --------------------------------------------------------- policies and draws
 

@@ -4,8 +4,6 @@ order, exact stats, streamed batches and sealing, and cancellation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from blockx.phases import (
@@ -35,13 +33,6 @@ from tests.core.dispatch_helpers import (
 )
 
 _BEST_EFFORT = CallPolicy(fail_fast=False)
-
-
-@pytest.fixture
-def core() -> Iterator[DispatchCore]:
-    core = DispatchCore()
-    yield core
-    core.check_invariants()
 
 
 # ------------------------------------------------------------------ fail fast

@@ -4,10 +4,6 @@ one batch per executor per step, the per-task window and round-robin fairness.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from blockx.phases import (
     CallPhaseOutcome,
     CallPhaseStats,
@@ -26,14 +22,6 @@ from tests.core.dispatch_helpers import (
     start,
     value_of,
 )
-
-
-@pytest.fixture
-def core() -> Iterator[DispatchCore]:
-    core = DispatchCore()
-    yield core
-    core.check_invariants()
-
 
 # ------------------------------------------------------------------ placement
 

@@ -5,8 +5,6 @@ loss of an executor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from blockx.phases import (
@@ -33,13 +31,6 @@ from tests.core.dispatch_helpers import (
     ticked,
     value_of,
 )
-
-
-@pytest.fixture
-def core() -> Iterator[DispatchCore]:
-    core = DispatchCore()
-    yield core
-    core.check_invariants()
 
 
 def _succeeded(task_id: str, *call_ids: str, retried: int = 0, total: int = 0) -> FinishCallPhase:

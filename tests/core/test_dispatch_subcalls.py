@@ -5,8 +5,6 @@ executor count, parents that are gone, and the loss of parents and subcalls.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from blockx.phases import (
@@ -41,13 +39,6 @@ from tests.core.dispatch_helpers import (
 )
 
 _REFUSED = "the calling attempt was cancelled"
-
-
-@pytest.fixture
-def core() -> Iterator[DispatchCore]:
-    core = DispatchCore()
-    yield core
-    core.check_invariants()
 
 
 def _refused(subcall_id: str) -> CallOutcome:

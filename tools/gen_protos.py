@@ -31,7 +31,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTOS_DIR = REPO_ROOT / "protos"
 DEFAULT_OUT_DIR = REPO_ROOT / "blockx" / "_proto"
 
-PLUGIN_OPTIONS = "client_generation=async,server_generation=async"
+# google_protobuf_descriptors registers the file descriptors with protobuf, which
+# grpclib's server reflection reads.
+PLUGIN_OPTIONS = "client_generation=async,server_generation=async,google_protobuf_descriptors"
 # Settings for the ruff that the plugin runs; kept equal to pyproject's.
 PINNED_RUFF_TOML = 'line-length = 100\ntarget-version = "py311"\n'
 # Written by Python when the generated code is imported; never generated.

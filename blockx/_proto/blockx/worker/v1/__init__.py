@@ -8,14 +8,18 @@ __all__ = (
     "CallRetryPolicy",
     "CallStatistics",
     "ExecuteResult",
+    "ExecutorStatus",
     "FunctionCallConfig",
     "GetTaskResultRequest",
     "GetTaskResultResponse",
+    "GetWorkerStatusRequest",
+    "GetWorkerStatusResponse",
     "PhaseTimings",
     "PluginResult",
     "RequestTaskSlotRequest",
     "RequestTaskSlotResponse",
     "ResultHandler",
+    "SlotStatus",
     "SubmitTaskRequest",
     "SubmitTaskResponse",
     "TaskPhase",
@@ -35,7 +39,9 @@ from typing import TYPE_CHECKING
 import betterproto2
 import grpclib
 from betterproto2 import grpclib as betterproto2_grpclib
+from google.protobuf.descriptor import Descriptor, EnumDescriptor
 
+from ....google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from ....message_pool import default_message_pool
 
 if TYPE_CHECKING:
@@ -51,6 +57,11 @@ class CallFailurePolicy(betterproto2.Enum):
     """
     What a failed call does to its task. UNSPECIFIED means FAIL_FAST.
     """
+
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> EnumDescriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.enum_types_by_name["CallFailurePolicy"]
 
     UNSPECIFIED = 0
 
@@ -84,6 +95,11 @@ class CallFailurePolicy(betterproto2.Enum):
 
 
 class TaskPhase(betterproto2.Enum):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> EnumDescriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.enum_types_by_name["TaskPhase"]
+
     UNSPECIFIED = 0
 
     PREPARING = 1
@@ -124,6 +140,11 @@ class TaskState(betterproto2.Enum):
     What a client sees. Every internal phase of a live task is RUNNING.
     """
 
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> EnumDescriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.enum_types_by_name["TaskState"]
+
     UNSPECIFIED = 0
 
     ALLOCATED = 1
@@ -161,6 +182,11 @@ class CallRetryPolicy(betterproto2.Message):
     Overrides the worker's call retry defaults for one task.
     """
 
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["CallRetryPolicy"]
+
     max_attempts: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
 
     base_backoff_ms: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
@@ -176,6 +202,11 @@ default_message_pool.register_message("blockx.worker.v1", "CallRetryPolicy", Cal
 
 @dataclass(eq=False, repr=False)
 class CallStatistics(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["CallStatistics"]
+
     calls_total: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
     calls_succeeded: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
@@ -193,6 +224,11 @@ default_message_pool.register_message("blockx.worker.v1", "CallStatistics", Call
 
 @dataclass(eq=False, repr=False)
 class ExecuteResult(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["ExecuteResult"]
+
     output_count: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
     """
     Number of call outputs handed to the writer and their encoded size.
@@ -209,10 +245,41 @@ default_message_pool.register_message("blockx.worker.v1", "ExecuteResult", Execu
 
 
 @dataclass(eq=False, repr=False)
+class ExecutorStatus(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["ExecutorStatus"]
+
+    executor_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    state: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    STARTING, READY, BUSY, LOST, WEDGED or RESTARTING.
+    """
+
+    pid: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+
+    rss_bytes: "int" = betterproto2.field(4, betterproto2.TYPE_UINT64)
+
+    calls_served: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+
+    restarts: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+
+
+default_message_pool.register_message("blockx.worker.v1", "ExecutorStatus", ExecutorStatus)
+
+
+@dataclass(eq=False, repr=False)
 class FunctionCallConfig(betterproto2.Message):
     """
     Selects the builder that turns the payload into calls.
     """
+
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["FunctionCallConfig"]
 
     type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -227,6 +294,13 @@ default_message_pool.register_message("blockx.worker.v1", "FunctionCallConfig", 
 
 @dataclass(eq=False, repr=False)
 class GetTaskResultRequest(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name[
+            "GetTaskResultRequest"
+        ]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
 
@@ -237,6 +311,13 @@ default_message_pool.register_message(
 
 @dataclass(eq=False, repr=False)
 class GetTaskResultResponse(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name[
+            "GetTaskResultResponse"
+        ]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     state: "TaskState" = betterproto2.field(
@@ -259,10 +340,82 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class GetWorkerStatusRequest(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name[
+            "GetWorkerStatusRequest"
+        ]
+
+    pass
+
+
+default_message_pool.register_message(
+    "blockx.worker.v1", "GetWorkerStatusRequest", GetWorkerStatusRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class GetWorkerStatusResponse(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name[
+            "GetWorkerStatusResponse"
+        ]
+
+    worker_addr: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The address the worker announces (host:port).
+    """
+
+    deployment: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The profile it runs ("block" or "bundle").
+    """
+
+    version: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    started_at_ms: "int" = betterproto2.field(4, betterproto2.TYPE_INT64)
+
+    ready: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    True once an executor is healthy; false again while draining.
+    """
+
+    draining: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+
+    slots_total: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+
+    reserved_slots: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
+
+    running_tasks: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
+
+    free_slots: "int" = betterproto2.field(10, betterproto2.TYPE_UINT32)
+
+    slots: "list[SlotStatus]" = betterproto2.field(11, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    executors: "list[ExecutorStatus]" = betterproto2.field(
+        12, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+
+default_message_pool.register_message(
+    "blockx.worker.v1", "GetWorkerStatusResponse", GetWorkerStatusResponse
+)
+
+
+@dataclass(eq=False, repr=False)
 class PhaseTimings(betterproto2.Message):
     """
     Wall time spent in each phase, in milliseconds.
     """
+
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["PhaseTimings"]
 
     preparing_ms: "int" = betterproto2.field(1, betterproto2.TYPE_INT64)
 
@@ -280,6 +433,11 @@ default_message_pool.register_message("blockx.worker.v1", "PhaseTimings", PhaseT
 
 @dataclass(eq=False, repr=False)
 class PluginResult(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["PluginResult"]
+
     plugin_type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     ok: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
@@ -297,6 +455,13 @@ default_message_pool.register_message("blockx.worker.v1", "PluginResult", Plugin
 
 @dataclass(eq=False, repr=False)
 class RequestTaskSlotRequest(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name[
+            "RequestTaskSlotRequest"
+        ]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     ttl_ms: "int" = betterproto2.field(2, betterproto2.TYPE_INT64)
@@ -312,6 +477,13 @@ default_message_pool.register_message(
 
 @dataclass(eq=False, repr=False)
 class RequestTaskSlotResponse(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name[
+            "RequestTaskSlotResponse"
+        ]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     slot_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
@@ -347,6 +519,11 @@ class ResultHandler(betterproto2.Message):
     Selects the writer plugin that stores the outputs.
     """
 
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["ResultHandler"]
+
     type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     config_json: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
@@ -359,7 +536,37 @@ default_message_pool.register_message("blockx.worker.v1", "ResultHandler", Resul
 
 
 @dataclass(eq=False, repr=False)
+class SlotStatus(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["SlotStatus"]
+
+    slot_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    state: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    FREE, ALLOCATED or RUNNING.
+    """
+
+    task_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    lease_expires_at_ms: "int" = betterproto2.field(4, betterproto2.TYPE_INT64)
+    """
+    Set while the slot is held by a lease (epoch milliseconds), else 0.
+    """
+
+
+default_message_pool.register_message("blockx.worker.v1", "SlotStatus", SlotStatus)
+
+
+@dataclass(eq=False, repr=False)
 class SubmitTaskRequest(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["SubmitTaskRequest"]
+
     task: "TaskSpec | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
     slot_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
@@ -373,6 +580,11 @@ default_message_pool.register_message("blockx.worker.v1", "SubmitTaskRequest", S
 
 @dataclass(eq=False, repr=False)
 class SubmitTaskResponse(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["SubmitTaskResponse"]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     slot_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
@@ -396,6 +608,11 @@ default_message_pool.register_message("blockx.worker.v1", "SubmitTaskResponse", 
 
 @dataclass(eq=False, repr=False)
 class TaskResult(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["TaskResult"]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     state: "TaskState" = betterproto2.field(
@@ -449,6 +666,11 @@ default_message_pool.register_message("blockx.worker.v1", "TaskResult", TaskResu
 
 @dataclass(eq=False, repr=False)
 class TaskSpec(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["TaskSpec"]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     function_call: "FunctionCallConfig | None" = betterproto2.field(
@@ -492,6 +714,11 @@ default_message_pool.register_message("blockx.worker.v1", "TaskSpec", TaskSpec)
 
 @dataclass(eq=False, repr=False)
 class TaskUpdate(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["TaskUpdate"]
+
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     state: "TaskState" = betterproto2.field(
@@ -515,6 +742,11 @@ default_message_pool.register_message("blockx.worker.v1", "TaskUpdate", TaskUpda
 
 @dataclass(eq=False, repr=False)
 class WatchTasksRequest(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["WatchTasksRequest"]
+
     task_ids: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
 
 
@@ -613,6 +845,35 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
         ):
             yield response
 
+    async def get_worker_status(
+        self,
+        message: "GetWorkerStatusRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "GetWorkerStatusResponse":
+        """
+        What the worker holds right now: its slots and its executors.
+        """
+
+        if message is None:
+            message = GetWorkerStatusRequest()
+
+        return await self._unary_unary(
+            "/blockx.worker.v1.WorkerService/GetWorkerStatus",
+            message,
+            GetWorkerStatusResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+
+BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR = default_google_proto_descriptor_pool.AddSerializedFile(
+    b'\n\x1dblockx/worker/v1/worker.proto\x12\x10blockx.worker.v1"I\n\x12FunctionCallConfig\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n\x0bconfig_json\x18\x02 \x01(\tR\nconfigJson"D\n\rResultHandler\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n\x0bconfig_json\x18\x02 \x01(\tR\nconfigJson"\x83\x01\n\x0fCallRetryPolicy\x12!\n\x0cmax_attempts\x18\x01 \x01(\rR\x0bmaxAttempts\x12&\n\x0fbase_backoff_ms\x18\x02 \x01(\rR\rbaseBackoffMs\x12%\n\x0ejitter_percent\x18\x03 \x01(\rR\rjitterPercent"\x97\x04\n\x08TaskSpec\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12I\n\rfunction_call\x18\x02 \x01(\x0b2$.blockx.worker.v1.FunctionCallConfigR\x0cfunctionCall\x12\x18\n\x07payload\x18\x03 \x01(\x0cR\x07payload\x12F\n\x0eresult_handler\x18\x04 \x01(\x0b2\x1f.blockx.worker.v1.ResultHandlerR\rresultHandler\x12&\n\x0ftask_timeout_ms\x18\x05 \x01(\x03R\rtaskTimeoutMs\x12S\n\x13call_failure_policy\x18\x06 \x01(\x0e2#.blockx.worker.v1.CallFailurePolicyR\x11callFailurePolicy\x12M\n\x11call_retry_policy\x18\x07 \x01(\x0b2!.blockx.worker.v1.CallRetryPolicyR\x0fcallRetryPolicy\x12>\n\x06labels\x18\x08 \x03(\x0b2&.blockx.worker.v1.TaskSpec.LabelsEntryR\x06labels\x1a9\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x028\x01"H\n\x16RequestTaskSlotRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x15\n\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs"\x96\x02\n\x17RequestTaskSlotResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId\x121\n\x05state\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x04 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12-\n\x13lease_expires_at_ms\x18\x05 \x01(\x03R\x10leaseExpiresAtMs\x124\n\x06result\x18\x06 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"\\\n\x11SubmitTaskRequest\x12.\n\x04task\x18\x01 \x01(\x0b2\x1a.blockx.worker.v1.TaskSpecR\x04task\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId"\xe2\x01\n\x12SubmitTaskResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId\x121\n\x05state\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x04 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x124\n\x06result\x18\x05 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"/\n\x14GetTaskResultRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId"\xcc\x01\n\x15GetTaskResultResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x124\n\x06result\x18\x04 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result".\n\x11WatchTasksRequest\x12\x19\n\x08task_ids\x18\x01 \x03(\tR\x07taskIds"\xe2\x01\n\nTaskUpdate\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12\x1f\n\x0bis_terminal\x18\x04 \x01(\x08R\nisTerminal\x124\n\x06result\x18\x05 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"\x9d\x04\n\nTaskResult\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12!\n\x0cfailure_code\x18\x04 \x01(\tR\x0bfailureCode\x12\x18\n\x07message\x18\x05 \x01(\tR\x07message\x12\x1c\n\tretryable\x18\x06 \x01(\x08R\tretryable\x12F\n\x0eexecute_result\x18\x07 \x01(\x0b2\x1f.blockx.worker.v1.ExecuteResultR\rexecuteResult\x128\n\x07timings\x18\x08 \x01(\x0b2\x1e.blockx.worker.v1.PhaseTimingsR\x07timings\x12?\n\ncall_stats\x18\t \x01(\x0b2 .blockx.worker.v1.CallStatisticsR\tcallStats\x12&\n\x0ftask_code_epoch\x18\n \x01(\tR\rtaskCodeEpoch\x12$\n\x0eaccepted_at_ms\x18\x0b \x01(\x03R\x0cacceptedAtMs\x12$\n\x0efinished_at_ms\x18\x0c \x01(\x03R\x0cfinishedAtMs"\x9c\x01\n\rExecuteResult\x12!\n\x0coutput_count\x18\x01 \x01(\x04R\x0boutputCount\x12!\n\x0coutput_bytes\x18\x02 \x01(\x04R\x0boutputBytes\x12E\n\x0eplugin_results\x18\x03 \x03(\x0b2\x1e.blockx.worker.v1.PluginResultR\rpluginResults"\x80\x01\n\x0cPluginResult\x12\x1f\n\x0bplugin_type\x18\x01 \x01(\tR\npluginType\x12\x0e\n\x02ok\x18\x02 \x01(\x08R\x02ok\x12\'\n\x0frecords_written\x18\x03 \x01(\x04R\x0erecordsWritten\x12\x16\n\x06detail\x18\x04 \x01(\tR\x06detail"\xa3\x01\n\x0cPhaseTimings\x12!\n\x0cpreparing_ms\x18\x01 \x01(\x03R\x0bpreparingMs\x12\x1d\n\nbuilder_ms\x18\x02 \x01(\x03R\tbuilderMs\x12\x19\n\x08calls_ms\x18\x03 \x01(\x03R\x07callsMs\x12\x1b\n\tplugin_ms\x18\x04 \x01(\x03R\x08pluginMs\x12\x19\n\x08total_ms\x18\x05 \x01(\x03R\x07totalMs"\xa2\x01\n\x0eCallStatistics\x12\x1f\n\x0bcalls_total\x18\x01 \x01(\x04R\ncallsTotal\x12\'\n\x0fcalls_succeeded\x18\x02 \x01(\x04R\x0ecallsSucceeded\x12!\n\x0ccalls_failed\x18\x03 \x01(\x04R\x0bcallsFailed\x12#\n\rcalls_retried\x18\x04 \x01(\x04R\x0ccallsRetried"\x18\n\x16GetWorkerStatusRequest"\xca\x03\n\x17GetWorkerStatusResponse\x12\x1f\n\x0bworker_addr\x18\x01 \x01(\tR\nworkerAddr\x12\x1e\n\ndeployment\x18\x02 \x01(\tR\ndeployment\x12\x18\n\x07version\x18\x03 \x01(\tR\x07version\x12"\n\rstarted_at_ms\x18\x04 \x01(\x03R\x0bstartedAtMs\x12\x14\n\x05ready\x18\x05 \x01(\x08R\x05ready\x12\x1a\n\x08draining\x18\x06 \x01(\x08R\x08draining\x12\x1f\n\x0bslots_total\x18\x07 \x01(\rR\nslotsTotal\x12%\n\x0ereserved_slots\x18\x08 \x01(\rR\rreservedSlots\x12#\n\rrunning_tasks\x18\t \x01(\rR\x0crunningTasks\x12\x1d\n\nfree_slots\x18\n \x01(\rR\tfreeSlots\x122\n\x05slots\x18\x0b \x03(\x0b2\x1c.blockx.worker.v1.SlotStatusR\x05slots\x12>\n\texecutors\x18\x0c \x03(\x0b2 .blockx.worker.v1.ExecutorStatusR\texecutors"\x83\x01\n\nSlotStatus\x12\x17\n\x07slot_id\x18\x01 \x01(\tR\x06slotId\x12\x14\n\x05state\x18\x02 \x01(\tR\x05state\x12\x17\n\x07task_id\x18\x03 \x01(\tR\x06taskId\x12-\n\x13lease_expires_at_ms\x18\x04 \x01(\x03R\x10leaseExpiresAtMs"\xb5\x01\n\x0eExecutorStatus\x12\x1f\n\x0bexecutor_id\x18\x01 \x01(\tR\nexecutorId\x12\x14\n\x05state\x18\x02 \x01(\tR\x05state\x12\x10\n\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x1b\n\trss_bytes\x18\x04 \x01(\x04R\x08rssBytes\x12!\n\x0ccalls_served\x18\x05 \x01(\x04R\x0bcallsServed\x12\x1a\n\x08restarts\x18\x06 \x01(\rR\x08restarts*\x88\x01\n\tTaskState\x12\x18\n\x16TASK_STATE_UNSPECIFIED\x12\x18\n\x14TASK_STATE_ALLOCATED\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04*\x9d\x01\n\tTaskPhase\x12\x18\n\x16TASK_PHASE_UNSPECIFIED\x12\x18\n\x14TASK_PHASE_PREPARING\x10\x01\x12\x16\n\x12TASK_PHASE_BUILDER\x10\x02\x12\x14\n\x10TASK_PHASE_CALLS\x10\x03\x12\x15\n\x11TASK_PHASE_PLUGIN\x10\x04\x12\x17\n\x13TASK_PHASE_TERMINAL\x10\x05*~\n\x11CallFailurePolicy\x12!\n\x1fCALL_FAILURE_POLICY_UNSPECIFIED\x12!\n\x1dCALL_FAILURE_POLICY_FAIL_FAST\x10\x01\x12#\n\x1fCALL_FAILURE_POLICY_BEST_EFFORT\x10\x022\xed\x03\n\rWorkerService\x12f\n\x0fRequestTaskSlot\x12(.blockx.worker.v1.RequestTaskSlotRequest\x1a).blockx.worker.v1.RequestTaskSlotResponse\x12W\n\nSubmitTask\x12#.blockx.worker.v1.SubmitTaskRequest\x1a$.blockx.worker.v1.SubmitTaskResponse\x12`\n\rGetTaskResult\x12&.blockx.worker.v1.GetTaskResultRequest\x1a\'.blockx.worker.v1.GetTaskResultResponse\x12Q\n\nWatchTasks\x12#.blockx.worker.v1.WatchTasksRequest\x1a\x1c.blockx.worker.v1.TaskUpdate0\x01\x12f\n\x0fGetWorkerStatus\x12(.blockx.worker.v1.GetWorkerStatusRequest\x1a).blockx.worker.v1.GetWorkerStatusResponseb\x06proto3'
+)
+
 
 class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
     async def request_task_slot(
@@ -652,6 +913,15 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield TaskUpdate()
 
+    async def get_worker_status(
+        self, message: "GetWorkerStatusRequest"
+    ) -> "GetWorkerStatusResponse":
+        """
+        What the worker holds right now: its slots and its executors.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_request_task_slot(
         self, stream: "grpclib.server.Stream[RequestTaskSlotRequest, RequestTaskSlotResponse]"
     ) -> None:
@@ -687,6 +957,14 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
             request,
         )
 
+    async def __rpc_get_worker_status(
+        self, stream: "grpclib.server.Stream[GetWorkerStatusRequest, GetWorkerStatusResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_worker_status(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/blockx.worker.v1.WorkerService/RequestTaskSlot": grpclib.const.Handler(
@@ -712,5 +990,11 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_STREAM,
                 WatchTasksRequest,
                 TaskUpdate,
+            ),
+            "/blockx.worker.v1.WorkerService/GetWorkerStatus": grpclib.const.Handler(
+                self.__rpc_get_worker_status,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetWorkerStatusRequest,
+                GetWorkerStatusResponse,
             ),
         }

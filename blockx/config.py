@@ -1,0 +1,691 @@
+"""The worker's configuration: every setting, where it comes from, and its checks.
+
+Owns `WorkerConfig`, its loading and its conversion into the lower-level
+configs (`SlotConfig`, `ExecutorPoolConfig`, `CodeViewConfig`). Must never be
+imported by a pure core, and never start anything: it reads the environment
+and one file, and that is all.
+
+Theory of operation:
+
+* Each setting is declared once, as a field of `WorkerConfig` or of one of its
+  groups, with its JSON name and its environment variable beside its default.
+  `_SETTINGS` is the flat table walked from those declarations; the file, the
+  environment, the overrides and `to_json_dict` all work from it.
+* Layers, later ones win: built-in defaults -> the profile's `tune` -> the
+  JSON file named by `WORKER_CONFIG` (only the keys it holds) -> environment
+  variables -> explicit overrides (command-line flags). The loader records
+  which layer gave each value, so an error can say where a bad value came from.
+* An empty environment variable counts as unset for numbers, booleans and
+  durations (a templated `TASK_SLOTS=` should not break the worker) but as a
+  value for text settings, where empty means something: no etcd, derive the
+  address, read functions from the directory.
+* A `WorkerConfig` checks itself when it is made, including by building the
+  lower-level configs, so a value that exists always converts. Every failure
+  is a `ConfigError` naming the setting by its JSON path.
+"""
+
+from __future__ import annotations
+
+import decimal
+import difflib
+import functools
+import json
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from blockx.errors import BlockxError
+from blockx.executors import ExecutorPoolConfig, InvalidPoolConfig
+from blockx.functions import DEFAULT_REDIS_PREFIX, CodeViewConfig, InvalidCodeViewConfig
+from blockx.slots import InvalidConfig, RetryPolicy, SlotConfig
+
+CONFIG_FILE_ENV = "WORKER_CONFIG"
+"""Names the JSON file of the file layer."""
+
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+_OUTBOUND_PROBE = ("8.8.8.8", 80)
+"""Connecting a UDP socket only picks a route; no packet is sent."""
+
+
+class ConfigError(BlockxError):
+    """A setting is missing its form or out of range. `field` is its JSON path.
+
+    `source` says which layer gave the value ("default", "profile",
+    "file /etc/worker.json", "env TASK_SLOTS", "override") when that is known.
+    """
+
+    def __init__(
+        self, *, field: str, value: object, allowed: str, source: str | None = None
+    ) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        self.source = source
+        where = f" (from {source})" if source else ""
+        super().__init__(f"{field} = {value!r}{where}: {allowed}")
+
+    def from_source(self, source: str | None) -> ConfigError:
+        return ConfigError(field=self.field, value=self.value, allowed=self.allowed, source=source)
+
+
+# --- kinds of value ------------------------------------------------------------------------
+#
+# A kind reads a value from JSON (or an override) and from environment text,
+# and renders it back to JSON. Readers raise ValueError("must be ...") which
+# the loader turns into a ConfigError carrying the path and the source.
+
+
+def _int_from_json(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be an integer")
+    return value
+
+
+def _int_from_text(text: str) -> int:
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        raise ValueError("must be an integer")
+    return int(text)
+
+
+def _bool_from_json(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+_TRUE_TEXTS = frozenset({"1", "t", "true", "yes", "on"})
+_FALSE_TEXTS = frozenset({"0", "f", "false", "no", "off"})
+
+
+def _bool_from_text(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE_TEXTS:
+        return True
+    if lowered in _FALSE_TEXTS:
+        return False
+    raise ValueError("must be true or false (also 1/0, yes/no, on/off)")
+
+
+def _str_from_json(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
+
+
+def _endpoints_from_text(text: str) -> tuple[str, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _endpoints_from_json(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return _endpoints_from_text(value)
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return tuple(item.strip() for item in value if item.strip())
+    raise ValueError('must be a string ("host:port,host:port" or "none") or a list of strings')
+
+
+_DURATION_UNITS_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # micro sign, as Go accepts
+    "\u03bcs": 1_000,  # Greek mu, as Go accepts
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+_DURATION_FORM = "must be a Go duration such as 2s, 200ms or 1m30s"
+
+
+def parse_duration_ms(text: str) -> int:
+    """Whole milliseconds of a Go duration ("2s", "1m30s", "1.5h", "0"), truncated like Go's.
+
+    Raises ValueError for anything Go's `time.ParseDuration` refuses.
+    """
+    body = text.strip()
+    sign = -1 if body.startswith("-") else 1
+    if body.startswith(("-", "+")):
+        body = body[1:]
+    if body == "0":
+        return 0
+    total_ns = decimal.Decimal(0)
+    position = 0
+    while position < len(body):
+        part = _DURATION_PART.match(body, position)
+        if part is None:
+            raise ValueError(_DURATION_FORM)
+        total_ns += decimal.Decimal(part[1]) * _DURATION_UNITS_NS[part[2]]
+        position = part.end()
+    if position == 0:
+        raise ValueError(_DURATION_FORM)
+    return sign * int(total_ns / 1_000_000)
+
+
+@attrs.frozen
+class _Kind:
+    from_json: Callable[[object], object]
+    from_text: Callable[[str], object]
+    to_json: Callable[[Any], object] = lambda value: value
+    empty_text_is_unset: bool = True
+
+
+_INT = _Kind(from_json=_int_from_json, from_text=_int_from_text)
+_BOOL = _Kind(from_json=_bool_from_json, from_text=_bool_from_text)
+_STR = _Kind(from_json=_str_from_json, from_text=str, empty_text_is_unset=False)
+_ENDPOINTS = _Kind(
+    from_json=_endpoints_from_json,
+    from_text=_endpoints_from_text,
+    to_json=",".join,
+    empty_text_is_unset=False,
+)
+_DURATION_MS = _Kind(from_json=_int_from_json, from_text=parse_duration_ms)
+"""Milliseconds in JSON, a Go duration in the environment."""
+
+
+# --- declarations --------------------------------------------------------------------------
+
+_SETTING_KEY = "blockx.config.setting"
+_GROUP_KEY = "blockx.config.group"
+
+
+@attrs.frozen
+class _Declared:
+    json_name: str
+    env: str | None
+    kind: _Kind
+
+
+def _setting(default: object, json_name: str, env: str | None = None, kind: _Kind = _INT) -> Any:
+    return attrs.field(default=default, metadata={_SETTING_KEY: _Declared(json_name, env, kind)})
+
+
+def _group(json_name: str) -> dict[str, object]:
+    """Metadata of a group field; its class is the field's factory."""
+    return {_GROUP_KEY: json_name}
+
+
+@attrs.frozen(kw_only=True)
+class WorkerSection:
+    """`worker.*`: the slot table's settings."""
+
+    task_slots: int = _setting(50, "taskSlots", "TASK_SLOTS")
+    default_ttl_ms: int = _setting(5_000, "defaultTTLMs")
+    task_deadline_ms: int = _setting(300_000, "taskDeadlineMs", "TASK_DEADLINE_MS")
+    max_task_timeout_ms: int = _setting(28_800_000, "maxTaskTimeoutMs", "MAX_TASK_TIMEOUT_MS")
+    result_retention_ms: int = _setting(300_000, "resultRetentionMs", "RESULT_RETENTION_MS")
+    watch_disconnect_grace_ms: int = _setting(
+        0, "watchDisconnectGraceMs", "WATCH_DISCONNECT_GRACE_MS"
+    )
+    default_max_attempts: int = _setting(3, "defaultMaxAttempts", "CALL_RETRY_MAX_ATTEMPTS")
+    default_base_backoff_ms: int = _setting(
+        10, "defaultBaseBackoffMs", "CALL_RETRY_BASE_BACKOFF_MS"
+    )
+    default_retry_jitter_percent: int = _setting(
+        5, "defaultRetryJitterPercent", "CALL_RETRY_JITTER_PERCENT"
+    )
+
+
+@attrs.frozen(kw_only=True)
+class AdmissionSection:
+    """`admission.*`: how many tasks may be in each phase at once."""
+
+    builder_slots: int = _setting(16, "builderSlots")
+    executor_task_slots: int = _setting(32, "executorTaskSlots", "EXECUTOR_TASK_SLOTS")
+    plugin_slots: int = _setting(16, "pluginSlots")
+    scan_slots: int = _setting(8, "scanSlots", "SCAN_SLOTS")
+
+
+@attrs.frozen(kw_only=True)
+class StreamBuildSection:
+    """`streamBuild.*`."""
+
+    enabled: bool = _setting(False, "enabled", "STREAM_BUILD_ENABLED", _BOOL)
+
+
+@attrs.frozen(kw_only=True)
+class DispatcherSection:
+    """`dispatcher.*`: how a task's calls are spread over the executors."""
+
+    call_window: int = _setting(64, "callWindow")
+    """Calls of one task in flight at once."""
+    call_deadline_ms: int = _setting(60_000, "callDeadlineMs", "CALL_DEADLINE_MS")
+    executor_capacity: int = _setting(64, "executorCapacity")
+    """Calls queued on one executor at once."""
+
+
+@attrs.frozen(kw_only=True)
+class FunctionCodeSection:
+    """`functionCode.*`: where function code is read from and how often."""
+
+    dir: str = _setting("examples/functions", "dir", "FUNCTIONS_DIR", _STR)
+    """Read when `redis_url` is empty; relative paths are from the current directory."""
+    redis_url: str = _setting("", "redisUrl", "FUNCTIONS_REDIS_URL", _STR)
+    redis_prefix: str = _setting(
+        DEFAULT_REDIS_PREFIX, "redisPrefix", "FUNCTIONS_REDIS_PREFIX", _STR
+    )
+    refresh_ms: int = _setting(1_000, "refreshMs", "FUNCTIONS_REFRESH_MS")
+
+
+@attrs.frozen(kw_only=True)
+class WorkerConfig:
+    """Everything a worker process is configured with. Checked when made."""
+
+    listen_addr: str = _setting(":8081", "listenAddr", "WORKER_LISTEN", _STR)
+    worker_addr: str = _setting("", "workerAddr", "WORKER_ADDR", _STR)
+    """Advertised address and etcd key suffix; empty = derived at start."""
+    etcd_endpoints: tuple[str, ...] = _setting(
+        ("localhost:2379",), "etcdEndpoints", "ETCD_ENDPOINTS", _ENDPOINTS
+    )
+    """Empty = no registration (the text forms "" and "none" both give this)."""
+    worker_registry_prefix: str = _setting(
+        "/blockx/workers/", "workerRegistryPrefix", "WORKER_REGISTRY_PREFIX", _STR
+    )
+    """The block profile's prefix; other profiles set theirs in `tune`."""
+    executor_count: int = _setting(8, "executorCount", "EXECUTOR_COUNT")
+
+    worker: WorkerSection = attrs.field(factory=WorkerSection, metadata=_group("worker"))
+    admission: AdmissionSection = attrs.field(
+        factory=AdmissionSection, metadata=_group("admission")
+    )
+    stream_build: StreamBuildSection = attrs.field(
+        factory=StreamBuildSection, metadata=_group("streamBuild")
+    )
+    dispatcher: DispatcherSection = attrs.field(
+        factory=DispatcherSection, metadata=_group("dispatcher")
+    )
+    function_code: FunctionCodeSection = attrs.field(
+        factory=FunctionCodeSection, metadata=_group("functionCode")
+    )
+
+    heartbeat_interval_ms: int = _setting(
+        200, "heartbeatIntervalMs", "WORKER_HEARTBEAT_INTERVAL", _DURATION_MS
+    )
+    """etcd heartbeat; 2000 is the usual production value."""
+    drain_timeout_ms: int = _setting(30_000, "drainTimeoutMs", "DRAIN_TIMEOUT_MS")
+    phase_io_timeout_ms: int = _setting(10_000, "phaseIoTimeoutMs", "PHASE_IO_TIMEOUT_MS")
+    grpc_keepalive_time_ms: int = _setting(
+        30_000, "grpcKeepaliveTimeMs", "WORKER_GRPC_KEEPALIVE_TIME_MS"
+    )
+    grpc_keepalive_timeout_ms: int = _setting(
+        10_000, "grpcKeepaliveTimeoutMs", "WORKER_GRPC_KEEPALIVE_TIMEOUT_MS"
+    )
+    grpc_max_message_bytes: int = _setting(
+        16 * 1024 * 1024, "grpcMaxMessageBytes", "WORKER_GRPC_MAX_MESSAGE_BYTES"
+    )
+
+    executor_restart_enabled: bool = _setting(
+        True, "executorRestartEnabled", "EXECUTOR_RESTART_ENABLED", _BOOL
+    )
+    executor_restart_delay_ms: int = _setting(
+        1_000, "executorRestartDelayMs", "EXECUTOR_RESTART_DELAY_MS"
+    )
+    executor_max_restarts: int = _setting(10, "executorMaxRestarts", "EXECUTOR_MAX_RESTARTS")
+    executor_restart_window_ms: int = _setting(
+        60_000, "executorRestartWindowMs", "EXECUTOR_RESTART_WINDOW_MS"
+    )
+    executor_restart_backoff_ms: int = _setting(
+        30_000, "executorRestartBackoffMs", "EXECUTOR_RESTART_BACKOFF_MS"
+    )
+    executor_heartbeat_interval_ms: int = _setting(500, "executorHeartbeatIntervalMs")
+    executor_heartbeat_timeout_ms: int = _setting(5_000, "executorHeartbeatTimeoutMs")
+    executor_stall_timeout_ms: int = _setting(
+        60_000, "executorStallTimeoutMs", "EXECUTOR_STALL_TIMEOUT_MS"
+    )
+    executor_stop_grace_ms: int = _setting(5_000, "executorStopGraceMs")
+
+    function_snapshot_retention_ms: int = _setting(
+        0, "functionSnapshotRetentionMs", "FUNCTION_SNAPSHOT_RETENTION_MS"
+    )
+    """0 = `worker.maxTaskTimeoutMs` + 10 s."""
+
+    def __attrs_post_init__(self) -> None:
+        for path in _MUST_BE_POSITIVE:
+            value = _SETTINGS_BY_PATH[path].get(self)
+            if not value > 0:
+                raise ConfigError(field=path, value=value, allowed="must be > 0")
+        try:
+            _parse_listen_addr(self.listen_addr)
+        except ValueError as error:
+            raise ConfigError(
+                field="listenAddr", value=self.listen_addr, allowed=str(error)
+            ) from error
+        if not self.worker_registry_prefix:
+            raise ConfigError(
+                field="workerRegistryPrefix",
+                value=self.worker_registry_prefix,
+                allowed="must not be empty",
+            )
+        if not self.function_code.redis_url and not self.function_code.dir:
+            raise ConfigError(
+                field="functionCode.dir",
+                value=self.function_code.dir,
+                allowed="must name a directory when functionCode.redisUrl is empty",
+            )
+        # The lower-level configs own the rest of the rules (slot table, pool,
+        # code retention); building them here keeps one copy of each rule.
+        for convert in (self.slot_config, self.pool_config, self.code_view_config):
+            try:
+                convert()
+            except (InvalidConfig, InvalidPoolConfig, InvalidCodeViewConfig) as error:
+                field = _LOWER_LEVEL_ALIASES.get(error.field, error.field)
+                raise ConfigError(field=field, value=error.value, allowed=error.allowed) from error
+
+    # --- conversions -----------------------------------------------------------------------
+
+    @property
+    def etcd_enabled(self) -> bool:
+        return bool(self.etcd_endpoints)
+
+    def slot_config(self) -> SlotConfig:
+        worker = self.worker
+        return SlotConfig(
+            task_slots=worker.task_slots,
+            default_ttl_ms=worker.default_ttl_ms,
+            task_deadline_ms=worker.task_deadline_ms,
+            max_task_timeout_ms=worker.max_task_timeout_ms,
+            result_retention_ms=worker.result_retention_ms,
+            watch_disconnect_grace_ms=worker.watch_disconnect_grace_ms,
+            default_retry_policy=RetryPolicy(
+                max_attempts=worker.default_max_attempts,
+                base_backoff_ms=worker.default_base_backoff_ms,
+                jitter_percent=worker.default_retry_jitter_percent,
+            ),
+        )
+
+    def pool_config(self) -> ExecutorPoolConfig:
+        """Settings not held here (python executable, buffers) keep the pool's defaults."""
+        return ExecutorPoolConfig(
+            executor_count=self.executor_count,
+            heartbeat_interval_ms=self.executor_heartbeat_interval_ms,
+            heartbeat_timeout_ms=self.executor_heartbeat_timeout_ms,
+            stall_timeout_ms=self.executor_stall_timeout_ms,
+            restart_enabled=self.executor_restart_enabled,
+            restart_delay_ms=self.executor_restart_delay_ms,
+            max_restarts=self.executor_max_restarts,
+            restart_window_ms=self.executor_restart_window_ms,
+            restart_backoff_ms=self.executor_restart_backoff_ms,
+            grace_ms=self.executor_stop_grace_ms,
+        )
+
+    def code_view_config(self) -> CodeViewConfig:
+        return CodeViewConfig(
+            max_task_timeout_ms=self.worker.max_task_timeout_ms,
+            retention_ms=self.function_snapshot_retention_ms,
+        )
+
+    def listen_host_port(self) -> tuple[str, int]:
+        """(host, port) to bind; ":8081" binds every IPv4 interface."""
+        return _parse_listen_addr(self.listen_addr)
+
+    def resolve_worker_addr(
+        self, bound_port: int, *, outbound_ip: Callable[[], str] | None = None
+    ) -> str:
+        """The address to advertise once the server is bound to `bound_port`.
+
+        `workerAddr` if set. Otherwise the listen host when it is a specific
+        address (advertising another interface would be unreachable), else the
+        outbound IPv4 address (`outbound_ipv4`, or `outbound_ip` in tests).
+        """
+        if self.worker_addr:
+            return self.worker_addr
+        host, _ = self.listen_host_port()
+        if host in _WILDCARD_HOSTS:
+            host = (outbound_ip or outbound_ipv4)()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{bound_port}"
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The effective configuration under its JSON names; loads back to an equal value."""
+        rendered: dict[str, Any] = {}
+        for setting in _SETTINGS:
+            *groups, name = setting.path.split(".")
+            target = rendered
+            for group in groups:
+                target = target.setdefault(group, {})
+            target[name] = setting.kind.to_json(setting.get(self))
+        return rendered
+
+
+def default_config() -> WorkerConfig:
+    return WorkerConfig()
+
+
+def outbound_ipv4() -> str:
+    """This host's IPv4 address on its default route, or 127.0.0.1 if it has none."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(_OUTBOUND_PROBE)
+            address = str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    return address if address != "0.0.0.0" else "127.0.0.1"
+
+
+def _parse_listen_addr(text: str) -> tuple[str, int]:
+    form = 'must be "host:port" or ":port" with a port from 0 to 65535 (0 = any free port)'
+    host, colon, port_text = text.rpartition(":")
+    if not colon or not re.fullmatch(r"[0-9]{1,5}", port_text) or int(port_text) > 65535:
+        raise ValueError(form)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(form + "; write an IPv6 host in brackets")
+    if any(char.isspace() for char in host):
+        raise ValueError(form)
+    return host or "0.0.0.0", int(port_text)
+
+
+# --- the table -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Setting:
+    path: str
+    """JSON path, also the name in errors and overrides: "worker.taskSlots"."""
+    attributes: tuple[str, ...]
+    """Python attribute path: ("worker", "task_slots")."""
+    env: str | None
+    kind: _Kind
+
+    def get(self, config: WorkerConfig) -> Any:
+        return functools.reduce(getattr, self.attributes, config)
+
+
+def _walk(cls: type[Any], path: str = "", attributes: tuple[str, ...] = ()) -> Iterator[_Setting]:
+    for field in attrs.fields(cls):
+        if _GROUP_KEY in field.metadata:
+            group_path = f"{path}{field.metadata[_GROUP_KEY]}."
+            yield from _walk(field.default.factory, group_path, (*attributes, field.name))
+        else:
+            declared: _Declared = field.metadata[_SETTING_KEY]
+            yield _Setting(
+                path=path + declared.json_name,
+                attributes=(*attributes, field.name),
+                env=declared.env,
+                kind=declared.kind,
+            )
+
+
+_SETTINGS = tuple(_walk(WorkerConfig))
+_SETTINGS_BY_PATH = {setting.path: setting for setting in _SETTINGS}
+_GROUP_PATHS = frozenset(setting.path.rpartition(".")[0] for setting in _SETTINGS) - {""}
+
+_MUST_BE_POSITIVE = (
+    "admission.builderSlots",
+    "admission.executorTaskSlots",
+    "admission.pluginSlots",
+    "admission.scanSlots",
+    "dispatcher.callWindow",
+    "dispatcher.callDeadlineMs",
+    "dispatcher.executorCapacity",
+    "functionCode.refreshMs",
+    "heartbeatIntervalMs",
+    "drainTimeoutMs",
+    "phaseIoTimeoutMs",
+    "grpcKeepaliveTimeMs",
+    "grpcKeepaliveTimeoutMs",
+    "grpcMaxMessageBytes",
+)
+"""Rules not already owned by a lower-level config."""
+
+_LOWER_LEVEL_ALIASES = {"maxTaskTimeoutMs": "worker.maxTaskTimeoutMs"}
+"""Lower-level error fields that are not already JSON paths."""
+
+
+# --- loading -------------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+def load_config(
+    *,
+    tune: Callable[[WorkerConfig], WorkerConfig] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> WorkerConfig:
+    """Defaults, then `tune` (the profile), the `WORKER_CONFIG` file, `env`, `overrides`.
+
+    `env` defaults to `os.environ`. `overrides` maps JSON paths ("listenAddr",
+    "worker.taskSlots") to typed values; a None value means "not given" so that
+    unset command-line flags can be passed as they are.
+    """
+    environ = os.environ if env is None else env
+    base = default_config()
+    sources = dict.fromkeys(_SETTINGS_BY_PATH, "default")
+    if tune is not None:
+        try:
+            tuned = tune(base)
+        except ConfigError as error:
+            raise error.from_source("profile") from error
+        for setting in _SETTINGS:
+            if setting.get(tuned) != setting.get(base):
+                sources[setting.path] = "profile"
+        base = tuned
+
+    values = {setting.path: setting.get(base) for setting in _SETTINGS}
+    layers = (_file_layer(environ), _env_layer(environ), _override_layer(overrides or {}))
+    for layer in layers:
+        for path, value, source in layer:
+            values[path] = value
+            sources[path] = source
+    try:
+        config: WorkerConfig = _build(WorkerConfig, values)
+    except ConfigError as error:
+        raise error.from_source(sources.get(error.field)) from error
+    return config
+
+
+_Layer = Iterator[tuple[str, object, str]]
+"""(JSON path, parsed value, source) for each value a layer sets."""
+
+
+def _file_layer(environ: Mapping[str, str]) -> _Layer:
+    file_name = environ.get(CONFIG_FILE_ENV, "")
+    if not file_name:
+        return
+    try:
+        with open(file_name, encoding="utf-8") as file:
+            document = json.load(file)
+    except OSError as error:
+        raise ConfigError(
+            field=CONFIG_FILE_ENV,
+            value=file_name,
+            allowed=f"the file cannot be read ({error.strerror or error})",
+        ) from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(
+            field=CONFIG_FILE_ENV, value=file_name, allowed=f"the file is not valid JSON ({error})"
+        ) from error
+    if not isinstance(document, dict):
+        raise ConfigError(
+            field=CONFIG_FILE_ENV,
+            value=file_name,
+            allowed=f"the file must hold a JSON object, not {type(document).__name__}",
+        )
+    yield from _json_object(document, "", f"file {file_name}")
+
+
+def _json_object(document: dict[str, object], prefix: str, source: str) -> _Layer:
+    for key, value in document.items():
+        path = prefix + key
+        if path in _GROUP_PATHS:
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    field=path, value=value, allowed="must be a JSON object", source=source
+                )
+            yield from _json_object(value, f"{path}.", source)
+        else:
+            setting = _known(path, value, source)
+            yield path, _read(setting.kind.from_json, value, path, source), source
+
+
+def _env_layer(environ: Mapping[str, str]) -> _Layer:
+    for setting in _SETTINGS:
+        if setting.env is None or setting.env not in environ:
+            continue
+        text = environ[setting.env]
+        if not text and setting.kind.empty_text_is_unset:
+            continue
+        source = f"env {setting.env}"
+        yield setting.path, _read(setting.kind.from_text, text, setting.path, source), source
+
+
+def _override_layer(overrides: Mapping[str, object]) -> _Layer:
+    for path, value in overrides.items():
+        if value is None:
+            continue
+        setting = _known(path, value, "override")
+        yield path, _read(setting.kind.from_json, value, path, "override"), "override"
+
+
+def _known(path: str, value: object, source: str) -> _Setting:
+    setting = _SETTINGS_BY_PATH.get(path)
+    if setting is None:
+        close = difflib.get_close_matches(path, [*_SETTINGS_BY_PATH, *_GROUP_PATHS], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(field=path, value=value, allowed=f"is not a setting{hint}", source=source)
+    return setting
+
+
+def _read(parse: Callable[[_T], object], raw: _T, path: str, source: str) -> object:
+    try:
+        return parse(raw)
+    except ValueError as error:
+        raise ConfigError(field=path, value=raw, allowed=str(error), source=source) from error
+
+
+def _build(cls: type[Any], values: Mapping[str, object], prefix: str = "") -> Any:
+    """Make `cls` from flat JSON-path values, innermost groups first."""
+    arguments: dict[str, object] = {}
+    for field in attrs.fields(cls):
+        if _GROUP_KEY in field.metadata:
+            group_path = f"{prefix}{field.metadata[_GROUP_KEY]}."
+            arguments[field.name] = _build(field.default.factory, values, group_path)
+        else:
+            declared: _Declared = field.metadata[_SETTING_KEY]
+            arguments[field.name] = values[prefix + declared.json_name]
+    return cls(**arguments)
+
+
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "AdmissionSection",
+    "ConfigError",
+    "DispatcherSection",
+    "FunctionCodeSection",
+    "StreamBuildSection",
+    "WorkerConfig",
+    "WorkerSection",
+    "default_config",
+    "load_config",
+    "outbound_ipv4",
+    "parse_duration_ms",
+]

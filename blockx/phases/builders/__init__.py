@@ -1,0 +1,46 @@
+"""Builders: turn a task's function call and payload into the task's calls.
+
+A worker assembles its `BuilderRegistry` once, from names (`builder_registry`);
+the task actor looks the task's function-call type up in it and awaits
+`build`. A builder refuses a bad payload or config with `BuilderFailed`, whose
+message names the part that is wrong. Builders never run calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from blockx.phases.builders._call_list import CallListBuilder
+from blockx.phases.builders._model import Builder, BuilderFailed, BuilderRegistry, BuildRequest
+from blockx.phases.builders._stubs import PayloadBuilder, StaticBuilder
+from blockx.phases.plugins._registry import DuplicatePlugin, UnknownPlugin, select_plugins
+
+_FACTORIES: Final[Mapping[str, Callable[[], Builder]]] = {
+    "call_list": CallListBuilder,
+    "static": StaticBuilder,
+    "payload": PayloadBuilder,
+}
+
+KNOWN_BUILDERS: Final[tuple[str, ...]] = tuple(_FACTORIES)
+"""Every builder name `builder_registry` accepts: call_list, static, payload."""
+
+
+def builder_registry(names: Iterable[str]) -> BuilderRegistry:
+    """A registry of the named builders; `UnknownPlugin` if a name is not in `KNOWN_BUILDERS`."""
+    return BuilderRegistry(select_plugins(BuilderRegistry.kind, names, _FACTORIES))
+
+
+__all__ = [
+    "KNOWN_BUILDERS",
+    "BuildRequest",
+    "Builder",
+    "BuilderFailed",
+    "BuilderRegistry",
+    "CallListBuilder",
+    "DuplicatePlugin",
+    "PayloadBuilder",
+    "StaticBuilder",
+    "UnknownPlugin",
+    "builder_registry",
+]

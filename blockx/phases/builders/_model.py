@@ -1,0 +1,65 @@
+"""What a builder is: its request, its protocol, its error and its registry.
+
+A builder turns a task's function call and payload into the task's calls. It
+must be cheap and must never run user code or reach an executor: it only
+describes calls, and the dispatcher runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar, Protocol
+
+import attrs
+
+from blockx.errors import BlockxError
+from blockx.phases._dispatch_types import CallSpec
+from blockx.phases.plugins._registry import PluginRegistry
+from blockx.slots import FailureCode, FunctionCall
+
+
+@attrs.frozen(kw_only=True)
+class BuildRequest:
+    """Everything a builder may look at for one task."""
+
+    task_id: str
+    function_call: FunctionCall
+    payload: bytes
+    task_code_epoch: str
+    labels: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+
+
+class Builder(Protocol):
+    """Turns one task's request into its calls; `name` is the function-call type it serves."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def build(self, request: BuildRequest) -> list[CallSpec]: ...
+
+
+class BuilderFailed(BlockxError):
+    """The task's payload or function-call config cannot be turned into calls.
+
+    `code` becomes the task's failure code; `retryable` says whether the same
+    task may succeed if submitted again (a bad payload never does).
+    """
+
+    def __init__(
+        self,
+        *,
+        message: str,
+        code: str = FailureCode.BUILDER_FAILED.value,
+        retryable: bool = False,
+    ) -> None:
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        super().__init__(message)
+
+
+class BuilderRegistry(PluginRegistry[Builder]):
+    """The builders of one worker, by name (immutable)."""
+
+    kind: ClassVar[str] = "builder"
+    __slots__ = ()

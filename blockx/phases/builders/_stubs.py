@@ -1,0 +1,76 @@
+"""Development stubs: the `static` and `payload` builders.
+
+`static` makes `count` identical calls from its config alone; `payload` makes
+one call per element of a JSON array payload (or one call for any other JSON
+value). They exist to drive a worker by hand and in tests; neither reads
+anything but the request.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from blockx.phases._dispatch_types import CallSpec
+from blockx.phases.builders._json import (
+    argument_list,
+    encoded_args,
+    function_ref,
+    parse_config,
+    parse_json,
+    shown,
+)
+from blockx.phases.builders._model import BuilderFailed, BuildRequest
+
+STATIC: Final = "static"
+PAYLOAD: Final = "payload"
+MAX_STATIC_CALLS: Final = 100_000
+
+
+def static_calls(request: BuildRequest) -> list[CallSpec]:
+    config = parse_config(STATIC, request.function_call.config_json, ("function", "count", "args"))
+    function = function_ref(STATIC, "config_json.function", config.get("function"))
+    count = config.get("count", 1)
+    # bool is an int in Python but `"count": true` is a mistake in JSON.
+    if type(count) is not int or not 0 <= count <= MAX_STATIC_CALLS:
+        raise BuilderFailed(
+            message=f"{STATIC}: config_json.count must be an integer from 0 to "
+            f"{MAX_STATIC_CALLS}, got {shown(count)}"
+        )
+    args = argument_list(STATIC, "config_json.args", config.get("args", []))
+    encoded = encoded_args(STATIC, "config_json.args", args)
+    return [CallSpec(call_id=str(index), function=function, args=encoded) for index in range(count)]
+
+
+def payload_calls(request: BuildRequest) -> list[CallSpec]:
+    config = parse_config(PAYLOAD, request.function_call.config_json, ("function",))
+    function = function_ref(PAYLOAD, "config_json.function", config.get("function"))
+    if not request.payload.strip():
+        return []
+    document = parse_json(PAYLOAD, "payload", request.payload)
+    elements = document if isinstance(document, list) else [document]
+    return [
+        CallSpec(
+            call_id=str(index),
+            function=function,
+            args=encoded_args(PAYLOAD, f"payload[{index}]", [element]),
+        )
+        for index, element in enumerate(elements)
+    ]
+
+
+class StaticBuilder:
+    """`count` identical calls of `function` with `args` (development stub)."""
+
+    name: Final = STATIC
+
+    async def build(self, request: BuildRequest) -> list[CallSpec]:
+        return static_calls(request)
+
+
+class PayloadBuilder:
+    """One call of `function` per element of the payload's JSON array (development stub)."""
+
+    name: Final = PAYLOAD
+
+    async def build(self, request: BuildRequest) -> list[CallSpec]:
+        return payload_calls(request)

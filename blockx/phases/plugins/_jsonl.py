@@ -1,0 +1,117 @@
+"""The `jsonl` writer: appends one JSON line per output to a file.
+
+Line: `{"task_id": ..., "index": i, "value": ...}`; bytes inside a value become
+`{"$bytes": <base64>}`. All or nothing per task as far as this writer can
+tell: every line is encoded before the file is touched, so an unencodable
+value writes nothing, and the batch goes out in one append then `fsync`.
+Everything runs in a worker thread so the Trio loop never blocks on encoding
+or on the disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from typing import Final
+
+import trio
+
+from blockx.phases.plugins._model import (
+    WriteRequest,
+    WriterFailed,
+    decoded_output,
+    parse_config,
+    shown,
+)
+from blockx.slots import PluginResult
+
+NAME: Final = "jsonl"
+BYTES_KEY: Final = "$bytes"
+
+
+def _json_ready(value: object) -> object:
+    """`value` with bytes replaced by `{"$bytes": <base64>}`; TypeError for what JSON lacks.
+
+    A walk rather than json's `default` hook: `default` never sees tuple
+    subclasses such as msgpack's ExtType, and would write them as arrays.
+    """
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if isinstance(value, bytes):
+        return {BYTES_KEY: base64.b64encode(value).decode("ascii")}
+    if type(value) is list:
+        return [_json_ready(item) for item in value]
+    if type(value) is dict:
+        return {key: _json_ready(item) for key, item in value.items()}
+    raise TypeError(f"values of type {type(value).__name__} have no JSON form")
+
+
+def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
+    """The lines for `outputs`, or `WriterFailed` naming the first output that has none."""
+    lines: list[str] = []
+    for index, output in enumerate(outputs):
+        value = decoded_output(NAME, index, output)
+        try:
+            line = json.dumps(
+                {"task_id": task_id, "index": index, "value": _json_ready(value)},
+                allow_nan=False,
+                separators=(",", ":"),
+            )
+        except (TypeError, ValueError, RecursionError) as error:
+            raise WriterFailed(
+                message=f"{NAME}: output {index} cannot be written as JSON ({error}); "
+                "nothing was written"
+            ) from error
+        lines.append(line)
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def append_durably(path: str, data: bytes) -> None:
+    """Append `data` to `path` in one write and fsync it; creates parent directories.
+
+    With O_APPEND one write lands after whatever other tasks appended, never
+    interleaved with it on a local file system.
+    """
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(path, "ab") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _write_batch(path: str, task_id: str, outputs: Sequence[bytes]) -> None:
+    data = encode_lines(task_id, outputs)
+    try:
+        append_durably(path, data)
+    except OSError as error:
+        raise WriterFailed(
+            message=f"{NAME}: cannot append to {path!r}: {error}", retryable=True
+        ) from error
+
+
+class JsonlWriter:
+    """Appends each task's outputs to the JSON-lines file named by `config_json.path`."""
+
+    name: Final = NAME
+
+    async def write(self, request: WriteRequest) -> PluginResult:
+        config = parse_config(NAME, request.handler.config_json, ("path",))
+        path = config.get("path")
+        if path is None:
+            raise WriterFailed(
+                message=f"{NAME}: config_json.path is required: the file to append lines to"
+            )
+        if not isinstance(path, str) or not path:
+            raise WriterFailed(
+                message=f"{NAME}: config_json.path must be a non-empty string, got {shown(path)}"
+            )
+        # Not abandoned on cancellation: a write that has started is let finish,
+        # so a phase deadline never leaves a thread appending behind the task's back.
+        await trio.to_thread.run_sync(_write_batch, path, request.task_id, request.outputs)
+        return PluginResult(
+            plugin_type=NAME, ok=True, records_written=len(request.outputs), detail=path
+        )

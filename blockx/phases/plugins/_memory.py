@@ -1,0 +1,82 @@
+"""The `test` writer (development stub): keeps decoded outputs in memory.
+
+The store is module-level on purpose, an exception to "no global mutable
+state": an end-to-end test reads what a task wrote through `test_outputs`
+without reaching into the worker's objects. It is bounded (the last
+`TEST_STORE_TASKS` tasks; the oldest is dropped) and touched only from the
+Trio thread. Config `{"fail": true, "message": ..., "retryable": ...,
+"code": ...}` makes the writer fail instead, to test failure handling.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Final
+
+from blockx.phases.plugins._model import (
+    WriteRequest,
+    WriterFailed,
+    decoded_output,
+    parse_config,
+    shown,
+)
+from blockx.slots import FailureCode, PluginResult
+
+NAME: Final = "test"
+TEST_STORE_TASKS: Final = 1000
+DEFAULT_FAILURE: Final = "test writer configured to fail"
+
+_stored: collections.OrderedDict[str, tuple[object, ...]] = collections.OrderedDict()
+
+
+def test_outputs(task_id: str) -> list[object] | None:
+    """The decoded outputs the `test` writer kept for `task_id`, or None.
+
+    Import it under another name in a test module (pytest would collect a
+    function named `test_*`).
+    """
+    outputs = _stored.get(task_id)
+    return None if outputs is None else list(outputs)
+
+
+def _flag(config: dict[str, object], key: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise WriterFailed(
+            message=f"{NAME}: config_json.{key} must be true or false, got {shown(value)}"
+        )
+    return value
+
+
+def _text(config: dict[str, object], key: str, default: str) -> str:
+    value = config.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise WriterFailed(
+            message=f"{NAME}: config_json.{key} must be a non-empty string, got {shown(value)}"
+        )
+    return value
+
+
+class MemoryWriter:
+    """Keeps each task's decoded outputs in memory for `test_outputs` (development stub)."""
+
+    name: Final = NAME
+
+    async def write(self, request: WriteRequest) -> PluginResult:
+        config = parse_config(
+            NAME, request.handler.config_json, ("fail", "message", "retryable", "code")
+        )
+        if _flag(config, "fail"):
+            raise WriterFailed(
+                message=_text(config, "message", DEFAULT_FAILURE),
+                code=_text(config, "code", FailureCode.PLUGIN_FAILED.value),
+                retryable=_flag(config, "retryable"),
+            )
+        values = tuple(
+            decoded_output(NAME, index, output) for index, output in enumerate(request.outputs)
+        )
+        _stored.pop(request.task_id, None)
+        _stored[request.task_id] = values
+        while len(_stored) > TEST_STORE_TASKS:
+            _stored.popitem(last=False)
+        return PluginResult(plugin_type=NAME, ok=True, records_written=len(values))

@@ -1,0 +1,375 @@
+"""The writer plugins under Trio: what each one stores, logs or refuses.
+
+The jsonl writer runs its IO in a real worker thread against `tmp_path`.
+Every async test runs under `fail_after`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from pathlib import Path
+
+import msgpack  # type: ignore[import-untyped]  # ships no type information
+import pytest
+import trio
+
+from blockx.executors import encode_value
+from blockx.phases.plugins import (
+    KNOWN_WRITERS,
+    TEST_STORE_TASKS,
+    DuplicatePlugin,
+    JsonlWriter,
+    LogWriter,
+    MemoryWriter,
+    UnknownPlugin,
+    WriteRequest,
+    WriterFailed,
+    WriterRegistry,
+    writer_registry,
+)
+from blockx.phases.plugins import test_outputs as stored_outputs
+from blockx.slots import PluginResult, ResultHandler
+
+TIMEOUT_S = 10
+
+
+def request(
+    kind: str, outputs: list[object], *, config: object = None, task_id: str = "t1"
+) -> WriteRequest:
+    """A request whose outputs are `outputs` msgpack-encoded; `config` is JSON unless a str."""
+    config_json = (
+        "" if config is None else config if isinstance(config, str) else json.dumps(config)
+    )
+    return WriteRequest(
+        task_id=task_id,
+        handler=ResultHandler(type=kind, config_json=config_json),
+        outputs=tuple(encode_value(output) for output in outputs),
+        task_code_epoch="e1",
+    )
+
+
+def lines_of(path: Path) -> list[object]:
+    text = path.read_text(encoding="utf-8")
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# --- log --------------------------------------------------------------------------------------
+
+
+async def test_log_writer_logs_one_line_with_count_size_and_first_values(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="blockx.plugins.log")
+    outputs: list[object] = [1, "abc", [1, 2], {"x": 1}]
+    write = request("log", outputs, task_id="task-log")
+    with trio.fail_after(TIMEOUT_S):
+        result = await LogWriter().write(write)
+    assert result == PluginResult(plugin_type="log", ok=True, records_written=4)
+    total_bytes = sum(len(output) for output in write.outputs)
+    assert total_bytes == 1 + 4 + 3 + 4
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            "blockx.plugins.log",
+            logging.INFO,
+            f"task task-log: 4 outputs, {total_bytes} bytes: [1, 'abc', [1, 2], ...]",
+        )
+    ]
+
+
+async def test_log_writer_truncates_a_long_value(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="blockx.plugins.log")
+    with trio.fail_after(TIMEOUT_S):
+        await LogWriter().write(request("log", ["x" * 1000], task_id="task-long"))
+    (record,) = caplog.records
+    shown = "'" + "x" * 196 + "..."
+    assert record.getMessage() == f"task task-long: 1 outputs, 1003 bytes: [{shown}]"
+
+
+async def test_log_writer_of_no_outputs_logs_an_empty_preview(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="blockx.plugins.log")
+    with trio.fail_after(TIMEOUT_S):
+        result = await LogWriter().write(request("log", [], task_id="task-none"))
+    assert result.records_written == 0
+    assert [r.getMessage() for r in caplog.records] == ["task task-none: 0 outputs, 0 bytes: []"]
+
+
+async def test_log_writer_refuses_settings() -> None:
+    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
+        await LogWriter().write(request("log", [1], config={"level": "debug"}))
+    assert caught.value.message == "log: config_json takes no keys, got 'level'"
+    assert caught.value.retryable is False
+
+
+# --- test (in memory) -------------------------------------------------------------------------
+
+
+async def test_memory_writer_keeps_the_decoded_outputs_of_each_task() -> None:
+    with trio.fail_after(TIMEOUT_S):
+        first = await MemoryWriter().write(
+            request("test", [1, "two", {"three": [3]}, b"\x00"], task_id="mem-a")
+        )
+        await MemoryWriter().write(request("test", [], task_id="mem-b"))
+    assert first == PluginResult(plugin_type="test", ok=True, records_written=4)
+    assert stored_outputs("mem-a") == [1, "two", {"three": [3]}, b"\x00"]
+    assert stored_outputs("mem-b") == []
+    assert stored_outputs("mem-never-written") is None
+
+
+async def test_memory_writer_replaces_what_a_task_wrote_before() -> None:
+    with trio.fail_after(TIMEOUT_S):
+        await MemoryWriter().write(request("test", [1], task_id="mem-again"))
+        await MemoryWriter().write(request("test", [2, 3], task_id="mem-again"))
+    assert stored_outputs("mem-again") == [2, 3]
+
+
+async def test_memory_writer_keeps_only_the_most_recent_tasks() -> None:
+    writer = MemoryWriter()
+    with trio.fail_after(TIMEOUT_S):
+        for number in range(TEST_STORE_TASKS + 1):
+            await writer.write(request("test", [number], task_id=f"mem-bound-{number}"))
+    assert stored_outputs("mem-bound-0") is None
+    assert stored_outputs("mem-bound-1") == [1]
+    assert stored_outputs(f"mem-bound-{TEST_STORE_TASKS}") == [TEST_STORE_TASKS]
+
+
+async def test_memory_writer_fails_as_configured_and_keeps_nothing() -> None:
+    config = {"fail": True, "message": "disk on fire", "retryable": True}
+    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
+        await MemoryWriter().write(request("test", [1], config=config, task_id="mem-fail"))
+    error = caught.value
+    assert (error.code, error.message, error.retryable) == ("PLUGIN_FAILED", "disk on fire", True)
+    assert stored_outputs("mem-fail") is None
+
+
+async def test_memory_writer_failure_defaults_and_custom_code() -> None:
+    with trio.fail_after(TIMEOUT_S):
+        with pytest.raises(WriterFailed) as default:
+            await MemoryWriter().write(request("test", [1], config={"fail": True}))
+        with pytest.raises(WriterFailed) as coded:
+            await MemoryWriter().write(
+                request("test", [1], config={"fail": True, "code": "SINK_GONE"})
+            )
+    assert (default.value.code, default.value.message, default.value.retryable) == (
+        "PLUGIN_FAILED",
+        "test writer configured to fail",
+        False,
+    )
+    assert coded.value.code == "SINK_GONE"
+
+
+async def test_memory_writer_with_fail_false_stores() -> None:
+    with trio.fail_after(TIMEOUT_S):
+        result = await MemoryWriter().write(
+            request("test", [7], config={"fail": False}, task_id="mem-no-fail")
+        )
+    assert result.ok
+    assert stored_outputs("mem-no-fail") == [7]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        pytest.param(
+            {"fail": "yes"}, "test: config_json.fail must be true or false, got 'yes'", id="fail"
+        ),
+        pytest.param(
+            {"fail": True, "retryable": 1},
+            "test: config_json.retryable must be true or false, got 1",
+            id="retryable",
+        ),
+        pytest.param(
+            {"fail": True, "message": ""},
+            "test: config_json.message must be a non-empty string, got ''",
+            id="message",
+        ),
+        pytest.param(
+            {"fails": True},
+            "test: config_json has unknown key 'fails'; allowed keys: fail, message, retryable, "
+            "code",
+            id="unknown-key",
+        ),
+        pytest.param(
+            "[true]", "test: config_json must be a JSON object, got [True]", id="not-an-object"
+        ),
+        pytest.param(
+            '{"fail": tru}',
+            "test: config_json is not valid JSON: Expecting value: line 1 column 10 (char 9)",
+            id="not-json",
+        ),
+    ],
+)
+async def test_memory_writer_refuses_a_bad_config_naming_it(config: object, expected: str) -> None:
+    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
+        await MemoryWriter().write(request("test", [1], config=config, task_id="mem-bad-config"))
+    assert caught.value.message == expected
+    assert caught.value.retryable is False
+    assert stored_outputs("mem-bad-config") is None
+
+
+# --- jsonl ------------------------------------------------------------------------------------
+
+
+async def test_jsonl_writer_appends_one_line_per_output(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    outputs: list[object] = [3, "three", [1, {"k": None}], 1.5, True]
+    with trio.fail_after(TIMEOUT_S):
+        result = await JsonlWriter().write(
+            request("jsonl", outputs, config={"path": str(path)}, task_id="j1")
+        )
+    assert result == PluginResult(plugin_type="jsonl", ok=True, records_written=5, detail=str(path))
+    assert lines_of(path) == [
+        {"task_id": "j1", "index": 0, "value": 3},
+        {"task_id": "j1", "index": 1, "value": "three"},
+        {"task_id": "j1", "index": 2, "value": [1, {"k": None}]},
+        {"task_id": "j1", "index": 3, "value": 1.5},
+        {"task_id": "j1", "index": 4, "value": True},
+    ]
+    assert path.read_text(encoding="utf-8").splitlines()[0] == (
+        '{"task_id":"j1","index":0,"value":3}'
+    )
+
+
+async def test_jsonl_writer_appends_across_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    config = {"path": str(path)}
+    with trio.fail_after(TIMEOUT_S):
+        await JsonlWriter().write(request("jsonl", ["a", "b"], config=config, task_id="first"))
+        await JsonlWriter().write(request("jsonl", ["c"], config=config, task_id="second"))
+    assert lines_of(path) == [
+        {"task_id": "first", "index": 0, "value": "a"},
+        {"task_id": "first", "index": 1, "value": "b"},
+        {"task_id": "second", "index": 0, "value": "c"},
+    ]
+
+
+async def test_jsonl_writer_creates_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "out.jsonl"
+    with trio.fail_after(TIMEOUT_S):
+        await JsonlWriter().write(request("jsonl", [1], config={"path": str(path)}))
+    assert lines_of(path) == [{"task_id": "t1", "index": 0, "value": 1}]
+
+
+async def test_jsonl_writer_resolves_a_relative_path_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with trio.fail_after(TIMEOUT_S):
+        result = await JsonlWriter().write(request("jsonl", [1], config={"path": "out/rel.jsonl"}))
+    assert result.detail == "out/rel.jsonl"
+    assert lines_of(tmp_path / "out" / "rel.jsonl") == [{"task_id": "t1", "index": 0, "value": 1}]
+
+
+async def test_jsonl_writer_of_no_outputs_writes_no_lines(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with trio.fail_after(TIMEOUT_S):
+        result = await JsonlWriter().write(request("jsonl", [], config={"path": str(path)}))
+    assert result.records_written == 0
+    assert path.read_bytes() == b""
+
+
+async def test_jsonl_writer_writes_bytes_as_base64_objects(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with trio.fail_after(TIMEOUT_S):
+        await JsonlWriter().write(
+            request("jsonl", [b"\x00\xff", {"blob": b"hi"}], config={"path": str(path)})
+        )
+    assert lines_of(path) == [
+        {"task_id": "t1", "index": 0, "value": {"$bytes": "AP8="}},
+        {"task_id": "t1", "index": 1, "value": {"blob": {"$bytes": "aGk="}}},
+    ]
+    assert base64.b64decode("AP8=") == b"\x00\xff"
+
+
+@pytest.mark.parametrize(
+    ("bad_output", "reason"),
+    [
+        pytest.param(encode_value(float("nan")), "Out of range float values", id="nan"),
+        pytest.param(msgpack.packb({b"key": 1}), "keys must be str", id="bytes-key"),
+        pytest.param(
+            msgpack.packb(msgpack.ExtType(5, b"x")), "type ExtType have no JSON form", id="ext-type"
+        ),
+        pytest.param(b"\xc1", "not a msgpack value", id="not-msgpack"),
+    ],
+)
+async def test_jsonl_writer_writes_nothing_when_an_output_has_no_json_form(
+    tmp_path: Path, bad_output: bytes, reason: str
+) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"before": true}\n', encoding="utf-8")
+    write = WriteRequest(
+        task_id="t1",
+        handler=ResultHandler(type="jsonl", config_json=json.dumps({"path": str(path)})),
+        outputs=(encode_value(1), encode_value(2), bad_output, encode_value(4)),
+        task_code_epoch="e1",
+    )
+    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
+        await JsonlWriter().write(write)
+    assert caught.value.message.startswith("jsonl: output 2 ")
+    assert reason in caught.value.message
+    assert caught.value.retryable is False
+    assert path.read_text(encoding="utf-8") == '{"before": true}\n'
+
+
+async def test_jsonl_writer_needs_a_path(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        with pytest.raises(WriterFailed) as missing:
+            await JsonlWriter().write(request("jsonl", [1], config=""))
+        with pytest.raises(WriterFailed) as empty:
+            await JsonlWriter().write(request("jsonl", [1], config={"path": ""}))
+        with pytest.raises(WriterFailed) as unknown:
+            await JsonlWriter().write(request("jsonl", [1], config={"file": "x.jsonl"}))
+    assert missing.value.message == (
+        "jsonl: config_json.path is required: the file to append lines to"
+    )
+    assert missing.value.retryable is False
+    assert empty.value.message == "jsonl: config_json.path must be a non-empty string, got ''"
+    assert unknown.value.message == (
+        "jsonl: config_json has unknown key 'file'; allowed keys: path"
+    )
+
+
+async def test_jsonl_writer_reports_an_unwritable_path_as_retryable(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory", encoding="utf-8")
+    path = blocker / "out.jsonl"
+    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
+        await JsonlWriter().write(request("jsonl", [1], config={"path": str(path)}))
+    error = caught.value
+    assert error.code == "PLUGIN_FAILED"
+    assert error.retryable is True
+    assert error.message.startswith(f"jsonl: cannot append to {str(path)!r}: [Errno ")
+    assert isinstance(error.__cause__, OSError)
+    assert blocker.read_text(encoding="utf-8") == "not a directory"
+
+
+# --- registry ---------------------------------------------------------------------------------
+
+
+def test_registry_holds_the_named_writers() -> None:
+    assert KNOWN_WRITERS == ("log", "test", "jsonl")
+    registry = writer_registry(KNOWN_WRITERS)
+    assert registry.names() == KNOWN_WRITERS
+    assert isinstance(registry.get("log"), LogWriter)
+    assert isinstance(registry.get("test"), MemoryWriter)
+    assert isinstance(registry.get("jsonl"), JsonlWriter)
+    assert registry.get("table_upserts") is None
+    assert writer_registry([]).names() == ()
+
+
+def test_registry_refuses_an_unknown_writer_naming_it_and_the_known_ones() -> None:
+    with pytest.raises(UnknownPlugin) as caught:
+        writer_registry(["log", "bundle_write"])
+    assert str(caught.value) == (
+        "unknown writer plugin 'bundle_write'; known writer plugins: log, test, jsonl"
+    )
+
+
+def test_registry_of_writer_instances_refuses_two_with_one_name() -> None:
+    with pytest.raises(DuplicatePlugin) as caught:
+        WriterRegistry([LogWriter(), LogWriter()])
+    assert caught.value.name == "log"

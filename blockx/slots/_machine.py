@@ -252,7 +252,7 @@ class SlotMachine:
             return self._snapshot(task)
         retained = self._retained.get(task_id)
         if retained is not None:
-            return _terminal_snapshot(retained.result)
+            return TaskSnapshot.of_result(retained.result)
         raise NotFound(task_id=task_id)
 
     def next_deadline_ms(self) -> int | None:
@@ -338,7 +338,7 @@ class SlotMachine:
             return Step(reply=self._snapshot(task))
         retained = self._retained.get(spec.task_id)
         if retained is not None:
-            return Step(reply=_terminal_snapshot(retained.result))
+            return Step(reply=TaskSnapshot.of_result(retained.result))
 
         if task is not None:  # reserved by this task id earlier
             slot = self._slots[task.slot_index]
@@ -380,7 +380,7 @@ class SlotMachine:
             return self._snapshot(task)
         retained = self._retained.get(task_id)
         if retained is not None:
-            return _terminal_snapshot(retained.result)
+            return TaskSnapshot.of_result(retained.result)
         return None
 
     def _check_admitting(self, task_id: str) -> None:
@@ -742,7 +742,7 @@ class SlotMachine:
             ticket=self._arm(TimerKind.RESULT_RETENTION, task.task_id, purge_at_ms),
         )
         command = ConvergeTask(task_id=task.task_id, result=result, stimulus_id=stimulus_id)
-        return Step(reply=_terminal_snapshot(result), commands=(command,))
+        return Step(reply=TaskSnapshot.of_result(result), commands=(command,))
 
     def _release(self, task: _Task) -> None:
         """Free the task's slot and forget the live entry (timers go stale with it)."""
@@ -842,13 +842,3 @@ def _record_outcome(task: _Task, phase: TaskPhase, outcome: PhaseOutcome) -> Non
         task.output_bytes = outcome.output_bytes
     elif phase is TaskPhase.PLUGIN:
         task.plugin_results = outcome.plugin_results
-
-
-def _terminal_snapshot(result: TaskResult) -> TaskSnapshot:
-    return TaskSnapshot(
-        task_id=result.task_id,
-        slot_id=result.slot_id,
-        state=result.state,
-        phase=TaskPhase.TERMINAL,
-        result=result,
-    )

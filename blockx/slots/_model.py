@@ -211,6 +211,17 @@ class TaskSnapshot:
     deadline_ms: int | None = None
     result: TaskResult | None = None
 
+    @classmethod
+    def of_result(cls, result: TaskResult) -> TaskSnapshot:
+        """The snapshot of a task that has ended with `result`."""
+        return cls(
+            task_id=result.task_id,
+            slot_id=result.slot_id,
+            state=result.state,
+            phase=TaskPhase.TERMINAL,
+            result=result,
+        )
+
     @property
     def is_terminal(self) -> bool:
         return self.state.is_terminal

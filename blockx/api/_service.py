@@ -1,0 +1,185 @@
+"""The `WorkerService` handlers (asyncio side of the bridge).
+
+A handler turns the request into a domain message, posts it to the
+slot-table actor together with a `reply` that resolves an asyncio future, and
+awaits the future. Actors never await handlers. If the request backlog is
+full, or the front end is closing, the answer is UNAVAILABLE at once.
+
+`WatchTasks` hands the watch hub a `WatchStream` whose wake-up sets an
+asyncio event; the handler sends what the stream holds whenever it is set.
+A stream that ends after the terminal update of every task it follows is a
+clean detach; a handler cancelled by its client going away is a disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
+
+import attrs
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from blockx._proto.blockx.worker import v1 as pb
+from blockx.actors import (
+    GetResult,
+    GetStatus,
+    OpenWatch,
+    RequestSlot,
+    SlotTableActor,
+    SubmitTask,
+    Unsubscribe,
+    WatchHub,
+    WatchStream,
+    WorkerStatus,
+)
+from blockx.actors._messages import Reply, SlotTableMessage
+from blockx.api._convert import (
+    grpc_error,
+    result_response,
+    slot_response,
+    spec_from_pb,
+    submit_response,
+    task_update,
+)
+from blockx.executors import ExecutorView
+from blockx.slots import TaskSnapshot, WorkerError
+
+T = TypeVar("T")
+
+MAX_WATCH_TASK_IDS = 10_000
+
+
+@attrs.frozen(kw_only=True)
+class WorkerIdentity:
+    worker_addr: str
+    deployment: str
+    version: str
+    started_at_ms: int
+
+
+class WorkerService(pb.WorkerServiceBase):
+    def __init__(
+        self,
+        *,
+        slot_table: SlotTableActor,
+        hub: WatchHub,
+        identity: WorkerIdentity,
+        executors: Callable[[], Sequence[ExecutorView]],
+        ready: Callable[[], bool],
+    ) -> None:
+        self._slot_table = slot_table
+        self._hub = hub
+        self.identity = identity
+        self._executors = executors
+        self._ready = ready
+        self.closing = False
+        """Set once the worker stops serving: every request gets UNAVAILABLE."""
+
+    async def _ask(self, make: Callable[[Reply[T]], SlotTableMessage]) -> T:
+        if self.closing:
+            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+        future: asyncio.Future[T | WorkerError] = asyncio.get_running_loop().create_future()
+
+        def reply(answer: T | WorkerError) -> None:
+            if not future.done():
+                future.set_result(answer)
+
+        if not self._slot_table.admit(make(reply)):
+            raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
+        answer = await future
+        if isinstance(answer, WorkerError):
+            raise grpc_error(answer)
+        return answer
+
+    async def request_task_slot(
+        self, message: pb.RequestTaskSlotRequest
+    ) -> pb.RequestTaskSlotResponse:
+        snapshot: TaskSnapshot = await self._ask(
+            lambda reply: RequestSlot(task_id=message.task_id, ttl_ms=message.ttl_ms, reply=reply)
+        )
+        return slot_response(snapshot)
+
+    async def submit_task(self, message: pb.SubmitTaskRequest) -> pb.SubmitTaskResponse:
+        if message.task is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
+        spec = spec_from_pb(message.task)
+        snapshot: TaskSnapshot = await self._ask(
+            lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
+        )
+        return submit_response(snapshot)
+
+    async def get_task_result(self, message: pb.GetTaskResultRequest) -> pb.GetTaskResultResponse:
+        snapshot: TaskSnapshot = await self._ask(
+            lambda reply: GetResult(task_id=message.task_id, reply=reply)
+        )
+        return result_response(snapshot)
+
+    async def get_worker_status(
+        self, message: pb.GetWorkerStatusRequest
+    ) -> pb.GetWorkerStatusResponse:
+        status: WorkerStatus = await self._ask(lambda reply: GetStatus(reply=reply))
+        beat = status.heartbeat
+        identity = self.identity
+        return pb.GetWorkerStatusResponse(
+            worker_addr=identity.worker_addr,
+            deployment=identity.deployment,
+            version=identity.version,
+            started_at_ms=identity.started_at_ms,
+            ready=self._ready() and not beat.draining,
+            draining=beat.draining,
+            slots_total=beat.slots_total,
+            reserved_slots=beat.reserved_slots,
+            running_tasks=beat.running_tasks,
+            free_slots=beat.free_slots,
+            slots=[
+                pb.SlotStatus(
+                    slot_id=slot.slot_id,
+                    state=slot.state.value,
+                    task_id=slot.task_id or "",
+                    lease_expires_at_ms=slot.lease_expires_at_ms or 0,
+                )
+                for slot in status.slots
+            ],
+            executors=[
+                pb.ExecutorStatus(
+                    executor_id=view.executor_id,
+                    state=view.state.value,
+                    pid=view.pid or 0,
+                    rss_bytes=view.rss_bytes,
+                    calls_served=view.calls_served,
+                    restarts=view.restarts,
+                )
+                for view in self._executors()
+            ],
+        )
+
+    async def watch_tasks(self, message: pb.WatchTasksRequest) -> AsyncIterator[pb.TaskUpdate]:
+        if self.closing:
+            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+        if not message.task_ids:
+            raise GRPCError(Status.INVALID_ARGUMENT, "task_ids is empty: name at least one task")
+        if len(message.task_ids) > MAX_WATCH_TASK_IDS:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"task_ids has {len(message.task_ids)} ids; at most {MAX_WATCH_TASK_IDS}",
+            )
+        wake = asyncio.Event()
+        stream = WatchStream(message.task_ids, wake=wake.set)
+        if not self._slot_table.admit(OpenWatch(stream=stream)):
+            raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
+        broken = True
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                for snapshot in stream.take():
+                    yield task_update(snapshot)
+                if stream.error is not None:
+                    raise grpc_error(stream.error)
+                if stream.finished:
+                    break
+            broken = False
+        finally:
+            self._hub.post(Unsubscribe(stream=stream, broken=broken))

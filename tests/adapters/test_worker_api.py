@@ -1,0 +1,313 @@
+"""The worker's gRPC front end in-process: real actors and server, fake executors."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio_asyncio
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.health.v1.health_grpc import HealthStub
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
+from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
+
+from blockx._proto.blockx.worker import v1 as pb
+from blockx.api import SERVICE_NAME, STATUS_OF, grpc_error
+from blockx.slots import (
+    ErrorCode,
+    InvalidArgument,
+    InvalidSlot,
+    NoSlot,
+    NotFound,
+    SlotUncertain,
+    Unavailable,
+)
+from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+
+
+async def watch(harness: Harness, *task_ids: str) -> list[pb.TaskUpdate]:
+    updates = []
+    stream = harness.stub.watch_tasks(pb.WatchTasksRequest(task_ids=list(task_ids)))
+    async for update in trio_asyncio.aio_as_trio(stream):
+        updates.append(update)
+    return updates
+
+
+async def status_of(harness: Harness, method: object, request: object) -> tuple[Status, str]:
+    with pytest.raises(GRPCError) as raised:
+        await harness.call(method, request)  # type: ignore[arg-type]
+    return raised.value.status, str(raised.value.message)
+
+
+async def test_a_reserved_slot_runs_a_task_to_success_and_keeps_its_result() -> None:
+    async with running_worker() as worker:
+        slot = await worker.call(
+            worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="t1", ttl_ms=5000)
+        )
+        assert (slot.task_id, slot.slot_id, slot.state) == ("t1", "slot-0", pb.TaskState.ALLOCATED)
+        assert slot.lease_expires_at_ms > 0
+        task = call_list_task("t1", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
+        submitted = await worker.call(
+            worker.stub.submit_task, pb.SubmitTaskRequest(task=task, slot_id="slot-0")
+        )
+        assert (submitted.state, submitted.slot_id) == (pb.TaskState.RUNNING, "slot-0")
+
+        updates = await watch(worker, "t1")
+        final = updates[-1]
+        assert final.is_terminal
+        assert final.state == pb.TaskState.SUCCEEDED
+        assert [u.is_terminal for u in updates].count(True) == 1
+        assert final.result is not None
+        assert final.result.execute_result is not None
+        assert final.result.execute_result.output_count == 2
+        assert final.result.call_stats is not None
+        assert final.result.call_stats.calls_succeeded == 2
+
+        got = await worker.call(worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="t1"))
+        assert got.state == pb.TaskState.SUCCEEDED
+        assert got.phase == pb.TaskPhase.TERMINAL
+        assert got.result is not None
+        assert got.result.task_code_epoch != ""
+
+
+async def test_a_duplicate_submit_over_the_wire_runs_the_task_once() -> None:
+    async with running_worker() as worker:
+        task = call_list_task("dup", ("demo.add", [1, 1]))
+        first = await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        second = await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        assert first.slot_id == second.slot_id
+        await watch(worker, "dup")
+        third = await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        assert third.state == pb.TaskState.SUCCEEDED
+        assert third.result is not None
+        assert worker.calls.started == ["dup"]
+
+
+async def test_each_domain_error_reaches_the_client_as_its_status() -> None:
+    async with running_worker() as worker:
+        stub = worker.stub
+        code, message = await status_of(
+            worker, stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="")
+        )
+        assert code is Status.INVALID_ARGUMENT
+        assert "task_id" in message
+
+        for n in range(4):
+            await worker.call(stub.request_task_slot, pb.RequestTaskSlotRequest(task_id=f"r{n}"))
+        code, message = await status_of(
+            worker, stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="r4")
+        )
+        assert code is Status.RESOURCE_EXHAUSTED
+        assert "all 4 slots" in message
+
+        task = call_list_task("r0", ("demo.add", [1, 2]))
+        code, message = await status_of(
+            worker, stub.submit_task, pb.SubmitTaskRequest(task=task, slot_id="slot-3")
+        )
+        assert code is Status.FAILED_PRECONDITION
+        assert "held by task 'r3'" in message
+
+        code, message = await status_of(
+            worker, stub.get_task_result, pb.GetTaskResultRequest(task_id="nobody")
+        )
+        assert code is Status.NOT_FOUND
+        assert "'nobody'" in message
+
+        code, message = await status_of(worker, stub.submit_task, pb.SubmitTaskRequest())
+        assert code is Status.INVALID_ARGUMENT
+        assert "task is required" in message
+
+
+def test_every_domain_error_code_has_the_seed_status() -> None:
+    assert STATUS_OF == {
+        ErrorCode.INVALID_ARGUMENT: Status.INVALID_ARGUMENT,
+        ErrorCode.NO_SLOT: Status.RESOURCE_EXHAUSTED,
+        ErrorCode.UNAVAILABLE: Status.UNAVAILABLE,
+        ErrorCode.INVALID_SLOT: Status.FAILED_PRECONDITION,
+        ErrorCode.NOT_FOUND: Status.NOT_FOUND,
+        ErrorCode.SLOT_UNCERTAIN: Status.ABORTED,
+    }
+    errors = [
+        InvalidArgument(field="task_id", value="", allowed="non-empty"),
+        NoSlot(task_id="t", task_slots=2),
+        Unavailable(task_id="t"),
+        InvalidSlot(task_id="t", slot_id="slot-9", held_by=None, known=False),
+        NotFound(task_id="t"),
+        SlotUncertain(task_id="t", slot_id="slot-0", lease_expired_at_ms=5),
+    ]
+    statuses = [grpc_error(error).status for error in errors]
+    assert statuses == [
+        Status.INVALID_ARGUMENT,
+        Status.RESOURCE_EXHAUSTED,
+        Status.UNAVAILABLE,
+        Status.FAILED_PRECONDITION,
+        Status.NOT_FOUND,
+        Status.ABORTED,
+    ]
+    assert grpc_error(errors[5]).message == str(errors[5])
+
+
+async def test_failed_calls_and_unknown_builders_end_failed_with_their_codes() -> None:
+    async with running_worker() as worker:
+        failing = call_list_task("f1", ("demo.fail", []))
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=failing))
+        unknown = pb.TaskSpec(task_id="f2", function_call=pb.FunctionCallConfig(type="dbscan9"))
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=unknown))
+        updates = await watch(worker, "f1", "f2")
+        results = {u.task_id: u.result for u in updates if u.is_terminal}
+        assert results["f1"] is not None
+        assert (results["f1"].state, results["f1"].failure_code) == (
+            pb.TaskState.FAILED,
+            "CALL_RAISED",
+        )
+        assert results["f1"].phase == pb.TaskPhase.CALLS
+        assert results["f2"] is not None
+        assert results["f2"].failure_code == "BUILDER_NOT_FOUND"
+        assert "'dbscan9'" in results["f2"].message
+
+
+async def test_a_task_past_its_timeout_ends_timed_out_and_its_calls_are_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_worker() as worker:
+        task = call_list_task("slow", ("demo.hang", []), task_timeout_ms=2_000)
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, "slow")
+        final = updates[-1].result
+        assert final is not None
+        assert (final.state, final.failure_code, final.retryable) == (
+            pb.TaskState.FAILED,
+            "TIMED_OUT",
+            True,
+        )
+        assert worker.calls.cancelled == ["slow"]
+
+
+async def test_a_broken_watch_fails_the_task_after_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    async with running_worker(config) as worker:
+        task = call_list_task("w1", ("demo.hang", []))
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        with trio.move_on_after(1):  # the client goes away mid-stream
+            await watch(worker, "w1")
+        got = await worker.call(worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="w1"))
+        assert got.state == pb.TaskState.RUNNING  # within the grace
+        await trio.sleep(4)
+        got = await worker.call(worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="w1"))
+        assert got.result is not None
+        assert (got.result.failure_code, got.result.retryable) == ("WATCH_DISCONNECTED", False)
+
+
+async def test_a_watcher_that_comes_back_within_the_grace_keeps_the_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    async with running_worker(config) as worker:
+        task = call_list_task("w2", ("demo.hang", []))
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        with trio.move_on_after(1):
+            await watch(worker, "w2")
+        with trio.move_on_after(10):  # reattached after 1 s; stays attached 10 s
+            await watch(worker, "w2")
+        got = await worker.call(worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="w2"))
+        assert got.state == pb.TaskState.RUNNING
+
+
+async def test_watching_an_unknown_task_is_not_found() -> None:
+    async with running_worker() as worker:
+        with pytest.raises(GRPCError) as raised:
+            await watch(worker, "ghost")
+        assert raised.value.status is Status.NOT_FOUND
+        assert "'ghost'" in str(raised.value.message)
+
+
+async def test_drain_refuses_new_work_and_ends_what_is_left_for_its_watchers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = worker_config(drainTimeoutMs=5_000)
+    async with running_worker(config) as worker:
+        task = call_list_task("d1", ("demo.hang", []))
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        await worker.calls.hanging.wait()
+        seen: list[pb.TaskUpdate] = []
+
+        async def follow() -> None:
+            seen.extend(await watch(worker, "d1"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await trio.sleep(0.1)
+            worker.stop.set()
+            await trio.sleep(0.1)
+            code, message = await status_of(
+                worker, worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="late")
+            )
+            assert code is Status.UNAVAILABLE
+            assert "draining" in message
+        final = seen[-1]
+        assert final.is_terminal
+        assert final.result is not None
+        assert (final.result.failure_code, final.result.retryable) == ("WORKER_SHUTDOWN", True)
+        assert trio.current_time() >= 5.0  # waited for the drain timeout first
+
+
+async def test_health_serves_once_ready_and_reflection_lists_the_service() -> None:
+    async with running_worker() as worker:
+        health = HealthStub(worker.channel)
+        await worker.serving.ready.wait()
+        reply = await worker.call(health.Check, HealthCheckRequest(service=SERVICE_NAME))
+        assert reply.status == HealthCheckResponse.SERVING
+        reflection = ServerReflectionStub(worker.channel)
+
+        async def list_services() -> list[str]:
+            async with reflection.ServerReflectionInfo.open() as stream:
+                await stream.send_message(ServerReflectionRequest(list_services=""), end=True)
+                response = await stream.recv_message()
+                assert response is not None
+                return [s.name for s in response.list_services_response.service]
+
+        names = await trio_asyncio.aio_as_trio(list_services)()
+        assert SERVICE_NAME in names
+        assert "grpc.health.v1.Health" in names
+        worker.serving.front_end.set_serving(False)
+        reply = await worker.call(health.Check, HealthCheckRequest(service=SERVICE_NAME))
+        assert reply.status == HealthCheckResponse.NOT_SERVING
+
+
+async def test_a_request_over_the_size_limit_is_refused_naming_the_limit() -> None:
+    config = worker_config(grpcMaxMessageBytes=1_024)
+    async with running_worker(config) as worker:
+        task = call_list_task("big", ("demo.add", [1, 2]))
+        task.labels = {"pad": "x" * 2_000}
+        code, message = await status_of(
+            worker, worker.stub.submit_task, pb.SubmitTaskRequest(task=task)
+        )
+        assert code is Status.RESOURCE_EXHAUSTED
+        assert "grpcMaxMessageBytes (1024)" in message
+
+
+async def test_status_reports_slots() -> None:
+    async with running_worker() as worker:
+        await worker.call(worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="s1"))
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert (status.slots_total, status.reserved_slots, status.free_slots) == (4, 1, 3)
+        assert status.deployment == "block"
+        assert status.worker_addr == f"127.0.0.1:{worker.serving.port}"
+        assert [s.state for s in status.slots] == ["ALLOCATED", "FREE", "FREE", "FREE"]
+        assert status.slots[0].task_id == "s1"
+
+
+async def test_channel_closed_is_harmless() -> None:
+    async with running_worker() as worker:
+        other = await trio_asyncio.aio_as_trio(_open)(worker.serving.port)
+        other.close()
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert status.slots_total == 4
+
+
+async def _open(port: int) -> Channel:
+    return Channel("127.0.0.1", port)

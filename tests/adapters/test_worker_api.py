@@ -311,3 +311,22 @@ async def test_channel_closed_is_harmless() -> None:
 
 async def _open(port: int) -> Channel:
     return Channel("127.0.0.1", port)
+
+
+async def test_a_lapsed_reservation_frees_its_slot_when_its_lease_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_worker() as worker:
+        await worker.call(
+            worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="l1", ttl_ms=1_200)
+        )
+        await trio.sleep(1.190)
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert status.reserved_slots == 1
+        await trio.sleep(0.020)  # the timer woke at the lease's end, not at a 500 ms tick
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert status.reserved_slots == 0
+        code, _ = await status_of(
+            worker, worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="l1")
+        )
+        assert code is Status.NOT_FOUND

@@ -1,0 +1,111 @@
+"""The watch hub and its streams: bounded buffers and first/last stream bookkeeping."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from blockx.actors import Unsubscribe, WatchHub, WatchStream
+from blockx.actors._messages import (
+    CloseAllStreams,
+    Forget,
+    Publish,
+    SlotTableMessage,
+    Subscribe,
+    WatchChanged,
+)
+from blockx.slots import NotFound, TaskPhase, TaskResult, TaskSnapshot, TaskState
+
+
+def running(task_id: str, phase: TaskPhase) -> TaskSnapshot:
+    return TaskSnapshot(task_id=task_id, slot_id="slot-0", state=TaskState.RUNNING, phase=phase)
+
+
+def ended(task_id: str) -> TaskSnapshot:
+    return TaskSnapshot.of_result(
+        TaskResult(
+            task_id=task_id, slot_id="slot-0", state=TaskState.SUCCEEDED, phase=TaskPhase.PLUGIN
+        )
+    )
+
+
+def test_a_slow_reader_holds_one_pending_update_per_task_and_keeps_the_terminal_one() -> None:
+    wakes: list[int] = []
+    stream = WatchStream(["a", "b"], wake=lambda: wakes.append(1))
+    for _ in range(10_000):
+        stream.offer(running("a", TaskPhase.CALLS))
+    stream.offer(running("b", TaskPhase.BUILDER))
+    stream.offer(ended("b"))
+    stream.offer(running("b", TaskPhase.CALLS))  # after the terminal one: ignored
+    taken = stream.take()
+    assert [(s.task_id, s.state) for s in taken] == [
+        ("a", TaskState.RUNNING),
+        ("b", TaskState.SUCCEEDED),
+    ]
+    assert stream.following == {"a"}
+    assert not stream.finished
+    stream.offer(ended("a"))
+    assert not stream.finished  # the terminal update is still to be taken
+    assert [s.task_id for s in stream.take()] == ["a"]
+    assert stream.finished
+    assert len(wakes) == 10_003
+
+
+async def test_the_hub_reports_first_and_last_streams_per_task() -> None:
+    told: list[SlotTableMessage] = []
+    hub = WatchHub(to_slot_table=told.append)
+    one = WatchStream(["t"], wake=lambda: None)
+    two = WatchStream(["t", "u"], wake=lambda: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        hub.post(Subscribe(stream=one, snapshots=(running("t", TaskPhase.CALLS),)))
+        hub.post(Subscribe(stream=two, snapshots=()))
+        hub.post(Unsubscribe(stream=one, broken=True))
+        hub.post(Unsubscribe(stream=two, broken=True))
+        await trio.testing.wait_all_tasks_blocked()
+        assert told == [
+            WatchChanged(task_id="t", attached=True),
+            WatchChanged(task_id="u", attached=True),
+            WatchChanged(task_id="t", attached=False, broken=True),
+            WatchChanged(task_id="u", attached=False, broken=True),
+        ]
+        assert [s.task_id for s in one.take()] == ["t"]
+        assert hub.stream_count == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_terminal_update_ends_the_count_without_a_detach() -> None:
+    told: list[SlotTableMessage] = []
+    hub = WatchHub(to_slot_table=told.append)
+    stream = WatchStream(["t"], wake=lambda: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        hub.post(Subscribe(stream=stream, snapshots=()))
+        hub.post(Publish(snapshot=ended("t")))
+        hub.post(Unsubscribe(stream=stream, broken=False))
+        await trio.testing.wait_all_tasks_blocked()
+        assert told == [WatchChanged(task_id="t", attached=True)]
+        assert stream.take()[0].is_terminal
+        assert stream.finished
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_forgotten_task_fails_its_streams_and_close_all_ends_the_rest() -> None:
+    hub = WatchHub(to_slot_table=lambda message: None)
+    gone = WatchStream(["r"], wake=lambda: None)
+    other = WatchStream(["s"], wake=lambda: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        hub.post(Subscribe(stream=gone, snapshots=()))
+        hub.post(Subscribe(stream=other, snapshots=()))
+        hub.post(Forget(task_id="r"))
+        hub.post(CloseAllStreams())
+        await trio.testing.wait_all_tasks_blocked()
+        assert isinstance(gone.error, NotFound)
+        assert gone.finished
+        assert other.closed
+        assert other.finished
+        hub.post(Unsubscribe(stream=other, broken=False))
+        with trio.fail_after(1):
+            await hub.all_closed()
+        nursery.cancel_scope.cancel()

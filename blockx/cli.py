@@ -4,18 +4,63 @@ Owns parsing arguments, running a subcommand and turning its outcome into an
 exit status: 0 success, 1 a blockx error (one line on stderr), 2 a usage error
 (argparse). Must never hold logic a subcommand's module should own.
 
-Subcommands: `functions publish DIR --redis URL [--prefix P]` publishes the
-`.py` files under DIR as the current function-code epoch and prints it.
+Subcommands:
+
+* `serve` runs a worker (`blockx.app.run`) with the profile and the flags as
+  configuration overrides; `--print-config` prints the effective configuration.
+* `submit`, `watch`, `result` and `status` talk to a running worker through
+  `blockx.client`, each in its own `trio.run` with trio-asyncio's loop.
+* `functions publish DIR --redis URL [--prefix P]` publishes the `.py` files
+  under DIR as the current function-code epoch and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import functools
+import json
+import logging
 import sys
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TextIO, TypeAlias
 
+import trio
+import trio_asyncio
+
+from blockx._proto.blockx.worker import v1 as pb
+from blockx.client import (
+    InvalidTaskSpec,
+    WatchEndedEarly,
+    WorkerClient,
+    task_spec,
+    task_spec_from_json,
+)
 from blockx.errors import BlockxError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
+
+DEFAULT_WORKER = "127.0.0.1:8081"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+PROGRESS_REDRAW_S = 0.5
+"""How often the progress line on a terminal redraws its elapsed time."""
+EXIT_INTERRUPTED = 130
+
+_BYTES_PER_MB = 1024 * 1024
+
+
+class InvalidArgument(BlockxError):
+    """The value given to `flag` is wrong; `allowed` says what it must be."""
+
+    def __init__(self, *, flag: str, value: object, allowed: str) -> None:
+        self.flag = flag
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{flag} {value!r}: {allowed}")
+
+
+# ------------------------------------------------------------------ parsing
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,7 +68,132 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m blockx", description="The blockx command line."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(commands)
+    _add_submit(commands)
+    _add_watch(commands)
+    _add_result(commands)
+    _add_status(commands)
+    _add_functions(commands)
+    return parser
 
+
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_serve(commands: _Commands) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run a worker",
+        description=(
+            "Run a worker until SIGINT or SIGTERM. Flags override the configuration file "
+            "(WORKER_CONFIG) and the environment."
+        ),
+    )
+    serve.add_argument(
+        "--profile", choices=("block", "bundle"), default="block", help="default: block"
+    )
+    serve.add_argument("--listen", metavar="ADDR", help="listenAddr, e.g. :8081")
+    serve.add_argument("--slots", type=int, metavar="N", help="worker.taskSlots")
+    serve.add_argument("--executors", type=int, metavar="N", help="executorCount")
+    serve.add_argument("--functions", metavar="DIR", help="functionCode.dir")
+    serve.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration as JSON instead of serving",
+    )
+    serve.set_defaults(run=_serve)
+
+
+def _add_worker_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--worker",
+        default=DEFAULT_WORKER,
+        metavar="HOST:PORT",
+        help=f"the worker's address (default {DEFAULT_WORKER})",
+    )
+
+
+def _add_submit(commands: _Commands) -> None:
+    submit = commands.add_parser(
+        "submit",
+        help="submit a task to a worker",
+        description=(
+            "Submit a task, described by a JSON task file or by flags. Prints the submit "
+            "response as JSON, or with --watch follows the task and prints its result."
+        ),
+    )
+    _add_worker_flag(submit)
+    submit.add_argument("--task-id", metavar="ID", help="default: the file's, else a new id")
+    source = submit.add_mutually_exclusive_group(required=True)
+    source.add_argument("--file", metavar="TASK.json", help="a JSON task file")
+    source.add_argument("--builder", metavar="TYPE", help="the builder type, e.g. call_list")
+    submit.add_argument("--config", metavar="JSON", help="the builder's config (a JSON object)")
+    payload = submit.add_mutually_exclusive_group()
+    payload.add_argument("--payload", metavar="TEXT", help="the payload, as UTF-8 text")
+    payload.add_argument("--payload-file", metavar="PATH", help="the payload, from a file")
+    submit.add_argument("--writer", metavar="TYPE", help="the writer plugin (default: none)")
+    submit.add_argument(
+        "--writer-config", metavar="JSON", help="the writer's config (a JSON object)"
+    )
+    submit.add_argument(
+        "--timeout-ms", type=int, metavar="N", help="task deadline (default: the worker's)"
+    )
+    submit.add_argument(
+        "--best-effort", action="store_true", help="run every call even when some fail"
+    )
+    submit.add_argument(
+        "--max-attempts",
+        type=int,
+        metavar="N",
+        help="retry policy: N attempts per call, no back-off (default: the worker's)",
+    )
+    submit.add_argument(
+        "--label",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="K=V",
+        help="a label of the task (repeatable)",
+    )
+    submit.add_argument(
+        "--slot-id", default="", metavar="ID", help="a reserved slot (default: reserve inline)"
+    )
+    submit.add_argument("--watch", action="store_true", help="follow the task and print its result")
+    submit.set_defaults(run=_submit, parser=submit)
+
+
+def _add_watch(commands: _Commands) -> None:
+    watch = commands.add_parser(
+        "watch",
+        help="follow tasks until they end",
+        description="Print each update as one JSON line until every task has ended.",
+    )
+    watch.add_argument("task_ids", nargs="+", metavar="TASK_ID")
+    _add_worker_flag(watch)
+    watch.set_defaults(run=_watch)
+
+
+def _add_result(commands: _Commands) -> None:
+    result = commands.add_parser(
+        "result", help="print a task's state and result", description="Print GetTaskResult."
+    )
+    result.add_argument("task_id", metavar="TASK_ID")
+    _add_worker_flag(result)
+    result.set_defaults(run=_result)
+
+
+def _add_status(commands: _Commands) -> None:
+    status = commands.add_parser(
+        "status",
+        help="show a worker's slots and executors",
+        description="Show a worker's summary, the slots in use and its executors.",
+    )
+    _add_worker_flag(status)
+    status.add_argument("--json", action="store_true", help="print the raw response as JSON")
+    status.set_defaults(run=_status)
+
+
+def _add_functions(commands: _Commands) -> None:
     functions = commands.add_parser("functions", help="manage function code")
     actions = functions.add_subparsers(dest="action", required=True, metavar="ACTION")
     publish = actions.add_parser(
@@ -43,12 +213,407 @@ def _parser() -> argparse.ArgumentParser:
         help=f"Redis key prefix (default {DEFAULT_REDIS_PREFIX!r})",
     )
     publish.set_defaults(run=_publish)
-    return parser
+
+
+# ------------------------------------------------------------------ serve
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Imported here: the worker's modules are only needed by the worker.
+    from blockx import app  # noqa: PLC0415
+    from blockx.config import load_config  # noqa: PLC0415
+
+    profile = app.PROFILES[args.profile]
+    overrides: dict[str, object] = {
+        "listenAddr": args.listen,
+        "worker.taskSlots": args.slots,
+        "executorCount": args.executors,
+        "functionCode.dir": args.functions,
+    }
+    if args.print_config:
+        config = load_config(tune=profile.tune, overrides=overrides)
+        print(json.dumps(config.to_json_dict(), indent=2))
+        return 0
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
+    return app.run(profile, overrides=overrides)
+
+
+# ------------------------------------------------------------------ functions
 
 
 def _publish(args: argparse.Namespace) -> int:
     print(publish_directory(args.directory, args.redis, args.prefix))
     return 0
+
+
+# ------------------------------------------------------------------ client commands
+
+
+def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) -> int:
+    """`action` with a client of `address`, in its own `trio.run` on trio-asyncio's loop."""
+
+    async def in_loop() -> int:
+        async with trio_asyncio.open_loop(), WorkerClient.connect(address) as client:
+            return await action(client)
+
+    try:
+        return trio.run(in_loop)
+    except BaseExceptionGroup as group:
+        # The loop's nursery wraps whatever the action raised; one error is reported
+        # as itself, so that a BlockxError still ends as one line.
+        sole = _sole_exception(group)
+        if sole is None:
+            raise
+        raise sole from None
+
+
+def _sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        if len(error.exceptions) != 1:
+            return None
+        error = error.exceptions[0]
+    return error
+
+
+def _submit(args: argparse.Namespace) -> int:
+    task = _task_from_args(args)
+    if args.watch:
+        action = functools.partial(_submit_and_follow, task, args.slot_id)
+    else:
+        action = functools.partial(_submit_only, task, args.slot_id)
+    return _run_client(args.worker, action)
+
+
+async def _submit_only(task: pb.TaskSpec, slot_id: str, client: WorkerClient) -> int:
+    response = await client.submit(task, slot_id)
+    _print_json(response)
+    return 0
+
+
+async def _submit_and_follow(task: pb.TaskSpec, slot_id: str, client: WorkerClient) -> int:
+    progress = Progress(sys.stderr, task.task_id, clock=trio.current_time)
+    with progress:
+        async with trio.open_nursery() as nursery:
+            if progress.live:
+                nursery.start_soon(_redraw_every, progress, PROGRESS_REDRAW_S)
+            result = await client.run_task(task, slot_id=slot_id, on_update=progress.update)
+            nursery.cancel_scope.cancel()
+    _print_json(result)
+    if result.state == pb.TaskState.SUCCEEDED:
+        return 0
+    _report_failure(task.task_id, result)
+    return 1
+
+
+async def _redraw_every(progress: Progress, interval_s: float) -> None:
+    while True:
+        await trio.sleep(interval_s)
+        progress.redraw()
+
+
+def _watch(args: argparse.Namespace) -> int:
+    task_ids = list(dict.fromkeys(args.task_ids))
+    return _run_client(args.worker, functools.partial(_follow, task_ids))
+
+
+async def _follow(task_ids: list[str], client: WorkerClient) -> int:
+    pending = set(task_ids)
+    failed: list[tuple[str, pb.TaskResult | None]] = []
+    async with contextlib.aclosing(client.watch(task_ids)) as updates:
+        async for update in updates:
+            print(json.dumps(update.to_dict()), flush=True)
+            if not update.is_terminal or update.task_id not in pending:
+                continue
+            pending.discard(update.task_id)
+            state = update.result.state if update.result is not None else update.state
+            if state != pb.TaskState.SUCCEEDED:
+                failed.append((update.task_id, update.result))
+            if not pending:
+                break
+    if pending:
+        raise WatchEndedEarly(task_ids=tuple(task_id for task_id in task_ids if task_id in pending))
+    for task_id, result in failed:
+        _report_failure(task_id, result)
+    return 1 if failed else 0
+
+
+def _result(args: argparse.Namespace) -> int:
+    return _run_client(args.worker, functools.partial(_print_result, args.task_id))
+
+
+async def _print_result(task_id: str, client: WorkerClient) -> int:
+    _print_json(await client.result(task_id))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    return _run_client(args.worker, functools.partial(_print_status, args.json))
+
+
+async def _print_status(as_json: bool, client: WorkerClient) -> int:
+    status = await client.status()
+    if as_json:
+        _print_json(status)
+    else:
+        print("\n".join(status_lines(status)))
+    return 0
+
+
+# ------------------------------------------------------------------ task from flags
+
+
+def _task_from_args(args: argparse.Namespace) -> pb.TaskSpec:
+    if args.file is not None:
+        _refuse_builder_flags(args)
+        return _task_from_file(args.file, args.task_id)
+    retry = None
+    if args.max_attempts is not None:
+        retry = pb.CallRetryPolicy(max_attempts=args.max_attempts)
+    try:
+        return task_spec(
+            args.task_id or uuid.uuid4().hex,
+            builder=args.builder,
+            config=_json_object_flag("--config", args.config),
+            payload=_payload(args),
+            writer=args.writer,
+            writer_config=_json_object_flag("--writer-config", args.writer_config),
+            timeout_ms=args.timeout_ms or 0,
+            best_effort=args.best_effort,
+            retry=retry,
+            labels=_labels(args.label),
+        )
+    except InvalidTaskSpec as error:
+        flag = _FLAG_OF_KEY.get(error.key.partition(".")[0], error.key)
+        raise InvalidArgument(flag=flag, value=error.value, allowed=error.allowed) from error
+
+
+_FLAG_OF_KEY = {
+    "task_id": "--task-id",
+    "builder": "--builder",
+    "config": "--config",
+    "writer": "--writer",
+    "writer_config": "--writer-config",
+    "timeout_ms": "--timeout-ms",
+    "retry": "--max-attempts",
+    "labels": "--label",
+}
+_BUILDER_FLAGS = {
+    "config": "--config",
+    "payload": "--payload",
+    "payload_file": "--payload-file",
+    "writer": "--writer",
+    "writer_config": "--writer-config",
+    "timeout_ms": "--timeout-ms",
+    "best_effort": "--best-effort",
+    "max_attempts": "--max-attempts",
+    "label": "--label",
+}
+
+
+def _refuse_builder_flags(args: argparse.Namespace) -> None:
+    # Unset flags are None, or False and [] for --best-effort and --label; 0 is a value.
+    given = [
+        flag
+        for name, flag in _BUILDER_FLAGS.items()
+        if not any(getattr(args, name) is unset for unset in (None, False))
+        and getattr(args, name) != []
+    ]
+    if given:
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(f"{', '.join(given)}: not allowed with --file (the task file says it)")
+
+
+def _task_from_file(path: str, task_id: str | None) -> pb.TaskSpec:
+    try:
+        with open(path, encoding="utf-8") as file:
+            document = json.load(file)
+    except OSError as error:
+        allowed = f"cannot be read ({error.strerror or error})"
+        raise InvalidArgument(flag="--file", value=path, allowed=allowed) from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        allowed = f"is not valid JSON ({error})"
+        raise InvalidArgument(flag="--file", value=path, allowed=allowed) from error
+    if task_id is None and not (isinstance(document, dict) and "task_id" in document):
+        task_id = uuid.uuid4().hex
+    try:
+        return task_spec_from_json(document, task_id=task_id)
+    except InvalidTaskSpec as error:
+        raise InvalidArgument(flag="--file", value=path, allowed=str(error)) from error
+
+
+def _json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidArgument(
+            flag=flag, value=text, allowed=f"is not valid JSON ({error})"
+        ) from error
+    if not isinstance(value, dict):
+        raise InvalidArgument(flag=flag, value=text, allowed="must be a JSON object")
+    return value
+
+
+def _payload(args: argparse.Namespace) -> bytes:
+    if args.payload is not None:
+        text: str = args.payload
+        return text.encode("utf-8")
+    if args.payload_file is not None:
+        try:
+            with open(args.payload_file, "rb") as file:
+                return file.read()
+        except OSError as error:
+            allowed = f"cannot be read ({error.strerror or error})"
+            raise InvalidArgument(
+                flag="--payload-file", value=args.payload_file, allowed=allowed
+            ) from error
+    return b""
+
+
+def _labels(items: Sequence[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise InvalidArgument(flag="--label", value=item, allowed="must be KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+# ------------------------------------------------------------------ output
+
+
+def _print_json(message: Any) -> None:
+    print(json.dumps(message.to_dict(), indent=2), flush=True)
+
+
+def _report_failure(task_id: str, result: pb.TaskResult | None) -> None:
+    # One line: a message may carry a traceback, which the JSON result on stdout keeps.
+    if result is None:
+        detail = "no result"
+    else:
+        first_line = result.message.partition("\n")[0]
+        detail = ": ".join(part for part in (result.failure_code, first_line) if part)
+    print(f"blockx: task {task_id} failed: {detail or 'no failure code'}", file=sys.stderr)
+
+
+class Progress:
+    """One progress line of a task on `stream`: its id, its phase and the seconds elapsed.
+
+    On a terminal the line is redrawn in place ("\\r"); elsewhere (a pipe, a
+    log) each update is a line of its own and `redraw` does nothing.
+    """
+
+    def __init__(self, stream: TextIO, task_id: str, *, clock: Callable[[], float]) -> None:
+        self.live = stream.isatty()
+        self._stream = stream
+        self._task_id = task_id
+        self._clock = clock
+        self._started_s = clock()
+        self._shown: str | None = None
+        self._width = 0
+
+    def update(self, update: pb.TaskUpdate) -> None:
+        self._shown = update.state.name if update.is_terminal else update.phase.name
+        self._draw()
+
+    def redraw(self) -> None:
+        if self.live and self._shown is not None:
+            self._draw()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.live and self._width:
+            self._stream.write("\n")
+            self._stream.flush()
+
+    def _draw(self) -> None:
+        elapsed_s = self._clock() - self._started_s
+        line = f"task {self._task_id}: {self._shown} {elapsed_s:.1f}s"
+        if self.live:
+            self._stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+
+def status_lines(status: pb.GetWorkerStatusResponse) -> list[str]:
+    """The readable form of a worker's status."""
+    lines = [
+        f"worker      {status.worker_addr}",
+        f"deployment  {status.deployment}",
+        f"version     {status.version}",
+        f"started     {_timestamp(status.started_at_ms)}",
+        f"ready       {_yes_no(status.ready)}",
+        f"draining    {_yes_no(status.draining)}",
+        f"slots       {status.slots_total} total, {status.reserved_slots} reserved, "
+        f"{status.running_tasks} running, {status.free_slots} free",
+        "",
+    ]
+    in_use = [slot for slot in status.slots if slot.state != "FREE"]
+    if in_use:
+        lines.append("slots in use:")
+        lines.extend(
+            _table(
+                ("SLOT", "STATE", "TASK", "LEASE EXPIRES"),
+                [
+                    (slot.slot_id, slot.state, slot.task_id, _timestamp(slot.lease_expires_at_ms))
+                    for slot in in_use
+                ],
+            )
+        )
+    else:
+        lines.append("slots in use: none")
+    lines.append("")
+    if status.executors:
+        lines.append("executors:")
+        lines.extend(
+            _table(
+                ("ID", "STATE", "PID", "RSS MB", "CALLS SERVED", "RESTARTS"),
+                [
+                    (
+                        executor.executor_id,
+                        executor.state,
+                        str(executor.pid),
+                        f"{executor.rss_bytes / _BYTES_PER_MB:.1f}",
+                        str(executor.calls_served),
+                        str(executor.restarts),
+                    )
+                    for executor in status.executors
+                ],
+            )
+        )
+    else:
+        lines.append("executors: none")
+    return lines
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Iterator[str]:
+    widths = [max(len(row[column]) for row in (headers, *rows)) for column in range(len(headers))]
+    for row in (headers, *rows):
+        yield (
+            "  "
+            + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _timestamp(epoch_ms: int) -> str:
+    if not epoch_ms:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+# ------------------------------------------------------------------ entry point
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,3 +625,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         one_line = " ".join(str(error).splitlines())
         print(f"blockx: error: {one_line}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("blockx: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,547 @@
+"""The command line and the task-spec helpers, without a worker.
+
+Covers building a `TaskSpec` from arguments and from a JSON task file (every
+error names its key), worker addresses, the progress line, `serve` (the
+configuration it prints and the overrides it passes to `blockx.app.run`), flag
+errors (exit 1, one line naming the flag), usage errors (exit 2) and an
+unreachable worker. No test here opens a server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpclib.const import Status
+
+from blockx import cli
+from blockx._proto.blockx.worker import v1 as pb
+from blockx.client import (
+    InvalidTaskSpec,
+    InvalidWorkerAddress,
+    WorkerCallError,
+    parse_worker_address,
+    task_spec,
+    task_spec_from_json,
+)
+
+CONFIG_ENV = (
+    "WORKER_CONFIG",
+    "WORKER_LISTEN",
+    "WORKER_ADDR",
+    "WORKER_REGISTRY_PREFIX",
+    "TASK_SLOTS",
+    "EXECUTOR_COUNT",
+    "FUNCTIONS_DIR",
+    "FUNCTIONS_REDIS_URL",
+    "STREAM_BUILD_ENABLED",
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in CONFIG_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def free_port() -> int:
+    """A port nobody listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def last_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.rstrip("\n")
+
+
+# --- task_spec -----------------------------------------------------------------------------
+
+
+def test_task_spec_with_every_argument() -> None:
+    spec = task_spec(
+        "t1",
+        builder="call_list",
+        config={"calls": [{"fn": "demo.add", "args": [1, 2]}]},
+        payload=b"\x00raw",
+        writer="jsonl",
+        writer_config={"path": "/tmp/out.jsonl"},
+        timeout_ms=30_000,
+        best_effort=True,
+        retry=pb.CallRetryPolicy(max_attempts=4, base_backoff_ms=20, jitter_percent=5),
+        labels={"team": "core"},
+    )
+    assert spec == pb.TaskSpec(
+        task_id="t1",
+        function_call=pb.FunctionCallConfig(
+            type="call_list", config_json='{"calls":[{"fn":"demo.add","args":[1,2]}]}'
+        ),
+        payload=b"\x00raw",
+        result_handler=pb.ResultHandler(type="jsonl", config_json='{"path":"/tmp/out.jsonl"}'),
+        task_timeout_ms=30_000,
+        call_failure_policy=pb.CallFailurePolicy.BEST_EFFORT,
+        call_retry_policy=pb.CallRetryPolicy(max_attempts=4, base_backoff_ms=20, jitter_percent=5),
+        labels={"team": "core"},
+    )
+
+
+def test_task_spec_defaults_leave_the_worker_in_charge() -> None:
+    spec = task_spec("t1", builder="static")
+    assert spec == pb.TaskSpec(
+        task_id="t1",
+        function_call=pb.FunctionCallConfig(type="static", config_json=""),
+        payload=b"",
+        result_handler=None,
+        task_timeout_ms=0,
+        call_failure_policy=pb.CallFailurePolicy.FAIL_FAST,
+        call_retry_policy=None,
+        labels={},
+    )
+
+
+def test_task_spec_writer_without_config_sends_no_config() -> None:
+    spec = task_spec("t1", builder="static", writer="log")
+    assert spec.result_handler == pb.ResultHandler(type="log", config_json="")
+
+
+TASK_SPEC_ERRORS: list[tuple[str, dict[str, Any], str]] = [
+    ("task_id", {"task_id": ""}, "must be a non-empty string"),
+    ("builder", {"builder": ""}, "must be a non-empty string"),
+    ("builder", {"builder": 3}, "must be a non-empty string"),
+    ("config", {"config": ["a"]}, "must be a JSON object"),
+    ("config", {"config": {"x": {1, 2}}}, "must be JSON"),
+    ("config", {"config": {"x": float("nan")}}, "must be JSON"),
+    ("payload", {"payload": "text"}, "must be bytes"),
+    ("writer", {"writer": ""}, "must be a non-empty string"),
+    ("writer_config", {"writer_config": {"a": 1}}, "needs a writer"),
+    ("writer_config", {"writer": "log", "writer_config": "a=1"}, "must be a JSON object"),
+    ("timeout_ms", {"timeout_ms": -1}, "must be an integer from 0 to"),
+    ("timeout_ms", {"timeout_ms": 2**63}, "must be an integer from 0 to"),
+    ("timeout_ms", {"timeout_ms": True}, "must be an integer from 0 to"),
+    ("best_effort", {"best_effort": "yes"}, "must be a boolean"),
+    ("retry", {"retry": {"max_attempts": 3}}, "must be a CallRetryPolicy"),
+    ("retry.max_attempts", {"retry": pb.CallRetryPolicy(max_attempts=-1)}, "from 0 to"),
+    ("retry.jitter_percent", {"retry": pb.CallRetryPolicy(jitter_percent=2**32)}, "from 0 to"),
+    ("labels", {"labels": ["a"]}, "must be an object of strings"),
+    ("labels.team", {"labels": {"team": 7}}, "must be a string"),
+]
+
+
+@pytest.mark.parametrize(("key", "change", "allowed"), TASK_SPEC_ERRORS)
+def test_task_spec_errors_name_the_argument(key: str, change: dict[str, Any], allowed: str) -> None:
+    arguments: dict[str, Any] = {"task_id": "t1", "builder": "static", **change}
+    task_id = arguments.pop("task_id")
+    with pytest.raises(InvalidTaskSpec) as excinfo:
+        task_spec(task_id, **arguments)
+    assert excinfo.value.key == key
+    assert allowed in excinfo.value.allowed
+    assert str(excinfo.value).startswith(f"task {key} = ")
+
+
+# --- task_spec_from_json -------------------------------------------------------------------
+
+
+def test_task_file_with_every_key() -> None:
+    document = {
+        "task_id": "t1",
+        "builder": "call_list",
+        "config": {"calls": []},
+        "payload": {"rows": [1, 2]},
+        "writer": "jsonl",
+        "writer_config": {"path": "out.jsonl"},
+        "timeout_ms": 5_000,
+        "failure_policy": "best_effort",
+        "retry": {"max_attempts": 5, "base_backoff_ms": 100, "jitter_percent": 3},
+        "labels": {"run": "nightly"},
+    }
+    assert task_spec_from_json(document) == pb.TaskSpec(
+        task_id="t1",
+        function_call=pb.FunctionCallConfig(type="call_list", config_json='{"calls":[]}'),
+        payload=b'{"rows":[1,2]}',
+        result_handler=pb.ResultHandler(type="jsonl", config_json='{"path":"out.jsonl"}'),
+        task_timeout_ms=5_000,
+        call_failure_policy=pb.CallFailurePolicy.BEST_EFFORT,
+        call_retry_policy=pb.CallRetryPolicy(max_attempts=5, base_backoff_ms=100, jitter_percent=3),
+        labels={"run": "nightly"},
+    )
+
+
+def test_task_file_with_only_the_required_keys() -> None:
+    assert task_spec_from_json({"task_id": "t1", "builder": "static"}) == task_spec(
+        "t1", builder="static"
+    )
+
+
+def test_task_file_payload_text_is_sent_as_utf8() -> None:
+    spec = task_spec_from_json({"task_id": "t1", "builder": "payload", "payload_text": "h\u00e9"})
+    assert spec.payload == "h\u00e9".encode()
+
+
+def test_task_file_payload_string_is_sent_as_its_json_text() -> None:
+    spec = task_spec_from_json({"task_id": "t1", "builder": "payload", "payload": "hi"})
+    assert spec.payload == b'"hi"'
+
+
+def test_task_file_nulls_count_as_absent() -> None:
+    document = {"task_id": "t1", "builder": "static", "config": None, "writer": None, "retry": None}
+    assert task_spec_from_json(document) == task_spec("t1", builder="static")
+
+
+def test_task_file_retry_fields_left_out_are_zero() -> None:
+    spec = task_spec_from_json({"task_id": "t1", "builder": "static", "retry": {"max_attempts": 2}})
+    assert spec.call_retry_policy == pb.CallRetryPolicy(max_attempts=2)
+
+
+def test_task_id_argument_wins_over_the_files() -> None:
+    spec = task_spec_from_json({"task_id": "t1", "builder": "static"}, task_id="t2")
+    assert spec.task_id == "t2"
+    assert task_spec_from_json({"builder": "static"}, task_id="t3").task_id == "t3"
+
+
+TASK_FILE_ERRORS: list[tuple[str, object, str]] = [
+    ("file", ["not", "an", "object"], "must be a JSON object"),
+    ("color", {"task_id": "t1", "builder": "static", "color": "red"}, "is not a task key"),
+    ("task_id", {"builder": "static"}, "is required"),
+    ("task_id", {"task_id": 7, "builder": "static"}, "must be a non-empty string"),
+    ("builder", {"task_id": "t1"}, "is required"),
+    ("builder", {"task_id": "t1", "builder": ["static"]}, "must be a non-empty string"),
+    ("config", {"task_id": "t1", "builder": "static", "config": "{}"}, "must be a JSON object"),
+    (
+        "payload_text",
+        {"task_id": "t1", "builder": "static", "payload": 1, "payload_text": "1"},
+        "not both",
+    ),
+    ("payload_text", {"task_id": "t1", "builder": "static", "payload_text": 1}, "a string"),
+    ("payload", {"task_id": "t1", "builder": "static", "payload": float("inf")}, "must be JSON"),
+    ("writer", {"task_id": "t1", "builder": "static", "writer": 1}, "non-empty string"),
+    (
+        "writer_config",
+        {"task_id": "t1", "builder": "static", "writer": "log", "writer_config": [1]},
+        "must be a JSON object",
+    ),
+    ("timeout_ms", {"task_id": "t1", "builder": "static", "timeout_ms": "5"}, "an integer"),
+    ("timeout_ms", {"task_id": "t1", "builder": "static", "timeout_ms": 1.5}, "an integer"),
+    ("failure_policy", {"task_id": "t1", "builder": "static", "failure_policy": "x"}, "one of"),
+    ("failure_policy", {"task_id": "t1", "builder": "static", "failure_policy": [1]}, "one of"),
+    ("retry", {"task_id": "t1", "builder": "static", "retry": 3}, "must be a JSON object"),
+    (
+        "retry.tries",
+        {"task_id": "t1", "builder": "static", "retry": {"max_attempts": 3, "tries": 1}},
+        "is not a retry key",
+    ),
+    (
+        "retry.max_attempts",
+        {"task_id": "t1", "builder": "static", "retry": {"base_backoff_ms": 3}},
+        "is required",
+    ),
+    (
+        "retry.jitter_percent",
+        {"task_id": "t1", "builder": "static", "retry": {"max_attempts": 3, "jitter_percent": "5"}},
+        "an integer",
+    ),
+    ("labels", {"task_id": "t1", "builder": "static", "labels": "a=b"}, "object of strings"),
+    ("labels.n", {"task_id": "t1", "builder": "static", "labels": {"n": 1}}, "must be a string"),
+]
+
+
+@pytest.mark.parametrize(("key", "document", "allowed"), TASK_FILE_ERRORS)
+def test_task_file_errors_name_the_key(key: str, document: Any, allowed: str) -> None:
+    with pytest.raises(InvalidTaskSpec) as excinfo:
+        task_spec_from_json(document)
+    assert excinfo.value.key == key
+    assert allowed in excinfo.value.allowed
+    assert key in str(excinfo.value)
+
+
+def test_unknown_task_key_error_lists_the_keys() -> None:
+    with pytest.raises(InvalidTaskSpec) as excinfo:
+        task_spec_from_json({"task_id": "t1", "builder": "x", "timeout": 5})
+    assert str(excinfo.value) == (
+        "task timeout = 5: is not a task key; the keys are task_id, builder, config, payload, "
+        "payload_text, writer, writer_config, timeout_ms, failure_policy, retry, labels"
+    )
+
+
+# --- errors and addresses ------------------------------------------------------------------
+
+
+def test_call_error_names_the_rpc_and_the_status() -> None:
+    error = WorkerCallError(rpc="SubmitTask", status=Status.UNAVAILABLE, message="draining")
+    assert str(error) == "SubmitTask failed: UNAVAILABLE: draining"
+    assert str(WorkerCallError(rpc="WatchTasks", status=Status.INTERNAL, message="")) == (
+        "WatchTasks failed: INTERNAL"
+    )
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1:8081", ("127.0.0.1", 8081)),
+        ("worker-3.internal:50051", ("worker-3.internal", 50051)),
+        ("[::1]:8081", ("::1", 8081)),
+    ],
+)
+def test_worker_addresses(address: str, expected: tuple[str, int]) -> None:
+    assert parse_worker_address(address) == expected
+
+
+@pytest.mark.parametrize(
+    "address", ["localhost", ":8081", "host:", "host:http", "host:0", "h:70000"]
+)
+def test_bad_worker_addresses(address: str) -> None:
+    with pytest.raises(InvalidWorkerAddress) as excinfo:
+        parse_worker_address(address)
+    assert excinfo.value.address == address
+
+
+# --- progress ------------------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def update(phase: pb.TaskPhase, state: pb.TaskState = pb.TaskState.RUNNING) -> pb.TaskUpdate:
+    is_terminal = phase == pb.TaskPhase.TERMINAL
+    return pb.TaskUpdate(task_id="t1", state=state, phase=phase, is_terminal=is_terminal)
+
+
+def test_progress_on_a_terminal_redraws_one_line() -> None:
+    now_s = [100.0]
+    stream = Terminal()
+    with cli.Progress(stream, "t1", clock=lambda: now_s[0]) as progress:
+        progress.redraw()  # nothing to show before the first update
+        progress.update(update(pb.TaskPhase.PREPARING))
+        now_s[0] = 101.5
+        progress.redraw()
+        now_s[0] = 102.25
+        progress.update(update(pb.TaskPhase.CALLS))
+        now_s[0] = 103.0
+        progress.update(update(pb.TaskPhase.TERMINAL, pb.TaskState.SUCCEEDED))
+    assert stream.getvalue() == (
+        "\rtask t1: PREPARING 0.0s"
+        "\rtask t1: PREPARING 1.5s"
+        "\rtask t1: CALLS 2.2s    "
+        "\rtask t1: SUCCEEDED 3.0s"
+        "\n"
+    )
+
+
+def test_progress_elsewhere_writes_a_line_per_update() -> None:
+    now_s = [0.0]
+    stream = io.StringIO()
+    with cli.Progress(stream, "t1", clock=lambda: now_s[0]) as progress:
+        progress.update(update(pb.TaskPhase.PREPARING))
+        now_s[0] = 1.0
+        progress.redraw()
+        progress.update(update(pb.TaskPhase.TERMINAL, pb.TaskState.FAILED))
+    assert stream.getvalue() == "task t1: PREPARING 0.0s\ntask t1: FAILED 1.0s\n"
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_serve_print_config_applies_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli.main(["serve", "--print-config", "--slots", "3", "--listen", "127.0.0.1:0"])
+    printed = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert printed["worker"]["taskSlots"] == 3
+    assert printed["listenAddr"] == "127.0.0.1:0"
+    assert printed["executorCount"] == 8
+    assert printed["workerRegistryPrefix"] == "/blockx/workers/"
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_serve_print_config_of_the_bundle_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["serve", "--profile", "bundle", "--print-config", "--executors", "2"]
+    assert cli.main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["workerRegistryPrefix"] == "/blockx/bundle-workers/"
+    assert printed["streamBuild"]["enabled"] is True
+    assert printed["executorCount"] == 2
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_serve_with_a_bad_flag_value_exits_1_naming_the_setting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["serve", "--print-config", "--slots", "0"]) == 1
+    assert last_error_line(capsys) == (
+        "blockx: error: worker.taskSlots = 0 (from override): must be > 0"
+    )
+
+
+def test_serve_runs_the_profile_with_the_flags_as_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from blockx import app  # noqa: PLC0415  (as the CLI does: only serving needs it)
+
+    runs: list[tuple[object, object]] = []
+
+    def fake_run(profile: object, *, overrides: object = None, env: object = None) -> int:
+        runs.append((profile, overrides))
+        return 0
+
+    logging_setups: list[dict[str, object]] = []
+    monkeypatch.setattr(app, "run", fake_run)
+    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: logging_setups.append(kwargs))
+
+    argv = ["serve", "--profile", "bundle", "--slots", "4", "--functions", "fn", "--executors", "1"]
+    assert cli.main(argv) == 0
+    assert runs == [
+        (
+            app.PROFILES["bundle"],
+            {
+                "listenAddr": None,
+                "worker.taskSlots": 4,
+                "executorCount": 1,
+                "functionCode.dir": "fn",
+            },
+        )
+    ]
+    assert logging_setups == [
+        {"stream": sys.stderr, "level": logging.INFO, "format": cli.LOG_FORMAT}
+    ]
+
+
+# --- submit flags --------------------------------------------------------------------------
+
+
+SUBMIT = ["submit", "--worker", "127.0.0.1:1", "--task-id", "t1"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--builder", "x", "--config", "{calls"],
+            "blockx: error: --config '{calls': is not valid JSON (",
+        ),
+        (
+            ["--builder", "x", "--config", "[1]"],
+            "blockx: error: --config '[1]': must be a JSON object",
+        ),
+        (
+            ["--builder", "x", "--writer", "log", "--writer-config", "nope"],
+            "blockx: error: --writer-config 'nope': is not valid JSON (",
+        ),
+        (["--builder", "x", "--label", "team"], "blockx: error: --label 'team': must be KEY=VALUE"),
+        (
+            ["--builder", "x", "--timeout-ms", "-5"],
+            "blockx: error: --timeout-ms -5: must be an integer from 0 to",
+        ),
+        (
+            ["--builder", "x", "--max-attempts", "-1"],
+            "blockx: error: --max-attempts -1: must be an integer from 0 to",
+        ),
+        (
+            ["--builder", "x", "--writer-config", "{}"],
+            "blockx: error: --writer-config {}: needs a writer",
+        ),
+    ],
+)
+def test_submit_flag_errors_exit_1_naming_the_flag(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*SUBMIT, *flags]) == 1
+    assert last_error_line(capsys).startswith(expected)
+
+
+def test_submit_unreadable_payload_file_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.bin"
+    assert cli.main([*SUBMIT, "--builder", "x", "--payload-file", str(missing)]) == 1
+    assert last_error_line(capsys) == (
+        f"blockx: error: --payload-file {str(missing)!r}: "
+        "cannot be read (No such file or directory)"
+    )
+
+
+def test_submit_task_file_errors_name_the_file_and_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task_file = tmp_path / "task.json"
+    task_file.write_text('{"builder": "x", "retry": {"max_attempts": -2}}', encoding="utf-8")
+    assert cli.main([*SUBMIT, "--file", str(task_file)]) == 1
+    assert last_error_line(capsys) == (
+        f"blockx: error: --file {str(task_file)!r}: task retry.max_attempts = -2: "
+        "must be an integer from 0 to 4294967295"
+    )
+
+
+def test_submit_task_file_that_is_not_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task_file = tmp_path / "task.json"
+    task_file.write_text("builder: x\n", encoding="utf-8")
+    assert cli.main([*SUBMIT, "--file", str(task_file)]) == 1
+    assert "--file" in last_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],  # neither --file nor --builder
+        ["--file", "task.json", "--builder", "x"],
+        ["--builder", "x", "--payload", "a", "--payload-file", "p"],
+        ["--file", "task.json", "--config", "{}"],
+        ["--file", "task.json", "--timeout-ms", "0"],
+        ["--file", "task.json", "--label", "a=b"],
+        ["--builder", "x", "--timeout-ms", "soon"],
+    ],
+)
+def test_submit_usage_errors_exit_2(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main([*SUBMIT, *flags])
+    assert excinfo.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+# --- reaching the worker -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", [["status"], ["result", "t1"], ["watch", "t1"], ["submit", "--builder", "x"]]
+)
+def test_an_unreachable_worker_exits_1(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    assert cli.main([*command, "--worker", address]) == 1
+    assert last_error_line(capsys).startswith(f"blockx: error: cannot reach worker at {address}: ")
+
+
+def test_a_bad_worker_address_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--worker", "nowhere"]) == 1
+    assert last_error_line(capsys) == ("blockx: error: worker address 'nowhere': must be HOST:PORT")
+
+
+# --- functions publish still works ---------------------------------------------------------
+
+
+def test_functions_publish_prints_the_epoch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published: list[tuple[str, str, str]] = []
+
+    def fake_publish(directory: str, redis_url: str, prefix: str) -> str:
+        published.append((directory, redis_url, prefix))
+        return "epoch-1"
+
+    monkeypatch.setattr(cli, "publish_directory", fake_publish)
+    argv = ["functions", "publish", "fn", "--redis", "redis://localhost:6379/0", "--prefix", "p:"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == "epoch-1\n"
+    assert published == [("fn", "redis://localhost:6379/0", "p:")]

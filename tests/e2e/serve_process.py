@@ -1,0 +1,123 @@
+"""A real `python -m blockx serve` process for e2e tests, and a client to talk to it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import trio
+import trio_asyncio
+from grpclib.client import Channel
+
+from blockx._proto.blockx.worker import v1 as pb
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "functions"
+READY_LINE = "worker ready on"
+START_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@attrs.define
+class ServeProcess:
+    process: trio.Process
+    port: int
+    log: list[str]
+    stub: pb.WorkerServiceStub
+    channel: Channel
+
+    async def call(self, method: object, request: object) -> object:
+        return await trio_asyncio.aio_as_trio(method)(request)
+
+    async def watch(
+        self, *task_ids: str, attached: trio.Event | None = None
+    ) -> list[pb.TaskUpdate]:
+        """Every update until all `task_ids` ended; `attached` is set at the first one."""
+        stream = self.stub.watch_tasks(pb.WatchTasksRequest(task_ids=list(task_ids)))
+        updates = []
+        async for update in trio_asyncio.aio_as_trio(stream):
+            updates.append(update)
+            if attached is not None:
+                attached.set()
+        return updates
+
+
+async def _pump(stream: trio.abc.ReceiveStream, log: list[str], ready: trio.Event) -> None:
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace")
+            log.append(text)
+            if READY_LINE in text:
+                ready.set()
+
+
+@asynccontextmanager
+async def serve_process(
+    *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[ServeProcess]:
+    """Start a worker on a free loopback port; yields once it logged that it is ready.
+
+    On exit the process is killed if it still runs (a test that stops it
+    itself checks its exit status first).
+    """
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "blockx",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--functions",
+        str(EXAMPLES),
+        *args,
+    ]
+    environment = {k: v for k, v in os.environ.items() if k != "WORKER_CONFIG"}
+    environment.update(env or {})
+    log: list[str] = []
+    ready = trio.Event()
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        process = await trio.lowlevel.open_process(
+            command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=environment, cwd=REPO
+        )
+        assert process.stderr is not None
+        nursery.start_soon(_pump, process.stderr, log, ready)
+        with trio.move_on_after(START_TIMEOUT_S):
+            await ready.wait()
+        if not ready.is_set():
+            process.kill()
+            raise AssertionError("worker did not get ready:\n" + "\n".join(log))
+        channel = await trio_asyncio.aio_as_trio(_channel)(port)
+        try:
+            yield ServeProcess(
+                process=process,
+                port=port,
+                log=log,
+                stub=pb.WorkerServiceStub(channel),
+                channel=channel,
+            )
+        finally:
+            channel.close()
+            if process.returncode is None:
+                process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            nursery.cancel_scope.cancel()
+
+
+async def _channel(port: int) -> Channel:
+    return Channel("127.0.0.1", port)

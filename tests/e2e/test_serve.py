@@ -1,0 +1,137 @@
+"""`python -m blockx serve` as a real process, with real executors and clients elsewhere."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from blockx._proto.blockx.worker import v1 as pb
+from tests.e2e.processes import alive
+from tests.e2e.serve_process import REPO, serve_process
+
+
+def call_list(task_id: str, calls: list[tuple[str, list[object]]], **fields: object) -> pb.TaskSpec:
+    payload = {"calls": [{"function": f, "args": a} for f, a in calls]}
+    return pb.TaskSpec(
+        task_id=task_id,
+        function_call=pb.FunctionCallConfig(type="call_list"),
+        payload=json.dumps(payload).encode(),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+async def test_example_tasks_succeed_fail_and_time_out_with_their_codes(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    async with serve_process("--executors", "2", "--slots", "8") as worker:
+        ok = call_list(
+            "ok",
+            [("demo.add", [1, 2]), ("text.shout", ["hi"])],
+            result_handler=pb.ResultHandler(
+                type="jsonl", config_json=json.dumps({"path": str(out)})
+            ),
+        )
+        failing = call_list("bad", [("demo.fail", ["no luck"])])
+        slow = call_list("slow", [("demo.sleep", [30])], task_timeout_ms=1_000)
+        for task in (ok, failing, slow):
+            reply = await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+            assert reply.state == pb.TaskState.RUNNING  # type: ignore[attr-defined]
+        updates = await worker.watch("ok", "bad", "slow")
+        results = {u.task_id: u.result for u in updates if u.is_terminal}
+
+        assert results["ok"] is not None
+        assert results["ok"].state == pb.TaskState.SUCCEEDED
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [line["value"] for line in lines] == [3, "HI!"]
+        assert results["ok"].execute_result is not None
+        assert results["ok"].execute_result.plugin_results[0].records_written == 2
+
+        assert results["bad"] is not None
+        assert (results["bad"].state, results["bad"].failure_code) == (
+            pb.TaskState.FAILED,
+            "CALL_RAISED",
+        )
+        assert "no luck" in results["bad"].message
+
+        assert results["slow"] is not None
+        assert (results["slow"].failure_code, results["slow"].retryable) == ("TIMED_OUT", True)
+
+
+async def test_the_cli_submits_and_follows_a_task_from_another_process() -> None:
+    async with serve_process("--executors", "2") as worker:
+        command = [
+            sys.executable, "-m", "blockx", "submit",
+            "--worker", f"127.0.0.1:{worker.port}",
+            "--task-id", "cli-1",
+            "--builder", "call_list",
+            "--payload", json.dumps({"calls": [{"function": "demo.add", "args": [20, 22]}]}),
+            "--writer", "test",
+            "--watch",
+        ]  # fmt: skip
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, cwd=REPO)
+        result = json.loads(done.stdout)
+        assert result["state"] == "TASK_STATE_SUCCEEDED" or result["state"] == "SUCCEEDED"
+        assert result["taskId"] == "cli-1"
+
+        failing = [*command[:7], "cli-2", *command[8:]]
+        failing[failing.index("--payload") + 1] = json.dumps(
+            {"calls": [{"function": "demo.fail", "args": ["x"]}]}
+        )
+        done = await trio.run_process(
+            failing, capture_stdout=True, capture_stderr=True, cwd=REPO, check=False
+        )
+        assert done.returncode == 1
+        assert b"CALL_RAISED" in done.stderr
+
+
+async def test_sigterm_ends_every_task_terminal_for_its_watchers_and_leaves_no_executor() -> None:
+    async with serve_process(
+        "--executors", "2", "--slots", "4", env={"DRAIN_TIMEOUT_MS": "1500"}
+    ) as worker:
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        pids = [e.pid for e in status.executors]  # type: ignore[attr-defined]
+        assert len(pids) == 2
+        assert all(alive(pid) for pid in pids)
+        quick = call_list("quick", [("demo.sleep", [0.5])])
+        stuck = call_list("stuck", [("demo.sleep", [60])])
+        for task in (quick, stuck):
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        seen: list[pb.TaskUpdate] = []
+        attached = trio.Event()
+
+        async def follow() -> None:
+            seen.extend(await worker.watch("quick", "stuck", attached=attached))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await attached.wait()
+            worker.process.send_signal(signal.SIGTERM)
+        results = {u.task_id: u.result for u in seen if u.is_terminal}
+        assert results["quick"] is not None
+        assert results["quick"].state == pb.TaskState.SUCCEEDED  # finished within the drain
+        assert results["stuck"] is not None
+        assert (results["stuck"].failure_code, results["stuck"].retryable) == (
+            "WORKER_SHUTDOWN",
+            True,
+        )
+        with trio.fail_after(30):
+            code = await worker.process.wait()
+        assert code == 0, "\n".join(worker.log)
+        assert not any(alive(pid) for pid in pids)
+
+
+def test_serve_refuses_bad_configuration_with_the_field_named() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "blockx", "serve", "--slots", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "worker.taskSlots" in done.stderr

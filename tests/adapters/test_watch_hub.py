@@ -42,12 +42,13 @@ def test_a_slow_reader_holds_one_pending_update_per_task_and_keeps_the_terminal_
         ("a", TaskState.RUNNING),
         ("b", TaskState.SUCCEEDED),
     ]
+    states = [stream.finished]
     assert stream.following == {"a"}
-    assert not stream.finished
     stream.offer(ended("a"))
-    assert not stream.finished  # the terminal update is still to be taken
+    states.append(stream.finished)  # the terminal update is still to be taken
     assert [s.task_id for s in stream.take()] == ["a"]
-    assert stream.finished
+    states.append(stream.finished)
+    assert states == [False, False, True]
     assert len(wakes) == 10_003
 
 

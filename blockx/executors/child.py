@@ -11,8 +11,11 @@ waited too long. Every write goes through one lock.
 Owns the executor side of the wire protocol, function lookup (through a
 `FunctionResolver`) and subcalls. Must never import trio (the child stays a
 lean, blocking program) and must never outlive its worker: end of file on the
-socket ends the process at once, even mid-call, and on Linux the kernel sends
-SIGKILL when the worker dies.
+socket ends the process at once, even mid-call (the reader thread sees it
+while the main thread runs a function). The kernel closes the worker's end
+when the worker dies in any way, SIGKILL included. (A parent-death signal is
+no guard here: it fires when the spawning *thread* ends, and Trio spawns
+processes from its thread cache, whose idle threads end after 10 s.)
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import ctypes
 import itertools
 import os
 import resource
@@ -117,22 +119,6 @@ def _exit(code: int) -> NoReturn:
 
 def _complain(text: str) -> None:
     print(f"blockx executor {os.getpid()}: {text}", file=sys.stderr, flush=True)
-
-
-def _die_with_parent() -> None:
-    """Second guard besides end of file: the kernel kills us when the worker dies.
-
-    Strictly, when the worker *thread* that spawned us ends: the pool spawns from
-    the Trio thread, which lives exactly as long as the worker.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    pr_set_pdeathsig = 1
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # no prctl here: end of file on the socket remains the guard
 
 
 def _rss_bytes() -> int:
@@ -558,7 +544,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if not token:
         _complain(f"{TOKEN_ENV} is not set; executors are started by the worker")
         _exit(EXIT_USAGE)
-    _die_with_parent()
     tune_gc()
     # Ctrl-C in a terminal reaches the whole process group; the worker decides
     # when executors stop.

@@ -1,0 +1,503 @@
+"""A real worker process over gRPC: start time, memory, task latency and rate, RPC rate.
+
+    uv run python bench/serve.py [--tasks 2000] [--in-flight 64] [--latency-tasks 500]
+                                 [--executors 2]
+
+One run starts `python -m blockx serve` (128 slots, examples/functions) and
+measures, from a plain-asyncio grpclib client in this process:
+
+* ready_s: spawning the process -> its "worker ready on" log line.
+* idle_rss_mb: worker + executor RSS after ~1 s idle, in MiB (2**20 bytes).
+* latency_p50_ms / latency_p99_ms: one-call tasks (`demo.add`) one after
+  another, each timed from just before SubmitTask to the terminal WatchTasks
+  update (after warm-up tasks).
+* tasks_per_s: one-call tasks with `--in-flight` concurrent submit+watch loops,
+  first submit -> last terminal update.
+* rpc_per_s / echo_rpc_per_s / rpc_ratio: GetTaskResult of a finished task
+  from many concurrent callers, against the worker and against a bare grpclib
+  echo server (plain asyncio, its own process) that answers with the very
+  reply the worker gave; the same load, in alternating rounds of one run
+  (medians).
+
+Targets: latency p50 <= 2 ms, p99 <= 5 ms; tasks/s >= 1500; rpc_ratio >= 0.8
+(RPC rate >= 80 % of the echo server's); idle RSS <= 150 MiB; ready <= 1.0 s.
+Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from grpclib.client import Channel
+from grpclib.server import Server
+
+from blockx._process import tune_gc
+from blockx._proto.blockx.worker import v1 as pb
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "functions"
+HOST = "127.0.0.1"
+READY_LINE = "worker ready on"
+ECHO_READY_LINE = "echo ready"
+SLOTS = 128
+WARMUP_TASKS = 50
+START_TIMEOUT_S = 60
+PHASE_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+IDLE_S = 1.0
+RPC_WARMUP_S = 0.5
+MIB = 2**20
+T = TypeVar("T")
+# Lines of the worker's log that the bench repeats on stderr at the end.
+NOTEWORTHY = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|Exception")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+def worker_command(port: int, executors: int) -> list[str]:
+    return [
+        *(sys.executable, "-m", "blockx", "serve", "--listen", f"{HOST}:{port}"),
+        *("--executors", str(executors), "--slots", str(SLOTS), "--functions", str(EXAMPLES)),
+    ]
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / MIB  # the kernel reports kB (KiB)
+    raise SystemExit(f"no VmRSS for pid {pid}")
+
+
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+    except FileNotFoundError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuUse:
+    """How busy each group of processes was over one or more blocks: who saturates a phase.
+
+    Use `with meter:` around each block, then `report()`. A process that is
+    gone by the end of a block (an executor replaced mid-phase) is left out of
+    its group's figure, which is then marked.
+    """
+
+    def __init__(self, phase: str, groups: dict[str, list[int]]) -> None:
+        self.phase = phase
+        self.groups = groups
+        self._elapsed_s = 0.0
+        self._used_s = dict.fromkeys(groups, 0.0)
+        self._gone: set[int] = set()
+        self._started = 0.0
+        self._cpu: dict[int, float | None] = {}
+
+    def _read(self) -> dict[int, float | None]:
+        return {pid: cpu_s(pid) for pids in self.groups.values() for pid in pids}
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+        self._cpu = self._read()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._elapsed_s += time.perf_counter() - self._started
+        now = self._read()
+        for name, pids in self.groups.items():
+            for pid in pids:
+                before, after = self._cpu[pid], now[pid]
+                if before is None or after is None:
+                    self._gone.add(pid)
+                else:
+                    self._used_s[name] += after - before
+
+    def report(self) -> None:
+        shares = []
+        for name, pids in self.groups.items():
+            gone = "".join(f" (pid {pid} gone)" for pid in pids if pid in self._gone)
+            shares.append(f"{name} {100 * self._used_s[name] / self._elapsed_s:.0f} %{gone}")
+        print(f"detail: {self.phase}: CPU use (of one core) {', '.join(shares)}", flush=True)
+
+
+def one_call_task(task_id: str) -> pb.TaskSpec:
+    calls = [{"function": "demo.add", "args": [1, 2]}]
+    return pb.TaskSpec(
+        task_id=task_id,
+        function_call=pb.FunctionCallConfig(type="call_list"),
+        payload=json.dumps({"calls": calls}).encode(),
+    )
+
+
+def percentile(samples: list[float], p: int) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[p - 1]
+
+
+def result(name: str, value: float, digits: int) -> None:
+    print(f"RESULT name={name} value={value:.{digits}f}", flush=True)
+
+
+# ------------------------------------------------------------------ the worker
+
+
+class WorkerProcess:
+    """The worker child: its stderr is read into `log` for its whole life."""
+
+    def __init__(self, process: asyncio.subprocess.Process, port: int) -> None:
+        self.process = process
+        self.port = port
+        self.log: list[str] = []
+        self.ready = asyncio.Event()
+        self.ready_at = 0.0
+        self._reader = asyncio.create_task(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        # Read to EOF: a full pipe would block the worker's logging.
+        async for raw in self.process.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.log.append(line)
+            if not self.ready.is_set() and READY_LINE in line:
+                self.ready_at = time.perf_counter()
+                self.ready.set()
+
+    async def stop(self) -> int:
+        """SIGTERM, then wait (kill after STOP_TIMEOUT_S); returns the exit status."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                code = await self.process.wait()
+        except TimeoutError:
+            print(f"worker still running {STOP_TIMEOUT_S} s after SIGTERM: killed", file=sys.stderr)
+            self.process.kill()
+            code = await self.process.wait()
+        await self._reader
+        return code
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log[-lines:])
+
+
+async def start_worker(executors: int) -> tuple[WorkerProcess, float]:
+    """Start the worker; returns it and the seconds from spawn to its ready line."""
+    port = free_port()
+    command = worker_command(port, executors)
+    spawned = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        *command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO
+    )
+    worker = WorkerProcess(process, port)
+    exited = asyncio.create_task(process.wait())
+    ready = asyncio.create_task(worker.ready.wait())
+    first = asyncio.FIRST_COMPLETED
+    await asyncio.wait({exited, ready}, timeout=START_TIMEOUT_S, return_when=first)
+    exited.cancel()
+    ready.cancel()
+    if not worker.ready.is_set():
+        code = await worker.stop()
+        raise SystemExit(f"worker did not get ready (exit status {code}):\n{worker.tail()}")
+    return worker, worker.ready_at - spawned
+
+
+# ------------------------------------------------------------------ tasks
+
+
+class TaskTimes:
+    """Per-task seconds: submit RPC, submit -> terminal update, and the worker's own total."""
+
+    def __init__(self) -> None:
+        self.submit_s: list[float] = []
+        self.end_to_end_s: list[float] = []
+        self.worker_total_ms: list[int] = []
+
+    def describe(self) -> str:
+        """Where the median task's time goes: a hint, not a figure."""
+        watch_s = [
+            end - submit for submit, end in zip(self.submit_s, self.end_to_end_s, strict=True)
+        ]
+        worker_ms = statistics.median(self.worker_total_ms) if self.worker_total_ms else "n/a"
+        return (
+            f"detail: p50 of SubmitTask {statistics.median(self.submit_s) * 1000:.3f} ms, "
+            f"of submit returned -> terminal update {statistics.median(watch_s) * 1000:.3f} ms, "
+            f"of the worker's timings.total_ms {worker_ms} ms"
+        )
+
+
+async def run_task(stub: pb.WorkerServiceStub, task_id: str, times: TaskTimes) -> float:
+    """Submit one task and watch it to the end; returns the time of its terminal update."""
+    started = time.perf_counter()
+    await stub.submit_task(pb.SubmitTaskRequest(task=one_call_task(task_id)))
+    submitted = time.perf_counter()
+    terminal: pb.TaskUpdate | None = None
+    ended = 0.0
+    async for update in stub.watch_tasks(pb.WatchTasksRequest(task_ids=[task_id])):
+        if update.is_terminal and terminal is None:
+            ended = time.perf_counter()
+            terminal = update
+    if terminal is None:
+        raise SystemExit(f"the watch of {task_id} ended without a terminal update")
+    if terminal.state != pb.TaskState.SUCCEEDED:
+        raise SystemExit(f"task {task_id} ended {terminal.state.name}: {terminal.result}")
+    times.submit_s.append(submitted - started)
+    times.end_to_end_s.append(ended - started)
+    if terminal.result is not None and terminal.result.timings is not None:
+        times.worker_total_ms.append(terminal.result.timings.total_ms)
+    return ended
+
+
+async def sequential_latency(stub: pb.WorkerServiceStub, count: int) -> TaskTimes:
+    warm = TaskTimes()
+    for i in range(WARMUP_TASKS):
+        await run_task(stub, f"warm-{i}", warm)
+    times = TaskTimes()
+    for i in range(count):
+        await run_task(stub, f"latency-{i}", times)
+    return times
+
+
+async def tasks_per_s(channels: list[Channel], count: int, in_flight: int) -> float:
+    stubs = [pb.WorkerServiceStub(channel) for channel in channels]
+    task_ids = iter(range(count))  # shared by the loops: each takes the next id
+    times = TaskTimes()
+
+    async def loop(stub: pb.WorkerServiceStub) -> float:
+        last = 0.0
+        for i in task_ids:
+            last = max(last, await run_task(stub, f"rate-{i}", times))
+        return last
+
+    started = time.perf_counter()
+    ends = await asyncio.gather(*(loop(stubs[n % len(stubs)]) for n in range(in_flight)))
+    return count / (max(ends) - started)
+
+
+# ------------------------------------------------------------------ unary RPC
+
+
+class RpcLoad:
+    """GetTaskResult calls from `callers` concurrent loops over `channels` connections."""
+
+    def __init__(self, port: int, task_id: str, callers: int, channels: int) -> None:
+        self.callers = callers
+        self._channels = [Channel(HOST, port) for _ in range(channels)]
+        self._stubs = [pb.WorkerServiceStub(channel) for channel in self._channels]
+        self._request = pb.GetTaskResultRequest(task_id=task_id)
+
+    async def _loop(self, stub: pb.WorkerServiceStub, until: float) -> int:
+        calls = 0
+        while time.perf_counter() < until:
+            await stub.get_task_result(self._request)
+            calls += 1
+        return calls
+
+    async def rate(self, seconds: float) -> float:
+        """Calls per second over about `seconds`."""
+        started = time.perf_counter()
+        until = started + seconds
+        stubs = self._stubs
+        loops = (self._loop(stubs[n % len(stubs)], until) for n in range(self.callers))
+        calls = sum(await asyncio.gather(*loops))
+        return calls / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+
+async def compare_rpc(
+    loads: dict[str, RpcLoad], meters: dict[str, CpuUse], seconds: float, rounds: int
+) -> dict[str, float]:
+    """Median rate of each load over `rounds` alternating rounds of `seconds / rounds`.
+
+    Alternating spreads any outside load on the (shared, small) machine over
+    both servers instead of letting it land on one.
+    """
+    for load in loads.values():
+        await load.rate(RPC_WARMUP_S)  # connections open, code paths warm
+    rates: dict[str, list[float]] = {name: [] for name in loads}
+    for _ in range(rounds):
+        for name, load in loads.items():
+            with meters[name]:
+                rates[name].append(await load.rate(seconds / rounds))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+class EchoService(pb.WorkerServiceBase):
+    """Answers GetTaskResult with one fixed reply: the floor for a grpclib unary RPC."""
+
+    def __init__(self, reply: pb.GetTaskResultResponse) -> None:
+        self.reply = reply
+
+    async def get_task_result(self, message: pb.GetTaskResultRequest) -> pb.GetTaskResultResponse:
+        return self.reply
+
+
+async def echo_server(port: int, reply_hex: str) -> None:
+    server = Server([EchoService(pb.GetTaskResultResponse.parse(bytes.fromhex(reply_hex)))])
+    await server.start(HOST, port)
+    print(ECHO_READY_LINE, flush=True)
+    await server.wait_closed()
+
+
+async def start_echo_server(
+    reply: pb.GetTaskResultResponse,
+) -> tuple[asyncio.subprocess.Process, int]:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, __file__, "--echo-server", str(port), bytes(reply).hex()),
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    async with asyncio.timeout(START_TIMEOUT_S):
+        line = await process.stdout.readline()
+    if ECHO_READY_LINE not in line.decode():
+        raise SystemExit(f"the echo server did not start (exit status {await process.wait()})")
+    return process, port
+
+
+# ------------------------------------------------------------------ the run
+
+
+async def phase(name: str, work: Callable[[], Awaitable[T]]) -> T:
+    try:
+        async with asyncio.timeout(PHASE_TIMEOUT_S):
+            return await work()
+    except TimeoutError:
+        raise SystemExit(f"{name} did not finish within {PHASE_TIMEOUT_S} s") from None
+
+
+async def measure_idle_rss(worker: WorkerProcess, stub: pb.WorkerServiceStub) -> list[int]:
+    """Prints idle_rss_mb; returns the executors' pids."""
+    await asyncio.sleep(IDLE_S)
+    status = await stub.get_worker_status(pb.GetWorkerStatusRequest())
+    pids = [executor.pid for executor in status.executors]
+    rss = rss_mib(worker.process.pid) + sum(rss_mib(pid) for pid in pids)
+    result("idle_rss_mb", rss, 1)
+    print(f"detail: {len(pids)} executors, pids {pids}", flush=True)
+    return pids
+
+
+async def measure_tasks(
+    args: argparse.Namespace, channels: list[Channel], serving: dict[str, list[int]]
+) -> None:
+    stub = pb.WorkerServiceStub(channels[0])
+    latency_cpu = CpuUse("latency", serving)
+    with latency_cpu:
+        times = await phase("latency", lambda: sequential_latency(stub, args.latency_tasks))
+    latency_cpu.report()
+    result("latency_p50_ms", statistics.median(times.end_to_end_s) * 1000, 3)
+    result("latency_p99_ms", percentile(times.end_to_end_s, 99) * 1000, 3)
+    print(times.describe(), flush=True)
+
+    tasks_cpu = CpuUse("tasks", serving)
+    with tasks_cpu:
+        rate = await phase("tasks", lambda: tasks_per_s(channels, args.tasks, args.in_flight))
+    tasks_cpu.report()
+    result("tasks_per_s", rate, 0)
+
+
+async def measure_rpc(
+    args: argparse.Namespace, worker: WorkerProcess, serving: dict[str, list[int]]
+) -> None:
+    finished = "latency-0"  # a task of the latency phase: its result is retained
+    probe = Channel(HOST, worker.port)
+    try:
+        request = pb.GetTaskResultRequest(task_id=finished)
+        reply = await pb.WorkerServiceStub(probe).get_task_result(request)
+    finally:
+        probe.close()
+    echo, echo_port = await start_echo_server(reply)
+    load = (finished, args.rpc_callers, args.channels)
+    loads = {"worker": RpcLoad(worker.port, *load), "echo": RpcLoad(echo_port, *load)}
+    meters = {
+        "worker": CpuUse("rpc", serving),
+        "echo": CpuUse("echo rpc", {"bench": serving["bench"], "echo": [echo.pid]}),
+    }
+    try:
+        rpc = await phase(
+            "rpc", lambda: compare_rpc(loads, meters, args.rpc_seconds, args.rpc_rounds)
+        )
+    finally:
+        for rpc_load in loads.values():
+            rpc_load.close()
+        echo.terminate()
+        await echo.wait()
+    for meter in meters.values():
+        meter.report()
+    result("rpc_per_s", rpc["worker"], 0)
+    result("echo_rpc_per_s", rpc["echo"], 0)
+    result("rpc_ratio", rpc["worker"] / rpc["echo"], 3)
+
+
+async def stop_worker(worker: WorkerProcess, log_path: str | None) -> None:
+    """SIGTERM and wait; say what went wrong in its log and its exit status."""
+    code = await worker.stop()
+    if log_path is not None:
+        Path(log_path).write_text("\n".join(worker.log) + "\n")
+    noteworthy = [line for line in worker.log if NOTEWORTHY.search(line)]
+    if noteworthy:
+        print(f"worker log: {len(noteworthy)} noteworthy lines, first 20:", file=sys.stderr)
+        print("\n".join(noteworthy[:20]), file=sys.stderr)
+    if code != 0:
+        print(f"worker exited with status {code}; its log ends:", file=sys.stderr)
+        print(worker.tail(), file=sys.stderr)
+
+
+async def bench(args: argparse.Namespace) -> None:
+    worker, ready_s = await start_worker(args.executors)
+    channels = [Channel(HOST, worker.port) for _ in range(args.channels)]
+    try:
+        result("ready_s", ready_s, 3)
+        pids = await measure_idle_rss(worker, pb.WorkerServiceStub(channels[0]))
+        serving = {"bench": [os.getpid()], "worker": [worker.process.pid], "executors": pids}
+        await measure_tasks(args, channels, serving)
+        await measure_rpc(args, worker, serving)
+    finally:
+        for channel in channels:
+            channel.close()
+        await stop_worker(worker, args.worker_log)
+
+
+def main() -> None:
+    tune_gc()  # as the worker process does
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks of the rate phase")
+    parser.add_argument("--in-flight", type=int, default=64, help="concurrent task loops")
+    parser.add_argument("--latency-tasks", type=int, default=500, help="sequential tasks timed")
+    parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument("--rpc-callers", type=int, default=64, help="concurrent RPC loops")
+    parser.add_argument("--rpc-seconds", type=float, default=3.0, help="RPC load per server")
+    parser.add_argument("--rpc-rounds", type=int, default=3, help="alternating rounds; medians")
+    parser.add_argument("--channels", type=int, default=4, help="client connections per server")
+    parser.add_argument("--worker-log", metavar="PATH", help="write the worker's stderr here")
+    parser.add_argument("--echo-server", nargs=2, metavar=("PORT", "REPLY"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.echo_server is not None:
+        port, reply_hex = args.echo_server
+        asyncio.run(echo_server(int(port), reply_hex))
+        return
+    asyncio.run(bench(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
@@ -32,8 +32,8 @@ from blockx.actors._timer import WorkerClock
 from blockx.errors import BlockxError
 from blockx.functions import FunctionCodeView
 from blockx.phases import CallPhaseOutcome, CallPolicy, CallSpec
-from blockx.phases.builders import BuilderFailed, BuilderRegistry, BuildRequest
-from blockx.phases.plugins import WriteRequest, WriterFailed, WriterRegistry
+from blockx.phases.builders import BuilderRegistry, BuildRequest
+from blockx.phases.plugins import PhaseFailed, WriteRequest, WriterRegistry
 from blockx.slots import (
     CallFailurePolicy,
     CallStats,
@@ -50,6 +50,8 @@ logger = logging.getLogger("blockx.task")
 
 PHASE_IO_TIMED_OUT = "PHASE_IO_TIMEOUT"
 PLUGIN_NOT_FOUND = "PLUGIN_NOT_FOUND"
+
+T = TypeVar("T")
 
 PhaseCommand = StartBuilderPhase | StartCallPhase | StartWriterPhase
 
@@ -189,19 +191,11 @@ class _TaskRun:
             task_code_epoch=self._epoch or "",
             labels=self._spec.labels,
         )
-        async with self._rt.admission.builder:
-            try:
-                with trio.fail_after(self._rt.phase_io_timeout_ms / 1000):
-                    calls = await builder.build(request)
-            except BuilderFailed as error:
-                return PhaseOutcome(
-                    ok=False,
-                    failure_code=error.code,
-                    message=error.message,
-                    retryable=error.retryable,
-                )
-            except trio.TooSlowError:
-                return self._io_timed_out(f"builder {kind!r}")
+        calls = await self._bounded(
+            f"builder {kind!r}", self._rt.admission.builder, lambda: builder.build(request)
+        )
+        if isinstance(calls, PhaseOutcome):
+            return calls
         self._calls = calls
         return PhaseOutcome(ok=True, call_count=len(calls))
 
@@ -245,11 +239,25 @@ class _TaskRun:
             outputs=outputs,
             task_code_epoch=self._epoch or "",
         )
-        async with self._rt.admission.plugin:
+        result = await self._bounded(
+            f"writer plugin {handler.type!r}",
+            self._rt.admission.plugin,
+            lambda: writer.write(request),
+        )
+        if isinstance(result, PhaseOutcome):
+            return result
+        return PhaseOutcome(ok=result.ok, plugin_results=(result,))
+
+    async def _bounded(
+        self, what: str, admission: trio.Semaphore, work: Callable[[], Awaitable[T]]
+    ) -> T | PhaseOutcome:
+        """`work` under its phase's admission and the phase IO timeout; a refusal as an outcome."""
+        timeout_ms = self._rt.phase_io_timeout_ms
+        async with admission:
             try:
-                with trio.fail_after(self._rt.phase_io_timeout_ms / 1000):
-                    result = await writer.write(request)
-            except WriterFailed as error:
+                with trio.fail_after(timeout_ms / 1000):
+                    return await work()
+            except PhaseFailed as error:
                 return PhaseOutcome(
                     ok=False,
                     failure_code=error.code,
@@ -257,16 +265,12 @@ class _TaskRun:
                     retryable=error.retryable,
                 )
             except trio.TooSlowError:
-                return self._io_timed_out(f"writer plugin {handler.type!r}")
-        return PhaseOutcome(ok=result.ok, plugin_results=(result,))
-
-    def _io_timed_out(self, what: str) -> PhaseOutcome:
-        return PhaseOutcome(
-            ok=False,
-            failure_code=PHASE_IO_TIMED_OUT,
-            message=f"{what} took longer than phaseIoTimeoutMs ({self._rt.phase_io_timeout_ms})",
-            retryable=True,
-        )
+                return PhaseOutcome(
+                    ok=False,
+                    failure_code=PHASE_IO_TIMED_OUT,
+                    message=f"{what} took longer than phaseIoTimeoutMs ({timeout_ms})",
+                    retryable=True,
+                )
 
 
 _PHASE_OF: dict[type, TaskPhase] = {

@@ -330,3 +330,34 @@ async def test_a_lapsed_reservation_frees_its_slot_when_its_lease_ends(
             worker, worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="l1")
         )
         assert code is Status.NOT_FOUND
+
+
+async def test_writer_failures_unknown_writers_and_slow_writers_end_with_their_codes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = worker_config(phaseIoTimeoutMs=1_000)
+    async with running_worker(config) as worker:
+        handlers = {
+            "p1": pb.ResultHandler(type="test", config_json='{"fail": true, "message": "disk"}'),
+            "p2": pb.ResultHandler(type="table_upserts"),
+            "p3": pb.ResultHandler(type="test", config_json='{"delay_ms": 5000}'),
+            "p4": pb.ResultHandler(type="test"),
+        }
+        for task_id, handler in handlers.items():
+            task = call_list_task(task_id, ("demo.add", [1, 2]), result_handler=handler)
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, *handlers)
+        results = {u.task_id: u.result for u in updates if u.result is not None}
+        codes = {task_id: (r.state, r.failure_code) for task_id, r in results.items()}
+        assert codes == {
+            "p1": (pb.TaskState.FAILED, "PLUGIN_FAILED"),
+            "p2": (pb.TaskState.FAILED, "PLUGIN_NOT_FOUND"),
+            "p3": (pb.TaskState.FAILED, "PHASE_IO_TIMEOUT"),
+            "p4": (pb.TaskState.SUCCEEDED, ""),
+        }
+        assert results["p1"].message == "disk"
+        assert "'table_upserts'" in results["p2"].message
+        assert "phaseIoTimeoutMs (1000)" in results["p3"].message
+        assert results["p3"].retryable
+        assert results["p4"].execute_result is not None
+        assert results["p4"].execute_result.plugin_results[0].records_written == 1

@@ -190,8 +190,13 @@ async def test_memory_writer_with_fail_false_stores() -> None:
         pytest.param(
             {"fails": True},
             "test: config_json has unknown key 'fails'; allowed keys: fail, message, retryable, "
-            "code",
+            "code, delay_ms",
             id="unknown-key",
+        ),
+        pytest.param(
+            {"delay_ms": -1},
+            "test: config_json.delay_ms must be an integer >= 0, got -1",
+            id="negative-delay",
         ),
         pytest.param(
             "[true]", "test: config_json must be a JSON object, got [True]", id="not-an-object"

@@ -12,9 +12,8 @@ from typing import ClassVar, Protocol
 
 import attrs
 
-from blockx.errors import BlockxError
 from blockx.phases._dispatch_types import CallSpec
-from blockx.phases.plugins._registry import PluginRegistry
+from blockx.phases.plugins._registry import PhaseFailed, PluginRegistry
 from blockx.slots import FailureCode, FunctionCall
 
 
@@ -38,24 +37,13 @@ class Builder(Protocol):
     async def build(self, request: BuildRequest) -> list[CallSpec]: ...
 
 
-class BuilderFailed(BlockxError):
+class BuilderFailed(PhaseFailed):
     """The task's payload or function-call config cannot be turned into calls.
 
-    `code` becomes the task's failure code; `retryable` says whether the same
-    task may succeed if submitted again (a bad payload never does).
+    A bad payload never succeeds when submitted again: not retryable by default.
     """
 
-    def __init__(
-        self,
-        *,
-        message: str,
-        code: str = FailureCode.BUILDER_FAILED.value,
-        retryable: bool = False,
-    ) -> None:
-        self.code = code
-        self.message = message
-        self.retryable = retryable
-        super().__init__(message)
+    default_code: ClassVar[str] = FailureCode.BUILDER_FAILED.value
 
 
 class BuilderRegistry(PluginRegistry[Builder]):

@@ -15,7 +15,12 @@ from blockx.phases.plugins._jsonl import JsonlWriter
 from blockx.phases.plugins._log import LogWriter
 from blockx.phases.plugins._memory import TEST_STORE_TASKS, MemoryWriter, test_outputs
 from blockx.phases.plugins._model import Writer, WriteRequest, WriterFailed, WriterRegistry
-from blockx.phases.plugins._registry import DuplicatePlugin, UnknownPlugin, select_plugins
+from blockx.phases.plugins._registry import (
+    DuplicatePlugin,
+    PhaseFailed,
+    UnknownPlugin,
+    select_plugins,
+)
 
 _FACTORIES: Final[Mapping[str, Callable[[], Writer]]] = {
     "log": LogWriter,
@@ -39,6 +44,7 @@ __all__ = [
     "JsonlWriter",
     "LogWriter",
     "MemoryWriter",
+    "PhaseFailed",
     "UnknownPlugin",
     "WriteRequest",
     "Writer",

@@ -5,13 +5,16 @@ state": an end-to-end test reads what a task wrote through `test_outputs`
 without reaching into the worker's objects. It is bounded (the last
 `TEST_STORE_TASKS` tasks; the oldest is dropped) and touched only from the
 Trio thread. Config `{"fail": true, "message": ..., "retryable": ...,
-"code": ...}` makes the writer fail instead, to test failure handling.
+"code": ...}` makes the writer fail instead, to test failure handling, and
+`{"delay_ms": N}` makes it take N ms first, to try the phase IO timeout.
 """
 
 from __future__ import annotations
 
 import collections
 from typing import Final
+
+import trio
 
 from blockx.phases.plugins._model import (
     WriteRequest,
@@ -64,8 +67,15 @@ class MemoryWriter:
 
     async def write(self, request: WriteRequest) -> PluginResult:
         config = parse_config(
-            NAME, request.handler.config_json, ("fail", "message", "retryable", "code")
+            NAME, request.handler.config_json, ("fail", "message", "retryable", "code", "delay_ms")
         )
+        delay_ms = config.get("delay_ms", 0)
+        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
+            raise WriterFailed(
+                message=f"{NAME}: config_json.delay_ms must be an integer >= 0, "
+                f"got {shown(delay_ms)}"
+            )
+        await trio.sleep(delay_ms / 1000)
         if _flag(config, "fail"):
             raise WriterFailed(
                 message=_text(config, "message", DEFAULT_FAILURE),

@@ -14,9 +14,8 @@ from typing import ClassVar, Final, Protocol
 import attrs
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 
-from blockx.errors import BlockxError
 from blockx.executors._wire import decode_value
-from blockx.phases.plugins._registry import PluginRegistry
+from blockx.phases.plugins._registry import PhaseFailed, PluginRegistry
 from blockx.slots import FailureCode, PluginResult, ResultHandler
 
 SHOWN_CHARS: Final = 80
@@ -46,24 +45,10 @@ class Writer(Protocol):
     async def write(self, request: WriteRequest) -> PluginResult: ...
 
 
-class WriterFailed(BlockxError):
-    """The outputs could not be stored.
+class WriterFailed(PhaseFailed):
+    """The outputs could not be stored (a full disk may clear, a bad config never does)."""
 
-    `code` becomes the task's failure code; `retryable` says whether running
-    the task again may succeed (a full disk may clear, a bad config never does).
-    """
-
-    def __init__(
-        self,
-        *,
-        message: str,
-        code: str = FailureCode.PLUGIN_FAILED.value,
-        retryable: bool = False,
-    ) -> None:
-        self.code = code
-        self.message = message
-        self.retryable = retryable
-        super().__init__(message)
+    default_code: ClassVar[str] = FailureCode.PLUGIN_FAILED.value
 
 
 class WriterRegistry(PluginRegistry[Writer]):

@@ -35,6 +35,22 @@ class DuplicatePlugin(BlockxError):
         super().__init__(f"two {kind}s are named {name!r}; each name may be registered once")
 
 
+class PhaseFailed(BlockxError):
+    """A builder or writer could not do its part for one task.
+
+    `code` becomes the task's failure code (the phase's default unless given);
+    `retryable` says whether running the same task again may succeed.
+    """
+
+    default_code: ClassVar[str]
+
+    def __init__(self, *, message: str, code: str | None = None, retryable: bool = False) -> None:
+        self.code = code or self.default_code
+        self.message = message
+        self.retryable = retryable
+        super().__init__(message)
+
+
 class Named(Protocol):
     @property
     def name(self) -> str: ...

@@ -1,6 +1,9 @@
 """Helpers of e2e tests that look at real processes."""
 
+import os
 from pathlib import Path
+
+import trio
 
 
 def alive(pid: int) -> bool:
@@ -10,3 +13,15 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def wait_exited(pid: int) -> None:
+    """Until `pid` has exited (a pidfd becomes readable then); returns at once if it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)

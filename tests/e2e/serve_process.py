@@ -36,6 +36,13 @@ class ServeProcess:
     log: list[str]
     stub: pb.WorkerServiceStub
     channel: Channel
+    logged: trio.Event
+    """Replaced by a fresh event, after being set, whenever a line is logged."""
+
+    async def wait_for_line(self, text: str) -> None:
+        """Until the worker has logged a line containing `text`."""
+        while not any(text in line for line in self.log):
+            await self.logged.wait()
 
     async def call(self, method: object, request: object) -> object:
         return await trio_asyncio.aio_as_trio(method)(request)
@@ -53,16 +60,18 @@ class ServeProcess:
         return updates
 
 
-async def _pump(stream: trio.abc.ReceiveStream, log: list[str], ready: trio.Event) -> None:
+async def _pump(stream: trio.abc.ReceiveStream, worker: ServeProcess, ready: trio.Event) -> None:
     buffer = b""
     async for chunk in stream:
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             text = line.decode(errors="replace")
-            log.append(text)
+            worker.log.append(text)
             if READY_LINE in text:
                 ready.set()
+        worker.logged.set()
+        worker.logged = trio.Event()
 
 
 @asynccontextmanager
@@ -95,21 +104,23 @@ async def serve_process(
             command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=environment, cwd=REPO
         )
         assert process.stderr is not None
-        nursery.start_soon(_pump, process.stderr, log, ready)
+        channel = await trio_asyncio.aio_as_trio(_channel)(port)
+        worker = ServeProcess(
+            process=process,
+            port=port,
+            log=log,
+            stub=pb.WorkerServiceStub(channel),
+            channel=channel,
+            logged=trio.Event(),
+        )
+        nursery.start_soon(_pump, process.stderr, worker, ready)
         with trio.move_on_after(START_TIMEOUT_S):
             await ready.wait()
         if not ready.is_set():
             process.kill()
             raise AssertionError("worker did not get ready:\n" + "\n".join(log))
-        channel = await trio_asyncio.aio_as_trio(_channel)(port)
         try:
-            yield ServeProcess(
-                process=process,
-                port=port,
-                log=log,
-                stub=pb.WorkerServiceStub(channel),
-                channel=channel,
-            )
+            yield worker
         finally:
             channel.close()
             if process.returncode is None:

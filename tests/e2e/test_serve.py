@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
-from tests.e2e.processes import alive
+from tests.e2e.processes import alive, wait_exited
 from tests.e2e.serve_process import REPO, serve_process
 
 
@@ -135,3 +135,20 @@ def test_serve_refuses_bad_configuration_with_the_field_named() -> None:
     )
     assert done.returncode == 1
     assert "worker.taskSlots" in done.stderr
+
+
+async def test_a_second_sigterm_exits_at_once_and_leaves_no_executor() -> None:
+    async with serve_process("--executors", "2", env={"DRAIN_TIMEOUT_MS": "60000"}) as worker:
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        pids = [e.pid for e in status.executors]  # type: ignore[attr-defined]
+        stuck = call_list("stuck", [("demo.sleep", [60])])
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=stuck))
+        worker.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            await worker.wait_for_line("shutting down")
+            worker.process.send_signal(signal.SIGTERM)
+            code = await worker.process.wait()
+        assert code == 128 + signal.SIGTERM
+        with trio.fail_after(10):  # executors exit on their closed sockets
+            for pid in pids:
+                await wait_exited(pid)

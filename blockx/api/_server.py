@@ -24,19 +24,25 @@ from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server
 
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
-from blockx.api._service import WorkerService
+from blockx.api._service import Encoded, WorkerService
 
 SERVICE_NAME = "blockx.worker.v1.WorkerService"
 
 
 class SizeLimitedCodec(ProtoCodec):
-    """Protobuf codec that refuses messages larger than `max_bytes`."""
+    """Protobuf codec that refuses messages larger than `max_bytes`.
+
+    A reply given as `Encoded` is sent as it is: its bytes were made once and
+    kept (see `WorkerService.get_task_result`).
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        data = super().encode(message, message_type)
+        data = (
+            message.data if isinstance(message, Encoded) else super().encode(message, message_type)
+        )
         if len(data) > self.max_bytes:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,

@@ -14,8 +14,9 @@ clean detach; a handler cancelled by its client going away is a disconnect.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import attrs
 from grpclib.const import Status
@@ -44,11 +45,20 @@ from blockx.api._convert import (
     task_update,
 )
 from blockx.executors import ExecutorView
-from blockx.slots import TaskSnapshot, WorkerError
+from blockx.slots import TaskResult, TaskSnapshot, WorkerError
 
 T = TypeVar("T")
 
 MAX_WATCH_TASK_IDS = 10_000
+ENCODED_RESULTS = 4_096
+"""Terminal GetTaskResult replies kept encoded, most recently used first."""
+
+
+@attrs.frozen
+class Encoded:
+    """A reply whose protobuf bytes are already made; the codec sends them as they are."""
+
+    data: bytes
 
 
 @attrs.frozen(kw_only=True)
@@ -76,6 +86,11 @@ class WorkerService(pb.WorkerServiceBase):
         self._ready = ready
         self.closing = False
         """Set once the worker stops serving: every request gets UNAVAILABLE."""
+        # A terminal result never changes while it is retained (the slot table
+        # hands out the same object), so its reply is encoded once.
+        self._encoded: collections.OrderedDict[str, tuple[TaskResult, Encoded]] = (
+            collections.OrderedDict()
+        )
 
     async def _ask(self, make: Callable[[Reply[T]], SlotTableMessage]) -> T:
         if self.closing:
@@ -114,7 +129,18 @@ class WorkerService(pb.WorkerServiceBase):
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: GetResult(task_id=message.task_id, reply=reply)
         )
-        return result_response(snapshot)
+        result = snapshot.result
+        if result is None:
+            return result_response(snapshot)
+        cached = self._encoded.get(snapshot.task_id)
+        if cached is None or cached[0] is not result:
+            cached = (result, Encoded(bytes(result_response(snapshot))))
+            self._encoded[snapshot.task_id] = cached
+            if len(self._encoded) > ENCODED_RESULTS:
+                self._encoded.popitem(last=False)
+        else:
+            self._encoded.move_to_end(snapshot.task_id)
+        return cast(pb.GetTaskResultResponse, cached[1])
 
     async def get_worker_status(
         self, message: pb.GetWorkerStatusRequest

@@ -361,3 +361,27 @@ async def test_writer_failures_unknown_writers_and_slow_writers_end_with_their_c
         assert results["p3"].retryable
         assert results["p4"].execute_result is not None
         assert results["p4"].execute_result.plugin_results[0].records_written == 1
+
+
+async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = worker_config(**{"worker.resultRetentionMs": 1_000})
+    async with running_worker(config) as worker:
+        task = call_list_task("again", ("demo.add", [1, 2]))
+        request = pb.GetTaskResultRequest(task_id="again")
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        await watch(worker, "again")
+        first = await worker.call(worker.stub.get_task_result, request)
+        second = await worker.call(worker.stub.get_task_result, request)
+        assert first == second
+        assert first.result is not None
+        await trio.sleep(2)  # past the retention
+        code, _ = await status_of(worker, worker.stub.get_task_result, request)
+        assert code is Status.NOT_FOUND
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        await watch(worker, "again")
+        third = await worker.call(worker.stub.get_task_result, request)
+        assert third.result is not None
+        assert third.result.accepted_at_ms > first.result.finished_at_ms
+        assert worker.calls.started == ["again", "again"]

@@ -189,6 +189,22 @@ _DURATION_MS = _Kind(from_json=_int_from_json, from_text=parse_duration_ms)
 """Milliseconds in JSON, a Go duration in the environment."""
 
 
+def _float_from_json(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    return float(value)
+
+
+def _float_from_text(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("must be a number") from None
+
+
+_FLOAT = _Kind(from_json=_float_from_json, from_text=_float_from_text)
+
+
 # --- declarations --------------------------------------------------------------------------
 
 _SETTING_KEY = "blockx.config.setting"
@@ -345,6 +361,28 @@ class WorkerConfig:
     )
     """0 = `worker.maxTaskTimeoutMs` + 10 s."""
 
+    etcd_lease_ttl_ms: int = _setting(10_000, "etcdLeaseTtlMs", "ETCD_LEASE_TTL_MS")
+    """TTL of the registration lease; etcd raises very short ones to its minimum."""
+    shadow_submit_target_addr: str = _setting(
+        "", "shadowSubmitTargetAddr", "SHADOW_SUBMIT_TARGET_ADDR", _STR
+    )
+    """host:port of a worker that receives a sample of accepted submits; empty = off."""
+    shadow_submit_sample_rate: float = _setting(
+        0.0, "shadowSubmitSampleRate", "SHADOW_SUBMIT_SAMPLE_RATE", _FLOAT
+    )
+    """Fraction (0..1) of accepted submits mirrored to the shadow target."""
+    metrics_listen_addr: str = _setting(":9464", "metricsListenAddr", "METRICS_LISTEN", _STR)
+    """Prometheus metrics and the live status page; empty or "none" = off."""
+    log_format: str = _setting("json", "logFormat", "LOG_FORMAT", _STR)
+    """"json" (one object per line) or "text"."""
+    otel_exporter_endpoint: str = _setting(
+        "", "otelExporterEndpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", _STR
+    )
+    """OTLP/HTTP endpoint for trace spans; empty = tracing is a no-op."""
+    memory_diagnostics_interval_ms: int = _setting(
+        60_000, "memoryDiagnosticsIntervalMs", "MEMORY_DIAGNOSTICS_INTERVAL_MS"
+    )
+
     def __attrs_post_init__(self) -> None:
         for path in _MUST_BE_POSITIVE:
             value = _SETTINGS_BY_PATH[path].get(self)
@@ -362,6 +400,25 @@ class WorkerConfig:
                 value=self.worker_registry_prefix,
                 allowed="must not be empty",
             )
+        if not 0.0 <= self.shadow_submit_sample_rate <= 1.0:
+            raise ConfigError(
+                field="shadowSubmitSampleRate",
+                value=self.shadow_submit_sample_rate,
+                allowed="must be between 0 and 1",
+            )
+        if self.log_format not in ("json", "text"):
+            raise ConfigError(
+                field="logFormat", value=self.log_format, allowed='must be "json" or "text"'
+            )
+        for field, addr in (
+            ("metricsListenAddr", self.metrics_listen_addr),
+            ("shadowSubmitTargetAddr", self.shadow_submit_target_addr),
+        ):
+            if addr and addr.lower() != "none":
+                try:
+                    _parse_listen_addr(addr)
+                except ValueError as error:
+                    raise ConfigError(field=field, value=addr, allowed=str(error)) from error
         if not self.function_code.redis_url and not self.function_code.dir:
             raise ConfigError(
                 field="functionCode.dir",
@@ -382,6 +439,18 @@ class WorkerConfig:
     @property
     def etcd_enabled(self) -> bool:
         return bool(self.etcd_endpoints)
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics_listen_addr.lower() not in ("", "none")
+
+    def metrics_host_port(self) -> tuple[str, int]:
+        """(host, port) of the metrics and status-page listener."""
+        return _parse_listen_addr(self.metrics_listen_addr)
+
+    @property
+    def shadow_enabled(self) -> bool:
+        return bool(self.shadow_submit_target_addr) and self.shadow_submit_sample_rate > 0
 
     def slot_config(self) -> SlotConfig:
         worker = self.worker
@@ -519,6 +588,8 @@ _SETTINGS_BY_PATH = {setting.path: setting for setting in _SETTINGS}
 _GROUP_PATHS = frozenset(setting.path.rpartition(".")[0] for setting in _SETTINGS) - {""}
 
 _MUST_BE_POSITIVE = (
+    "etcdLeaseTtlMs",
+    "memoryDiagnosticsIntervalMs",
     "admission.builderSlots",
     "admission.executorTaskSlots",
     "admission.pluginSlots",

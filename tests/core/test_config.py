@@ -599,3 +599,52 @@ def test_code_view_config_carries_timeout_and_retention() -> None:
         max_task_timeout_ms=600_000, retention_ms=700_000
     )
     assert default_config().code_view_config().effective_retention_ms == 28_810_000
+
+
+def test_fleet_and_observability_settings_load_from_env() -> None:
+    config = load_config(
+        env={
+            "ETCD_LEASE_TTL_MS": "4000",
+            "SHADOW_SUBMIT_TARGET_ADDR": "10.0.0.2:8081",
+            "SHADOW_SUBMIT_SAMPLE_RATE": "0.25",
+            "METRICS_LISTEN": "127.0.0.1:0",
+            "LOG_FORMAT": "text",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        }
+    )
+    assert config.etcd_lease_ttl_ms == 4000
+    assert (config.shadow_submit_target_addr, config.shadow_submit_sample_rate) == (
+        "10.0.0.2:8081",
+        0.25,
+    )
+    assert config.shadow_enabled
+    assert config.metrics_enabled
+    assert config.metrics_host_port() == ("127.0.0.1", 0)
+    assert config.log_format == "text"
+    assert config.otel_exporter_endpoint == "http://127.0.0.1:4318"
+
+
+def test_fleet_and_observability_defaults() -> None:
+    config = load_config(env={})
+    assert not config.shadow_enabled
+    assert config.metrics_host_port() == ("0.0.0.0", 9464)
+    assert config.log_format == "json"
+    assert not load_config(env={"METRICS_LISTEN": "none"}).metrics_enabled
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"SHADOW_SUBMIT_SAMPLE_RATE": "1.5"}, "shadowSubmitSampleRate = 1.5"),
+        ({"SHADOW_SUBMIT_SAMPLE_RATE": "lots"}, "SHADOW_SUBMIT_SAMPLE_RATE"),
+        ({"LOG_FORMAT": "xml"}, "logFormat = 'xml'"),
+        ({"METRICS_LISTEN": "nowhere"}, "metricsListenAddr"),
+        ({"ETCD_LEASE_TTL_MS": "0"}, "etcdLeaseTtlMs = 0"),
+    ],
+)
+def test_bad_fleet_and_observability_settings_name_the_field(
+    env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(env=env)
+    assert named in str(raised.value)

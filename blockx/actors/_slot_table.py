@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
@@ -60,6 +60,7 @@ from blockx.slots import (
     StartCallPhase,
     StartWriterPhase,
     Step,
+    TaskResult,
     TaskSnapshot,
     TaskSubmitted,
     TimerFired,
@@ -90,8 +91,11 @@ class SlotTableActor:
         *,
         clock: WorkerClock,
         to_hub: Callable[[WatchHubMessage], None],
+        on_finished: Sequence[Callable[[TaskResult], None]] = (),
     ) -> None:
+        """`on_finished` hooks see every terminal result (logs, metrics); they must not block."""
         self.machine = machine
+        self._on_finished = tuple(on_finished)
         self._clock = clock
         self._to_hub = to_hub
         self._send, self._receive = trio.open_memory_channel[SlotTableMessage](float("inf"))
@@ -250,13 +254,8 @@ class SlotTableActor:
                     actor.scope.cancel()
                     actor.phases.close()
                 self._to_hub(Publish(snapshot=TaskSnapshot.of_result(result)))
-                logger.info(
-                    "task %s finished %s %s in %d ms",
-                    task_id,
-                    result.state.value,
-                    result.failure_code or "-",
-                    result.timings.total_ms,
-                )
+                for hook in self._on_finished:
+                    hook(result)
             case ForgetTask(task_id=task_id, reason=reason):
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
                     self._to_hub(Forget(task_id=task_id))

@@ -51,6 +51,8 @@ class WatchStream:
         self._open_tasks = set(self.task_ids)
         self.error: WorkerError | None = None
         self.closed = False
+        self.abandoned = False
+        """Set by the reader when it stops reading, before it unsubscribes."""
 
     def offer(self, snapshot: TaskSnapshot) -> None:
         if snapshot.task_id not in self._open_tasks:
@@ -116,6 +118,8 @@ class WatchHub:
     def _on_message(self, message: WatchHubMessage) -> None:
         match message:
             case Subscribe(stream=stream, snapshots=snapshots):
+                if stream.abandoned:
+                    return  # its reader left before it was subscribed: nothing to undo
                 self._all.add(stream)
                 for task_id in stream.task_ids:
                     self._follow(task_id, stream)

@@ -208,4 +208,5 @@ class WorkerService(pb.WorkerServiceBase):
                     break
             broken = False
         finally:
+            stream.abandoned = True
             self._hub.post(Unsubscribe(stream=stream, broken=broken))

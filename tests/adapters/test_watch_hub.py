@@ -110,3 +110,19 @@ async def test_a_forgotten_task_fails_its_streams_and_close_all_ends_the_rest() 
         with trio.fail_after(1):
             await hub.all_closed()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_abandoned_before_it_was_subscribed_is_never_followed() -> None:
+    told: list[SlotTableMessage] = []
+    hub = WatchHub(to_slot_table=told.append)
+    stream = WatchStream(["t"], wake=lambda: None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run)
+        # The reader left while its OpenWatch was still queued at the slot table.
+        stream.abandoned = True
+        hub.post(Unsubscribe(stream=stream, broken=True))
+        hub.post(Subscribe(stream=stream, snapshots=(running("t", TaskPhase.CALLS),)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert told == []
+        assert hub.stream_count == 0
+        nursery.cancel_scope.cancel()

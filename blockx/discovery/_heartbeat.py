@@ -1,0 +1,138 @@
+"""The heartbeat a worker publishes in etcd: its value type and its JSON form.
+
+Owns `WorkerHeartbeat` (what a coordinator learns about one worker), its
+JSON encoding (camelCase keys, one object per etcd value) and the strict
+parser that coordinators use. The heartbeat is a view derived from the slot
+table (`blockx.slots.Heartbeat`) and the executor pool; this module never
+reads a clock, a socket or any state of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import attrs
+
+from blockx.errors import BlockxError
+from blockx.executors import ExecutorState, ExecutorView
+from blockx.slots import Heartbeat
+
+HEALTHY_EXECUTOR_STATES = frozenset({ExecutorState.READY, ExecutorState.BUSY})
+
+
+class MalformedHeartbeat(BlockxError):
+    """An etcd value is not a worker heartbeat: `key` is the JSON key at fault."""
+
+    def __init__(self, *, key: str, value: object, allowed: str) -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"heartbeat {key} = {shown}: {allowed}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, not {value}")
+
+
+@attrs.frozen(kw_only=True)
+class WorkerHeartbeat:
+    """One worker as its etcd key describes it."""
+
+    address: str
+    """host:port that coordinators call; also the suffix of the worker's key."""
+    deployment: str
+    slots_total: int = attrs.field(validator=_non_negative)
+    reserved_slots: int = attrs.field(validator=_non_negative)
+    running_tasks: int = attrs.field(validator=_non_negative)
+    free_slots: int = attrs.field(validator=_non_negative)
+    executors_healthy: int = attrs.field(validator=_non_negative)
+    draining: bool
+    version: str
+    started_at_ms: int = attrs.field(validator=_non_negative)
+
+    def to_json(self) -> bytes:
+        """The etcd value: compact JSON with the keys of `JSON_KEYS`."""
+        document = {key: getattr(self, name) for key, name, _ in _FIELDS}
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> WorkerHeartbeat:
+        """Parse an etcd value; unknown keys are ignored (a newer worker may add some).
+
+        Raises MalformedHeartbeat naming the key that is missing or wrong.
+        """
+        try:
+            document = json.loads(data)
+        except (UnicodeDecodeError, ValueError) as error:
+            raise MalformedHeartbeat(
+                key="(value)", value=data, allowed=f"must be JSON ({error})"
+            ) from error
+        if not isinstance(document, dict):
+            raise MalformedHeartbeat(key="(value)", value=document, allowed="must be an object")
+        values: dict[str, object] = {}
+        for key, name, kind in _FIELDS:
+            if key not in document:
+                raise MalformedHeartbeat(key=key, value=None, allowed="is required")
+            value = document[key]
+            if kind is int:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise MalformedHeartbeat(
+                        key=key, value=value, allowed="must be an integer >= 0"
+                    )
+            elif not isinstance(value, kind):
+                raise MalformedHeartbeat(key=key, value=value, allowed=f"must be a {_NAMES[kind]}")
+            values[name] = value
+        if not values["address"]:
+            raise MalformedHeartbeat(key="address", value="", allowed="must not be empty")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+_FIELDS: tuple[tuple[str, str, type], ...] = (
+    ("address", "address", str),
+    ("deployment", "deployment", str),
+    ("slotsTotal", "slots_total", int),
+    ("reservedSlots", "reserved_slots", int),
+    ("runningTasks", "running_tasks", int),
+    ("freeSlots", "free_slots", int),
+    ("executorsHealthy", "executors_healthy", int),
+    ("draining", "draining", bool),
+    ("version", "version", str),
+    ("startedAtMs", "started_at_ms", int),
+)
+JSON_KEYS = tuple(key for key, _, _ in _FIELDS)
+"""The keys of a heartbeat's JSON object, in the order they are written."""
+_NAMES = {str: "string", bool: "boolean"}
+
+
+def healthy_executors(views: Iterable[ExecutorView]) -> int:
+    """How many executors can take a call now (ready or busy)."""
+    return sum(1 for view in views if view.state in HEALTHY_EXECUTOR_STATES)
+
+
+def heartbeat_of(
+    capacity: Heartbeat,
+    *,
+    address: str,
+    deployment: str,
+    version: str,
+    started_at_ms: int,
+    executors: Iterable[ExecutorView],
+) -> WorkerHeartbeat:
+    """The heartbeat of a worker whose slot table reports `capacity`."""
+    return WorkerHeartbeat(
+        address=address,
+        deployment=deployment,
+        slots_total=capacity.slots_total,
+        reserved_slots=capacity.reserved_slots,
+        running_tasks=capacity.running_tasks,
+        free_slots=capacity.free_slots,
+        executors_healthy=healthy_executors(executors),
+        draining=capacity.draining,
+        version=version,
+        started_at_ms=started_at_ms,
+    )

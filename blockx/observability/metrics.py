@@ -1,0 +1,317 @@
+"""Prometheus metrics of one worker, and its low-rate memory diagnostics.
+
+Owns a per-worker `CollectorRegistry` (never prometheus-client's global one:
+several workers in one test process must not share series). Counters and
+histograms are fed by hooks: `task_finished` sees every terminal result,
+`rpc_finished` every gRPC call. Gauges that mirror state (slots, live tasks,
+executors, watch streams, drain) are not stored at all: a collector reads them
+from a `WorkerProbe` at scrape time, on the Trio thread, so they are never
+stale and need no refresh task.
+
+Must never block, start a thread, or keep a second copy of slot or task
+state: the slot machine and the executor pool stay the only sources of truth.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import logging
+import os
+import resource
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+import attrs
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from blockx.executors import ExecutorState, ExecutorView
+from blockx.slots import (
+    Heartbeat,
+    NotFound,
+    SlotMachine,
+    SlotState,
+    SlotView,
+    TaskPhase,
+    TaskResult,
+    TaskSnapshot,
+)
+
+logger = logging.getLogger("blockx.memory")
+
+TASK_BUCKETS_S: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
+)  # fmt: skip
+"""Phases run from milliseconds (a cached builder) to minutes (a large call list)."""
+RPC_BUCKETS_S: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0
+)  # fmt: skip
+"""Unary calls answer in well under a millisecond to a few ms; WatchTasks lasts a task's life."""
+RECENT_RESULTS: Final = 20
+"""Terminal results the status page lists (newest first)."""
+_PHASE_ORDER: Final = (TaskPhase.PREPARING, TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+_BYTES_PER_MIB: Final = 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class WorkerSnapshot:
+    """The worker's state at one moment, read in one go on the Trio thread."""
+
+    at_ms: int
+    heartbeat: Heartbeat
+    slots: tuple[SlotView, ...]
+    tasks: tuple[TaskSnapshot, ...]
+    """Every task that holds a slot: reserved (phase None) or running."""
+    executors: tuple[ExecutorView, ...]
+    watch_streams: int
+    worker_rss_bytes: int
+
+    @property
+    def executors_rss_bytes(self) -> int:
+        return sum(view.rss_bytes for view in self.executors)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerProbe:
+    """Reads the current state of one worker; every read is synchronous.
+
+    Reading the slot machine from outside its actor is safe only because it
+    happens on the Trio thread, between two of the actor's steps (a step
+    never awaits). Nothing here changes any state.
+    """
+
+    machine: SlotMachine
+    now_ms: Callable[[], int]
+    stream_count: Callable[[], int]
+    executor_views: Callable[[], tuple[ExecutorView, ...]]
+    worker_addr: str = ""
+    deployment: str = ""
+    version: str = ""
+    started_at_ms: int = 0
+
+    def snapshot(self) -> WorkerSnapshot:
+        now_ms = self.now_ms()
+        slots = self.machine.slot_views()
+        tasks = []
+        for slot in slots:
+            if slot.task_id is None:
+                continue
+            try:
+                tasks.append(self.machine.get_result(slot.task_id))
+            except NotFound:  # cannot happen while the machine's invariants hold
+                continue
+        return WorkerSnapshot(
+            at_ms=now_ms,
+            heartbeat=self.machine.heartbeat(now_ms),
+            slots=slots,
+            tasks=tuple(tasks),
+            executors=self.executor_views(),
+            watch_streams=self.stream_count(),
+            worker_rss_bytes=process_rss_bytes(),
+        )
+
+
+def process_rss_bytes() -> int:
+    """This process's resident set size; its peak where there is no procfs."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident_pages = int(statm.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class WorkerMetrics:
+    """The metrics of one worker: its registry, its hooks and its state collector.
+
+    Make one per worker, hand `task_finished` to the slot table's
+    `on_finished` and `rpc_finished` to the gRPC front end, then call
+    `observe(probe)` once the actors exist so scrapes include the gauges.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
+        GCCollector(registry=registry)
+        self.tasks_finished = Counter(
+            "blockx_tasks_finished",
+            "Tasks that reached a terminal state, by state and failure code.",
+            ["state", "failure_code"],
+            registry=registry,
+        )
+        self.task_duration = Histogram(
+            "blockx_task_duration_seconds",
+            "Time from a task's acceptance to its terminal result, by terminal state.",
+            ["state"],
+            buckets=TASK_BUCKETS_S,
+            registry=registry,
+        )
+        self.phase_duration = Histogram(
+            "blockx_task_phase_duration_seconds",
+            "Time a task spent in each phase it reached (the phase it ended in included).",
+            ["phase"],
+            buckets=TASK_BUCKETS_S,
+            registry=registry,
+        )
+        self.calls = Counter(
+            "blockx_calls",
+            "Calls of finished tasks, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.call_retries = Counter(
+            "blockx_call_retries", "Call attempts that were retries.", registry=registry
+        )
+        self.rpc_requests = Counter(
+            "blockx_rpc_requests",
+            "gRPC calls handled, by service, method and status code.",
+            ["service", "method", "code"],
+            registry=registry,
+        )
+        self.rpc_duration = Histogram(
+            "blockx_rpc_duration_seconds",
+            "Time from a gRPC call's request to its end, by service and method.",
+            ["service", "method"],
+            buckets=RPC_BUCKETS_S,
+            registry=registry,
+        )
+        for outcome in ("succeeded", "failed"):
+            self.calls.labels(outcome=outcome)
+        self.recent: collections.deque[TaskResult] = collections.deque(maxlen=RECENT_RESULTS)
+        """The newest terminal results, oldest first."""
+        self.finished_by_state: collections.Counter[str] = collections.Counter()
+
+    def observe(self, probe: WorkerProbe) -> None:
+        """Include the state gauges read from `probe` in every scrape.
+
+        Once per worker: a second call raises prometheus-client's `DuplicateTimeseries`.
+        """
+        self.registry.register(_StateCollector(probe))
+
+    # ---------------------------------------------------------------- hooks
+
+    def task_finished(self, result: TaskResult) -> None:
+        """The slot table's `on_finished` hook: count one terminal result."""
+        state = result.state.value
+        self.tasks_finished.labels(state=state, failure_code=result.failure_code).inc()
+        self.finished_by_state[state] += 1
+        self.recent.append(result)
+        timings = result.timings
+        self.task_duration.labels(state=state).observe(timings.total_ms / 1000)
+        phase_ms = {
+            TaskPhase.PREPARING: timings.preparing_ms,
+            TaskPhase.BUILDER: timings.builder_ms,
+            TaskPhase.CALLS: timings.calls_ms,
+            TaskPhase.PLUGIN: timings.plugin_ms,
+        }
+        # A phase the task never reached has 0 ms in its timings; counting it
+        # would pull every histogram towards zero.
+        reached = (
+            _PHASE_ORDER[: _PHASE_ORDER.index(result.phase) + 1]
+            if result.phase in _PHASE_ORDER
+            else _PHASE_ORDER
+        )
+        for phase in reached:
+            self.phase_duration.labels(phase=phase.value).observe(phase_ms[phase] / 1000)
+        stats = result.call_stats
+        self.calls.labels(outcome="succeeded").inc(stats.calls_succeeded)
+        self.calls.labels(outcome="failed").inc(stats.calls_failed)
+        self.call_retries.inc(stats.calls_retried)
+
+    def rpc_finished(self, path: str, code: str, duration_s: float) -> None:
+        """The gRPC front end's hook: one call to `path` ("/package.Service/Method") ended."""
+        service, _, method = path.lstrip("/").rpartition("/")
+        self.rpc_requests.labels(service=service, method=method, code=code).inc()
+        self.rpc_duration.labels(service=service, method=method).observe(duration_s)
+
+
+class _StateCollector:
+    """Gauges read from the probe at scrape time."""
+
+    def __init__(self, probe: WorkerProbe) -> None:
+        self._probe = probe
+
+    def describe(self) -> Iterable[Metric]:
+        return list(_state_families(None))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(_state_families(self._probe.snapshot()))
+
+
+def _state_families(snapshot: WorkerSnapshot | None) -> Iterator[Metric]:
+    """The state gauges, filled from `snapshot` (None: empty, for `describe`)."""
+    slots = GaugeMetricFamily("blockx_slots", "Task slots by state.", labels=["state"])
+    tasks = GaugeMetricFamily(
+        "blockx_live_tasks",
+        "Tasks holding a slot, by phase (RESERVED: not submitted).",
+        labels=["phase"],
+    )
+    executors = GaugeMetricFamily(
+        "blockx_executors", "Executor processes by state.", labels=["state"]
+    )
+    restarts = CounterMetricFamily(
+        "blockx_executor_restarts", "Executor processes restarted since the worker started."
+    )
+    executors_rss = GaugeMetricFamily(
+        "blockx_executors_rss_bytes", "Resident memory of all executor processes, summed."
+    )
+    streams = GaugeMetricFamily("blockx_watch_streams", "Open WatchTasks streams.")
+    draining = GaugeMetricFamily("blockx_draining", "1 while the worker drains, else 0.")
+    if snapshot is not None:
+        slot_counts = collections.Counter(slot.state for slot in snapshot.slots)
+        for slot_state in SlotState:
+            slots.add_metric([slot_state.value], slot_counts[slot_state])
+        phase_counts = collections.Counter(
+            task.phase.value if task.phase is not None else "RESERVED" for task in snapshot.tasks
+        )
+        for phase in ("RESERVED", *(p.value for p in _PHASE_ORDER)):
+            tasks.add_metric([phase], phase_counts[phase])
+        executor_counts = collections.Counter(view.state for view in snapshot.executors)
+        for executor_state in ExecutorState:
+            executors.add_metric([executor_state.value], executor_counts[executor_state])
+        restarts.add_metric([], sum(view.restarts for view in snapshot.executors))
+        executors_rss.add_metric([], snapshot.executors_rss_bytes)
+        streams.add_metric([], snapshot.watch_streams)
+        draining.add_metric([], 1 if snapshot.heartbeat.draining else 0)
+    yield from (slots, tasks, executors, restarts, executors_rss, streams, draining)
+
+
+# ------------------------------------------------------------ memory diagnostics
+
+
+async def log_memory_diagnostics(probe: WorkerProbe, *, interval_ms: int) -> None:
+    """Log the worker's memory figures at INFO now and every `interval_ms`, until cancelled.
+
+    A slow leak shows as a trend across these lines long before it hurts:
+    the worker's and the executors' RSS, the garbage collector's counts, and
+    how many tasks and watch streams are live (which memory should follow).
+    """
+    while True:
+        snapshot = probe.snapshot()
+        gc_counts = gc.get_count()
+        gc_collections = tuple(generation["collections"] for generation in gc.get_stats())
+        logger.info(
+            "memory: worker rss %.1f MiB, executors rss %.1f MiB (%d), "
+            "gc pending %s, gc collections %s, %d live tasks, %d watch streams",
+            snapshot.worker_rss_bytes / _BYTES_PER_MIB,
+            snapshot.executors_rss_bytes / _BYTES_PER_MIB,
+            len(snapshot.executors),
+            gc_counts,
+            gc_collections,
+            snapshot.heartbeat.active_tasks,
+            snapshot.watch_streams,
+            extra={
+                "worker_rss_bytes": snapshot.worker_rss_bytes,
+                "executors_rss_bytes": snapshot.executors_rss_bytes,
+                "gc_pending": list(gc_counts),
+                "gc_collections": list(gc_collections),
+                "live_tasks": snapshot.heartbeat.active_tasks,
+                "watch_streams": snapshot.watch_streams,
+            },
+        )
+        await trio.sleep(interval_ms / 1000)

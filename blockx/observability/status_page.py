@@ -1,0 +1,357 @@
+"""The worker's metrics port: `/metrics`, a live status page at `/` and its WebSocket `/ws`.
+
+HTTP/1.1 is parsed by h11 and served on Trio, one request per connection
+(every response says `Connection: close`): a scraper or a browser needs no
+more. `/ws` hands the connection, with the bytes already read replayed, to
+trio-websocket, which pushes a JSON snapshot of the worker every
+`PUSH_INTERVAL_S`, or sooner when slots, tasks or executors change.
+
+Must never let one client's bad request, slowness or disconnect reach the
+worker: every connection's errors end at its handler. Must never change
+worker state: it only reads the `WorkerProbe` and the `WorkerMetrics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http
+import importlib.resources
+import json
+import logging
+from typing import Any, Final
+
+import attrs
+import h11
+import trio
+import trio_websocket
+from prometheus_client.exposition import choose_encoder
+
+from blockx.observability.metrics import WorkerMetrics, WorkerProbe, WorkerSnapshot
+
+logger = logging.getLogger("blockx.status")
+
+WEBSOCKET_PATH: Final = "/ws"
+PUSH_INTERVAL_S: Final = 0.5
+"""A snapshot goes out at least this often, changed or not."""
+POLL_INTERVAL_S: Final = 0.1
+"""How often the worker's state is compared with the last snapshot sent."""
+REQUEST_HEAD_TIMEOUT_S: Final = 10.0
+RESPONSE_TIMEOUT_S: Final = 30.0
+HANDSHAKE_TIMEOUT_S: Final = 10.0
+MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
+MAX_WEBSOCKETS: Final = 32
+"""Open status-page sockets beyond this are refused with 503."""
+RECEIVE_BYTES: Final = 16 * 1024
+LINGER_S: Final = 1.0
+LINGER_BYTES: Final = 256 * 1024
+_KNOWN_STATUSES: Final = frozenset(status.value for status in http.HTTPStatus)
+PAGE: Final = (
+    importlib.resources.files("blockx.observability").joinpath("status_page.html").read_bytes()
+)
+
+
+@attrs.define
+class StatusServer:
+    """Serves one worker's metrics port. Start `run` with `nursery.start`; it returns the port."""
+
+    metrics: WorkerMetrics
+    probe: WorkerProbe
+    _websockets_open: int = attrs.field(default=0, init=False)
+
+    async def run(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen on (host, port) until cancelled; `started` with the bound port (for port 0)."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = int(listeners[0].socket.getsockname()[1])
+        task_status.started(bound)
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                await self._serve(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away
+            except Exception:
+                # A bug in one response must not stop the port for everyone.
+                logger.exception("status page: request failed")
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        connection = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
+        received = bytearray()
+        request: h11.Request | None = None
+        try:
+            with trio.move_on_after(REQUEST_HEAD_TIMEOUT_S):
+                request = await _read_request(stream, connection, received)
+        except h11.RemoteProtocolError as error:
+            with trio.move_on_after(RESPONSE_TIMEOUT_S):
+                await _respond(
+                    stream, connection, error.error_status_hint, f"bad request: {error}\n"
+                )
+            return
+        if request is None:  # closed, or too slow to send a request head
+            return
+        path = request.target.decode("ascii", "replace").partition("?")[0]
+        if path == WEBSOCKET_PATH:
+            await self._websocket(stream, connection, request, bytes(received))
+            return
+        with trio.move_on_after(RESPONSE_TIMEOUT_S):
+            await self._respond_http(stream, connection, request, path)
+
+    async def _respond_http(
+        self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request, path: str
+    ) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            await _respond(
+                stream, connection, 405, "only GET and HEAD\n", extra=[("allow", "GET, HEAD")]
+            )
+            return
+        head = request.method == b"HEAD"
+        if path == "/metrics":
+            encode, content_type = choose_encoder(_header(request, b"accept"))
+            body = encode(self.metrics.registry)
+            await _respond(stream, connection, 200, body, content_type, head=head)
+        elif path in ("/", "/index.html"):
+            await _respond(stream, connection, 200, PAGE, "text/html; charset=utf-8", head=head)
+        else:
+            await _respond(stream, connection, 404, f"not found: {path}\n", head=head)
+
+    async def _websocket(
+        self,
+        stream: trio.SocketStream,
+        connection: h11.Connection,
+        request: h11.Request,
+        received: bytes,
+    ) -> None:
+        if not _is_websocket_upgrade(request):
+            with trio.move_on_after(RESPONSE_TIMEOUT_S):
+                await _respond(
+                    stream,
+                    connection,
+                    400,
+                    f"{WEBSOCKET_PATH} takes a WebSocket upgrade (GET with Upgrade: websocket)\n",
+                )
+            return
+        if self._websockets_open >= MAX_WEBSOCKETS:
+            with trio.move_on_after(RESPONSE_TIMEOUT_S):
+                await _respond(stream, connection, 503, "too many status-page sockets open\n")
+            return
+        self._websockets_open += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                socket: trio_websocket.WebSocketConnection | None = None
+                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                    handshake = await trio_websocket.wrap_server_stream(
+                        nursery, _ReplayedStream(stream, received)
+                    )
+                    socket = await handshake.accept()
+                if socket is not None:
+                    with contextlib.suppress(trio_websocket.ConnectionClosed):
+                        await self._push_snapshots(socket)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._websockets_open -= 1
+
+    async def _push_snapshots(self, socket: trio_websocket.WebSocketConnection) -> None:
+        last_key: str | None = None
+        last_sent_s = float("-inf")
+        sequence = 0
+        while True:
+            message = snapshot_json(self.probe.snapshot(), self.metrics, self.probe)
+            key = _change_key(message)
+            if key != last_key or trio.current_time() - last_sent_s >= PUSH_INTERVAL_S:
+                sequence += 1
+                message["sequence"] = sequence
+                await socket.send_message(json.dumps(message, separators=(",", ":")))
+                last_key, last_sent_s = key, trio.current_time()
+            await trio.sleep(POLL_INTERVAL_S)
+
+
+# ------------------------------------------------------------------ snapshot JSON
+
+
+def snapshot_json(
+    snapshot: WorkerSnapshot, metrics: WorkerMetrics, probe: WorkerProbe
+) -> dict[str, Any]:
+    """What one WebSocket message carries: the worker's state as plain JSON values."""
+    beat = snapshot.heartbeat
+    return {
+        "sequence": 0,
+        "at_ms": snapshot.at_ms,
+        "worker": {
+            "worker_addr": probe.worker_addr,
+            "deployment": probe.deployment,
+            "version": probe.version,
+            "started_at_ms": probe.started_at_ms,
+        },
+        "draining": beat.draining,
+        "totals": {
+            "slots": beat.slots_total,
+            "free_slots": beat.free_slots,
+            "reserved_slots": beat.reserved_slots,
+            "running_tasks": beat.running_tasks,
+            "active_tasks": beat.active_tasks,
+            "watch_streams": snapshot.watch_streams,
+            "tasks_succeeded": metrics.finished_by_state["SUCCEEDED"],
+            "tasks_failed": metrics.finished_by_state["FAILED"],
+            "worker_rss_bytes": snapshot.worker_rss_bytes,
+            "executors_rss_bytes": snapshot.executors_rss_bytes,
+        },
+        "slots": [
+            {"slot_id": slot.slot_id, "state": slot.state.value, "task_id": slot.task_id}
+            for slot in snapshot.slots
+        ],
+        "tasks": [
+            {
+                "task_id": task.task_id,
+                "slot_id": task.slot_id,
+                "state": task.state.value,
+                "phase": task.phase.value if task.phase is not None else "RESERVED",
+                "deadline_ms": task.deadline_ms,
+            }
+            for task in snapshot.tasks
+        ],
+        "recent": [
+            {
+                "task_id": result.task_id,
+                "state": result.state.value,
+                "failure_code": result.failure_code,
+                "phase": result.phase.value,
+                "total_ms": result.timings.total_ms,
+                "calls_total": result.call_stats.calls_total,
+                "finished_at_ms": result.finished_at_ms,
+            }
+            for result in reversed(metrics.recent)
+        ],
+        "executors": [
+            {
+                "executor_id": view.executor_id,
+                "state": view.state.value,
+                "pid": view.pid,
+                "rss_bytes": view.rss_bytes,
+                "calls_served": view.calls_served,
+                "restarts": view.restarts,
+                "running_call_id": view.running_call_id,
+            }
+            for view in snapshot.executors
+        ],
+    }
+
+
+def _change_key(message: dict[str, Any]) -> str:
+    """The message without what drifts all the time (clock, RSS): a change here is news."""
+    totals = {
+        name: figure for name, figure in message["totals"].items() if not name.endswith("_bytes")
+    }
+    executors = [
+        {name: field for name, field in view.items() if name != "rss_bytes"}
+        for view in message["executors"]
+    ]
+    lasting = {**message, "at_ms": 0, "totals": totals, "executors": executors}
+    return json.dumps(lasting)
+
+
+# ------------------------------------------------------------------ HTTP helpers
+
+
+async def _read_request(
+    stream: trio.SocketStream, connection: h11.Connection, received: bytearray
+) -> h11.Request | None:
+    """The request head, or None if the client closed first. Raises h11.RemoteProtocolError."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            received += data
+            connection.receive_data(data)  # b"" tells h11 the client closed
+            continue
+        if isinstance(event, h11.Request):
+            return event
+        return None  # ConnectionClosed (or nothing sensible before a request)
+
+
+async def _respond(
+    stream: trio.SocketStream,
+    connection: h11.Connection,
+    status: int,
+    body: bytes | str,
+    content_type: str = "text/plain; charset=utf-8",
+    *,
+    head: bool = False,
+    extra: list[tuple[str, str]] | None = None,
+) -> None:
+    """Send one whole response (headers only for HEAD); the connection is done after it."""
+    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return  # h11 cannot answer any more
+    data = body.encode() if isinstance(body, str) else body
+    headers = [
+        ("content-type", content_type),
+        ("content-length", str(len(data))),
+        ("cache-control", "no-store"),
+        ("connection", "close"),
+        *(extra or ()),
+    ]
+    reason = http.HTTPStatus(status).phrase.encode() if status in _KNOWN_STATUSES else b""
+    out = connection.send(h11.Response(status_code=status, headers=headers, reason=reason)) or b""
+    if data and not head:
+        out += connection.send(h11.Data(data=data)) or b""
+    out += connection.send(h11.EndOfMessage()) or b""
+    await stream.send_all(out)
+    await _close_gently(stream)
+
+
+async def _close_gently(stream: trio.SocketStream) -> None:
+    """Half-close, then read (briefly) what the client still sends before the socket closes.
+
+    Closing a socket that has unread input makes the kernel answer with a
+    reset, which can destroy the response before the client reads it (after a
+    request head that was too large, or a body that was never read).
+    """
+    with trio.move_on_after(LINGER_S):
+        await stream.send_eof()
+        discarded = 0
+        while discarded < LINGER_BYTES and (chunk := await stream.receive_some(RECEIVE_BYTES)):
+            discarded += len(chunk)
+
+
+def _header(request: h11.Request, name: bytes) -> str:
+    values = [value.decode("latin-1") for key, value in request.headers if key == name]
+    return ",".join(values)
+
+
+def _is_websocket_upgrade(request: h11.Request) -> bool:
+    connection_tokens = {
+        token.strip().lower() for token in _header(request, b"connection").split(",")
+    }
+    return (
+        request.method == b"GET"
+        and "upgrade" in connection_tokens
+        and _header(request, b"upgrade").strip().lower() == "websocket"
+        and bool(_header(request, b"sec-websocket-key"))
+    )
+
+
+class _ReplayedStream(trio.abc.Stream):
+    """`stream`, with `prefix` (the bytes already read from it) returned first."""
+
+    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._prefix:
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            chunk, self._prefix = self._prefix[:size], self._prefix[size:]
+            await trio.lowlevel.checkpoint()
+            return chunk
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

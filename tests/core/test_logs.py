@@ -1,0 +1,270 @@
+"""Structured logs: the exact JSON and text lines, task context and the task_finished line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from blockx.observability.logs import (
+    RESULT_MESSAGE_LIMIT_CHARS,
+    JsonFormatter,
+    TaskContextFilter,
+    TaskLog,
+    TextFormatter,
+    log_task_finished,
+    setup_logging,
+    task_logger,
+)
+from blockx.slots import CallStats, PhaseTimings, TaskPhase, TaskResult, TaskState
+
+CREATED_S = 1_700_000_000.123
+CREATED_TEXT = "2023-11-14T22:13:20.123Z"
+
+
+def record(msg: str = "phase %s done", *args: object, **fields: object) -> logging.LogRecord:
+    return logging.makeLogRecord(
+        {
+            "name": "blockx.task",
+            "levelno": logging.INFO,
+            "levelname": "INFO",
+            "msg": msg,
+            "args": args,
+            "created": CREATED_S,
+            **fields,
+        }
+    )
+
+
+def failing_record() -> logging.LogRecord:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        return record("it broke", exc_info=sys.exc_info())
+
+
+class Lines:
+    """Every line a logger writes, through `formatter`."""
+
+    def __init__(self, formatter: logging.Formatter) -> None:
+        self.stream = io.StringIO()
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.setFormatter(formatter)
+
+    def json(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.stream.getvalue().splitlines()]
+
+
+@pytest.fixture
+def task_lines() -> Iterator[Lines]:
+    """What `blockx.task` logs at INFO and above, as JSON; the logger is left as it was."""
+    lines = Lines(JsonFormatter())
+    level = task_logger.level
+    task_logger.addHandler(lines.handler)
+    task_logger.setLevel(logging.INFO)
+    yield lines
+    task_logger.removeHandler(lines.handler)
+    task_logger.setLevel(level)
+
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    """The root logger; its handlers and level are restored after the test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield root
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+
+def test_a_json_line_has_the_fixed_fields_then_the_context_fields() -> None:
+    line = JsonFormatter().format(record("phase %s done", "BUILDER", task_id="t1", slot_id="s0"))
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert list(parsed) == ["ts", "level", "logger", "msg", "task_id", "slot_id"]
+    assert parsed == {
+        "ts": CREATED_TEXT,
+        "level": "INFO",
+        "logger": "blockx.task",
+        "msg": "phase BUILDER done",
+        "task_id": "t1",
+        "slot_id": "s0",
+    }
+
+
+def test_a_json_line_carries_the_exception_as_text_on_one_line() -> None:
+    line = JsonFormatter().format(failing_record())
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert list(parsed) == ["ts", "level", "logger", "msg", "exc"]
+    assert parsed["msg"] == "it broke"
+    exc = parsed["exc"]
+    assert isinstance(exc, str)
+    assert exc.startswith("Traceback (most recent call last):\n")
+    assert exc.endswith("ValueError: boom")
+
+
+def test_a_context_field_named_like_a_fixed_key_and_odd_values_stay_readable() -> None:
+    parsed = json.loads(
+        JsonFormatter().format(
+            record("x", ts="mine", phase=TaskPhase.CALLS, raw=b"\x00", ok=True, n=3)
+        )
+    )
+    assert parsed["ts"] == CREATED_TEXT
+    assert parsed["ts_"] == "mine"
+    assert parsed["phase"] == "CALLS"
+    assert parsed["raw"] == "b'\\x00'"
+    assert (parsed["ok"], parsed["n"]) == (True, 3)
+
+
+# --- text ----------------------------------------------------------------------------------
+
+
+def test_a_text_line_has_the_message_then_key_value_fields() -> None:
+    line = TextFormatter().format(
+        record("phase %s done", "CALLS", task_id="t1", note="two words", empty="")
+    )
+    assert line == (
+        f'{CREATED_TEXT} INFO blockx.task: phase CALLS done task_id=t1 note="two words" empty=""'
+    )
+
+
+def test_a_text_line_puts_the_traceback_on_the_lines_after() -> None:
+    first, *rest = TextFormatter().format(failing_record()).split("\n")
+    assert first == f"{CREATED_TEXT} INFO blockx.task: it broke"
+    assert rest[0] == "Traceback (most recent call last):"
+    assert rest[-1] == "ValueError: boom"
+
+
+# --- setup ---------------------------------------------------------------------------------
+
+
+def test_setup_logging_installs_one_handler_in_the_chosen_format(
+    root_logger: logging.Logger,
+) -> None:
+    first = io.StringIO()
+    setup_logging("text", stream=first)
+    second = io.StringIO()
+    handler = setup_logging("json", logging.WARNING, stream=second)
+    assert [h for h in root_logger.handlers if type(h) is type(handler)] == [handler]
+    assert root_logger.level == logging.WARNING
+
+    logging.getLogger("blockx.test").info("not shown")
+    logging.getLogger("blockx.test").warning("worker ready on %s", "127.0.0.1:1")
+    assert first.getvalue() == ""
+    (line,) = second.getvalue().splitlines()
+    parsed = json.loads(line)
+    assert (parsed["level"], parsed["logger"]) == ("WARNING", "blockx.test")
+    assert parsed["msg"] == "worker ready on 127.0.0.1:1"
+
+
+def test_setup_logging_refuses_an_unknown_format(root_logger: logging.Logger) -> None:
+    with pytest.raises(ValueError, match="'xml': must be one of json, text"):
+        setup_logging("xml")
+
+
+# --- task context --------------------------------------------------------------------------
+
+
+def test_every_line_of_a_task_log_carries_the_task_fields(task_lines: Lines) -> None:
+    log = TaskLog(task_logger, task_id="t1", slot_id="slot-0")
+    log.info("activated")
+    log.set_phase("CALLS")
+    log.set_epoch("e7")
+    log.warning("calls slow", extra={"calls_total": 3})
+    first, second = task_lines.json()
+    assert {k: first[k] for k in ("task_id", "slot_id", "phase", "task_code_epoch")} == {
+        "task_id": "t1",
+        "slot_id": "slot-0",
+        "phase": "",
+        "task_code_epoch": "",
+    }
+    assert {k: second[k] for k in ("phase", "task_code_epoch", "calls_total")} == {
+        "phase": "CALLS",
+        "task_code_epoch": "e7",
+        "calls_total": 3,
+    }
+    assert "calls_total" not in log.fields
+
+
+def test_lines_logged_inside_a_bound_task_carry_its_fields(task_lines: Lines) -> None:
+    task_lines.handler.addFilter(TaskContextFilter())
+    plugin = logging.getLogger("blockx.task.plugin")
+    log = TaskLog(task_logger, task_id="t2", slot_id="slot-1")
+    log.set_phase("PLUGIN")
+    with log.bound():
+        plugin.info("wrote %d records", 2)
+        plugin.info("own fields win", extra={"phase": "mine"})
+    plugin.info("after the task")
+    inside, own, after = task_lines.json()
+    assert (inside["msg"], inside["task_id"], inside["slot_id"], inside["phase"]) == (
+        "wrote 2 records",
+        "t2",
+        "slot-1",
+        "PLUGIN",
+    )
+    assert own["phase"] == "mine"
+    assert "task_id" not in after
+
+
+def test_the_task_finished_line_carries_the_results_statistics(task_lines: Lines) -> None:
+    long_message = "x" * (RESULT_MESSAGE_LIMIT_CHARS + 5)
+    log_task_finished(
+        TaskResult(
+            task_id="t1",
+            slot_id="slot-2",
+            state=TaskState.FAILED,
+            phase=TaskPhase.CALLS,
+            failure_code="CALL_RAISED",
+            message=long_message,
+            retryable=True,
+            output_count=2,
+            output_bytes=40,
+            call_stats=CallStats(calls_total=3, calls_succeeded=2, calls_failed=1, calls_retried=4),
+            timings=PhaseTimings(
+                preparing_ms=1, builder_ms=2, calls_ms=30, plugin_ms=0, total_ms=33
+            ),
+            task_code_epoch="e1",
+            accepted_at_ms=1_000,
+            finished_at_ms=1_033,
+        )
+    )
+    (line,) = task_lines.json()
+    del line["ts"]
+    assert line == {
+        "level": "INFO",
+        "logger": "blockx.task",
+        "msg": "task_finished",
+        "task_id": "t1",
+        "slot_id": "slot-2",
+        "phase": "CALLS",
+        "task_code_epoch": "e1",
+        "state": "FAILED",
+        "failure_code": "CALL_RAISED",
+        "result_message": "x" * RESULT_MESSAGE_LIMIT_CHARS
+        + f"... ({RESULT_MESSAGE_LIMIT_CHARS + 5} chars)",
+        "retryable": True,
+        "preparing_ms": 1,
+        "builder_ms": 2,
+        "calls_ms": 30,
+        "plugin_ms": 0,
+        "total_ms": 33,
+        "calls_total": 3,
+        "calls_succeeded": 2,
+        "calls_failed": 1,
+        "calls_retried": 4,
+        "output_count": 2,
+        "output_bytes": 40,
+        "accepted_at_ms": 1_000,
+        "finished_at_ms": 1_033,
+    }

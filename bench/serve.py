@@ -53,6 +53,11 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "functions"
 HOST = "127.0.0.1"
 READY_LINE = "worker ready on"
+WORKER_ENV = {
+    **os.environ,
+    "METRICS_LISTEN": "none",  # the bench measures the gRPC path alone
+    "ETCD_ENDPOINTS": "none",  # no registration attempts (and no warnings) without an etcd
+}
 ECHO_READY_LINE = "echo ready"
 MAX_MESSAGE_BYTES = 16 * 2**20  # the worker's default grpcMaxMessageBytes
 SLOTS = 128
@@ -207,7 +212,7 @@ async def start_worker(executors: int) -> tuple[WorkerProcess, float]:
     command = worker_command(port, executors)
     spawned = time.perf_counter()
     process = await asyncio.create_subprocess_exec(
-        *command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO
+        *command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO, env=WORKER_ENV
     )
     worker = WorkerProcess(process, port)
     exited = asyncio.create_task(process.wait())

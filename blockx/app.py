@@ -1,14 +1,19 @@
 """The worker application: profiles, and the one place that orders start and stop.
 
-Start order: configuration -> logging -> function code (first epoch loaded) ->
+Start order: configuration -> logging -> tracing -> function code (first epoch loaded) ->
 registries -> actors (watch hub, timer, slot table) -> executor pool -> gRPC
-serve -> ready (health SERVING) once the first executor is healthy.
+serve -> metrics port and status page (unless `metricsListenAddr` is "none")
+and memory diagnostics -> ready (health SERVING) once the first executor is healthy -> etcd
+registration (unless `etcdEndpoints` is "none"; an unreachable etcd never
+stops the worker from serving).
 
-Stop (first SIGINT/SIGTERM, or `stop` set): health NOT_SERVING and the slot
+Stop (first SIGINT/SIGTERM, or `stop` set): deregister from etcd (bounded by a
+short timeout) -> health NOT_SERVING and the slot
 table stops admitting (new slots and unactivated submits get UNAVAILABLE) ->
 wait for live tasks up to `drainTimeoutMs` -> end what is left (each task
 converges to a terminal result that its watchers receive) -> stop executors
--> close watch streams after they deliver what they hold -> stop the server.
+-> close watch streams after they deliver what they hold -> stop the server
+(the shadow sender with it) -> close the metrics port -> flush trace spans.
 A second signal exits at once; executors notice their closed sockets and exit.
 """
 
@@ -26,6 +31,7 @@ from importlib import metadata
 import attrs
 import trio
 import trio_asyncio
+from opentelemetry.trace import Tracer
 
 from blockx._process import tune_gc
 from blockx.actors import (
@@ -41,8 +47,10 @@ from blockx.actors import (
 )
 from blockx.actors._messages import CloseAllStreams
 from blockx.actors._task import CallRunner
-from blockx.api import GrpcFrontEnd, WorkerIdentity, WorkerService
+from blockx.api import GrpcFrontEnd, RpcObserver, WorkerIdentity, WorkerService
+from blockx.api._shadow import ShadowForwarder
 from blockx.config import ConfigError, WorkerConfig, load_config
+from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
 from blockx.executors import ExecutorView
 from blockx.functions import (
     DirectorySource,
@@ -52,6 +60,10 @@ from blockx.functions import (
     RedisSource,
     run_code_refresher,
 )
+from blockx.observability.logs import log_task_finished, setup_logging
+from blockx.observability.metrics import WorkerMetrics, WorkerProbe, log_memory_diagnostics
+from blockx.observability.status_page import StatusServer
+from blockx.observability.tracing import open_tracing
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import writer_registry
 from blockx.slots import SlotMachine
@@ -137,6 +149,8 @@ class Serving:
     ready: trio.Event
     slot_table: SlotTableActor
     front_end: GrpcFrontEnd
+    metrics_port: int | None = None
+    """The bound metrics and status-page port; None when `metricsListenAddr` turns it off."""
 
 
 def function_source(config: WorkerConfig) -> FunctionSource:
@@ -146,7 +160,7 @@ def function_source(config: WorkerConfig) -> FunctionSource:
     return DirectorySource(code.dir)
 
 
-async def serve(
+async def serve(  # noqa: PLR0915 - the one place that orders start and stop, read top down
     config: WorkerConfig,
     profile: Profile,
     *,
@@ -154,20 +168,26 @@ async def serve(
     source: FunctionSource | None = None,
     executors: AbstractAsyncContextManager[CallRunner] | None = None,
     executor_views: Callable[[], tuple[ExecutorView, ...]] | None = None,
+    tracer: Tracer | None = None,
     task_status: trio.TaskStatus[Serving] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one worker until `stop` is set, then shut it down in order.
 
     `source`, `executors` and `executor_views` replace the configured
     function source and the executor pool (tests use in-memory code and fake
-    executors); by default they come from `config`.
+    executors); by default they come from `config`. `tracer` replaces the
+    one `otelExporterEndpoint` asks for (tests pass an in-memory SDK tracer).
     """
     profile.check(config)
+    shadow = ShadowForwarder.from_config(config)
     builders = builder_registry(profile.builders)
     writers = writer_registry(profile.writers)
     clock = WorkerClock()
     started_at_ms = clock.now_ms()
-    async with trio_asyncio.open_loop(), trio.open_nursery() as system:
+    tracing_cm = open_tracing(
+        config.otel_exporter_endpoint, service=profile.service, version=version(), tracer=tracer
+    )
+    async with trio_asyncio.open_loop(), tracing_cm as tracing, trio.open_nursery() as system:
         view = FunctionCodeView(config.code_view_config())
         epoch = await system.start(
             functools.partial(
@@ -182,7 +202,17 @@ async def serve(
         )
         logger.info("function code epoch %s loaded", epoch)
         hub = WatchHub(to_slot_table=lambda message: slot_table.post(message))  # noqa: PLW0108
-        slot_table = SlotTableActor(SlotMachine(config.slot_config()), clock=clock, to_hub=hub.post)
+        metrics = WorkerMetrics() if config.metrics_enabled else None
+        slot_table = SlotTableActor(
+            SlotMachine(config.slot_config()),
+            clock=clock,
+            to_hub=hub.post,
+            on_finished=(
+                log_task_finished,
+                tracing.task_finished,
+                *((metrics.task_finished,) if metrics is not None else ()),
+            ),
+        )
         timer = TimerActor(clock=clock, to_slot_table=slot_table.post)
         system.start_soon(hub.run)
         system.start_soon(timer.run)
@@ -219,6 +249,7 @@ async def serve(
                     call_window=config.dispatcher.call_window,
                     call_deadline_ms=config.dispatcher.call_deadline_ms,
                     to_slot_table=slot_table.post,
+                    tracing=tracing,
                 )
                 system.start_soon(
                     functools.partial(
@@ -234,13 +265,51 @@ async def serve(
                     ready=ready,
                     executor_views=executor_views,
                     started_at_ms=started_at_ms,
+                    shadow=shadow,
+                    on_rpc=metrics.rpc_finished if metrics is not None else None,
                 )
+                if shadow is not None:
+                    await system.start(shadow.run)
                 bound = await front_end.start(host, port)
                 worker_addr = config.resolve_worker_addr(bound)
                 front_end.service.identity = attrs.evolve(
                     front_end.service.identity, worker_addr=worker_addr
                 )
-                system.start_soon(_announce_ready, ready, front_end, worker_addr, profile, config)
+                metrics_port = await _start_observing(
+                    system,
+                    config,
+                    metrics,
+                    WorkerProbe(
+                        machine=slot_table.machine,
+                        now_ms=clock.now_ms,
+                        stream_count=lambda: hub.stream_count,
+                        executor_views=executor_views or tuple,
+                        worker_addr=worker_addr,
+                        deployment=profile.deployment,
+                        version=version(),
+                        started_at_ms=started_at_ms,
+                    ),
+                )
+                registrar = _registrar(
+                    config,
+                    profile,
+                    worker_addr=worker_addr,
+                    slot_table=slot_table,
+                    clock=clock,
+                    executor_views=executor_views or tuple,
+                    started_at_ms=started_at_ms,
+                )
+                system.start_soon(
+                    functools.partial(
+                        _announce_ready,
+                        ready,
+                        front_end,
+                        worker_addr,
+                        profile,
+                        config,
+                        registrar=registrar,
+                    )
+                )
                 task_status.started(
                     Serving(
                         port=bound,
@@ -248,10 +317,11 @@ async def serve(
                         ready=ready,
                         slot_table=slot_table,
                         front_end=front_end,
+                        metrics_port=metrics_port,
                     )
                 )
                 await stop.wait()
-                await _drain(config, slot_table, front_end)
+                await _drain(config, slot_table, front_end, registrar)
             # Every task actor has ended; executors stop next.
         hub.post(CloseAllStreams())
         with trio.move_on_after(STREAM_CLOSE_GRACE_S):
@@ -270,6 +340,8 @@ def _front_end(
     ready: trio.Event,
     executor_views: Callable[[], tuple[ExecutorView, ...]] | None,
     started_at_ms: int,
+    shadow: ShadowForwarder | None,
+    on_rpc: RpcObserver | None,
 ) -> GrpcFrontEnd:
     service = WorkerService(
         slot_table=slot_table,
@@ -282,12 +354,70 @@ def _front_end(
         ),
         executors=executor_views or tuple,
         ready=ready.is_set,
+        shadow=shadow,
     )
     return GrpcFrontEnd(
         service,
         max_message_bytes=config.grpc_max_message_bytes,
         keepalive_time_ms=config.grpc_keepalive_time_ms,
         keepalive_timeout_ms=config.grpc_keepalive_timeout_ms,
+        on_rpc=on_rpc,
+    )
+
+
+async def _start_observing(
+    system: trio.Nursery, config: WorkerConfig, metrics: WorkerMetrics | None, probe: WorkerProbe
+) -> int | None:
+    """Memory diagnostics, and the metrics port if configured; returns its bound port.
+
+    Both run in the system nursery, so they stop last, once the server has.
+    """
+    system.start_soon(
+        functools.partial(
+            log_memory_diagnostics, probe, interval_ms=config.memory_diagnostics_interval_ms
+        )
+    )
+    if metrics is None:
+        return None
+    metrics.observe(probe)
+    host, port = config.metrics_host_port()
+    bound: int = await system.start(StatusServer(metrics=metrics, probe=probe).run, host, port)
+    logger.info("metrics on http://%s:%d/metrics, status page on /", host, bound)
+    return bound
+
+
+def _registrar(
+    config: WorkerConfig,
+    profile: Profile,
+    *,
+    worker_addr: str,
+    slot_table: SlotTableActor,
+    clock: WorkerClock,
+    executor_views: Callable[[], tuple[ExecutorView, ...]],
+    started_at_ms: int,
+) -> Registrar | None:
+    """The etcd registration of this worker; None when `etcdEndpoints` turns it off."""
+    if not config.etcd_enabled:
+        return None
+    worker_version = version()
+
+    def heartbeat() -> WorkerHeartbeat:
+        # Read on the Trio thread between the slot table's steps: a consistent view.
+        return heartbeat_of(
+            slot_table.machine.heartbeat(clock.now_ms()),
+            address=worker_addr,
+            deployment=profile.deployment,
+            version=worker_version,
+            started_at_ms=started_at_ms,
+            executors=executor_views(),
+        )
+
+    return Registrar(
+        endpoints=config.etcd_endpoints,
+        key=config.worker_registry_prefix + worker_addr,
+        lease_ttl_ms=config.etcd_lease_ttl_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        heartbeat=heartbeat,
     )
 
 
@@ -302,6 +432,8 @@ async def _announce_ready(
     worker_addr: str,
     profile: Profile,
     config: WorkerConfig,
+    *,
+    registrar: Registrar | None = None,
 ) -> None:
     await ready.wait()
     if front_end.service.closing:
@@ -315,9 +447,19 @@ async def _announce_ready(
         config.worker.task_slots,
         config.executor_count,
     )
+    if registrar is not None:
+        await registrar.run()  # until the drain deregisters
 
 
-async def _drain(config: WorkerConfig, slot_table: SlotTableActor, front_end: GrpcFrontEnd) -> None:
+async def _drain(
+    config: WorkerConfig,
+    slot_table: SlotTableActor,
+    front_end: GrpcFrontEnd,
+    registrar: Registrar | None = None,
+) -> None:
+    if registrar is not None:
+        # Coordinators stop placing here first; bounded, so a dead etcd never holds us up.
+        await registrar.deregister()
     front_end.set_serving(False)
     slot_table.post(StartDrain())
     logger.info("draining: waiting up to %d ms for live tasks", config.drain_timeout_ms)
@@ -341,6 +483,7 @@ def run(
     """The worker process: load configuration, serve until signalled. Returns the exit status."""
     config = load_config(tune=profile.tune, env=env, overrides=overrides)
     profile.check(config)
+    setup_logging(config.log_format)
     tune_gc()
     trio.run(_main, config, profile)
     return 0

@@ -10,6 +10,8 @@ Subcommands:
   configuration overrides; `--print-config` prints the effective configuration.
 * `submit`, `watch`, `result` and `status` talk to a running worker through
   `blockx.client`, each in its own `trio.run` with trio-asyncio's loop.
+  `submit --etcd` places the task through the etcd registry instead
+  (`PlacementClient`), and `workers --etcd` lists the registered fleet.
 * `functions publish DIR --redis URL [--prefix P]` publishes the `.py` files
   under DIR as the current function-code epoch and prints it.
 """
@@ -21,7 +23,6 @@ import contextlib
 import datetime
 import functools
 import json
-import logging
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -32,17 +33,19 @@ import trio_asyncio
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
+    DEFAULT_REGISTRY_PREFIX,
     InvalidTaskSpec,
+    PlacementClient,
     WatchEndedEarly,
     WorkerClient,
     task_spec,
     task_spec_from_json,
 )
+from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
 
 DEFAULT_WORKER = "127.0.0.1:8081"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROGRESS_REDRAW_S = 0.5
 """How often the progress line on a terminal redraws its elapsed time."""
 EXIT_INTERRUPTED = 130
@@ -73,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_watch(commands)
     _add_result(commands)
     _add_status(commands)
+    _add_workers(commands)
     _add_functions(commands)
     return parser
 
@@ -159,6 +163,7 @@ def _add_submit(commands: _Commands) -> None:
         "--slot-id", default="", metavar="ID", help="a reserved slot (default: reserve inline)"
     )
     submit.add_argument("--watch", action="store_true", help="follow the task and print its result")
+    _add_etcd_flags(submit, required=False)
     submit.set_defaults(run=_submit, parser=submit)
 
 
@@ -234,7 +239,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(tune=profile.tune, overrides=overrides)
         print(json.dumps(config.to_json_dict(), indent=2))
         return 0
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
+    # Logging is set up by `app.run`: its format is configuration (logFormat).
     return app.run(profile, overrides=overrides)
 
 
@@ -278,6 +283,10 @@ def _sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException |
 
 def _submit(args: argparse.Namespace) -> int:
     task = _task_from_args(args)
+    if args.etcd is not None:
+        if args.slot_id:
+            args.parser.error("--slot-id: not allowed with --etcd (placement reserves the slot)")
+        return _run_placement(args, functools.partial(_place, task, args.watch))
     if args.watch:
         action = functools.partial(_submit_and_follow, task, args.slot_id)
     else:
@@ -358,6 +367,119 @@ async def _print_status(as_json: bool, client: WorkerClient) -> int:
     else:
         print("\n".join(status_lines(status)))
     return 0
+
+
+# ------------------------------------------------------------------ the fleet (etcd)
+
+
+def _add_etcd_flags(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--etcd",
+        required=required,
+        metavar="HOST:PORT[,...]",
+        help="place through the workers registered in this etcd (instead of --worker)"
+        if not required
+        else "the etcd the workers register in",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_REGISTRY_PREFIX,
+        metavar="P",
+        help=f"the workers' registry prefix (default {DEFAULT_REGISTRY_PREFIX!r})",
+    )
+
+
+def _add_workers(commands: _Commands) -> None:
+    workers = commands.add_parser(
+        "workers",
+        help="list the workers registered in etcd",
+        description="List the workers registered under the prefix, with their last heartbeat.",
+    )
+    _add_etcd_flags(workers, required=True)
+    workers.add_argument("--json", action="store_true", help="print the heartbeats as JSON")
+    workers.set_defaults(run=_workers)
+
+
+def _run_placement(
+    args: argparse.Namespace, action: Callable[[PlacementClient], Awaitable[int]]
+) -> int:
+    """`action` with a placement client of the fleet, in its own `trio.run`."""
+
+    async def in_loop() -> int:
+        async with (
+            trio_asyncio.open_loop(),
+            PlacementClient.connect(args.etcd, args.prefix) as placement,
+        ):
+            return await action(placement)
+
+    try:
+        return trio.run(in_loop)
+    except BaseExceptionGroup as group:
+        sole = _sole_exception(group)
+        if sole is None:
+            raise
+        raise sole from None
+
+
+async def _place(task: pb.TaskSpec, follow: bool, placement: PlacementClient) -> int:
+    placed = await placement.place(task)
+    print(
+        f"blockx: task {task.task_id} placed on {placed.worker_addr} (slot {placed.slot_id})",
+        file=sys.stderr,
+        flush=True,
+    )
+    if follow:
+        return await _submit_and_follow(task, placed.slot_id, placed.client)
+    _print_json(placed.response)
+    return 0
+
+
+def _workers(args: argparse.Namespace) -> int:
+    return _run_placement(args, functools.partial(_print_workers, args.json, args.prefix))
+
+
+async def _print_workers(as_json: bool, prefix: str, placement: PlacementClient) -> int:
+    workers = placement.workers()
+    if as_json:
+        print(json.dumps([json.loads(worker.to_json()) for worker in workers], indent=2))
+    elif workers:
+        print("\n".join(fleet_lines(workers)))
+    else:
+        print(f"no workers registered under {prefix}")
+    return 0
+
+
+def fleet_lines(workers: Sequence[WorkerHeartbeat]) -> list[str]:
+    """The readable table of registered workers."""
+    return list(
+        _table(
+            (
+                "ADDRESS",
+                "DEPLOYMENT",
+                "FREE/TOTAL",
+                "RESERVED",
+                "RUNNING",
+                "EXECUTORS",
+                "DRAINING",
+                "VERSION",
+                "STARTED",
+            ),
+            [
+                (
+                    worker.address,
+                    worker.deployment,
+                    f"{worker.free_slots}/{worker.slots_total}",
+                    str(worker.reserved_slots),
+                    str(worker.running_tasks),
+                    str(worker.executors_healthy),
+                    _yes_no(worker.draining),
+                    worker.version,
+                    _timestamp(worker.started_at_ms),
+                )
+                for worker in workers
+            ],
+        )
+    )
 
 
 # ------------------------------------------------------------------ task from flags

@@ -31,6 +31,8 @@ from blockx.actors._messages import (
 from blockx.actors._timer import WorkerClock
 from blockx.errors import BlockxError
 from blockx.functions import FunctionCodeView
+from blockx.observability.logs import TaskLog
+from blockx.observability.tracing import NOT_TRACED, TaskTracing
 from blockx.phases import CallPhaseOutcome, CallPolicy, CallSpec
 from blockx.phases.builders import BuilderRegistry, BuildRequest
 from blockx.phases.plugins import PhaseFailed, WriteRequest, WriterRegistry
@@ -97,6 +99,8 @@ class TaskRuntime:
     call_window: int
     call_deadline_ms: int
     to_slot_table: Callable[[SlotTableMessage], None]
+    tracing: TaskTracing = attrs.field(factory=TaskTracing.disabled)
+    """Spans of tasks and phases; records nothing unless tracing is configured."""
 
 
 async def run_task(
@@ -106,8 +110,10 @@ async def run_task(
     phases: trio.MemoryReceiveChannel[PhaseCommand],
 ) -> None:
     """The task actor's whole life; returns once its last report is posted or it is cancelled."""
-    task = _TaskRun(runtime, command)
-    with scope:
+    # A scope cancelled before the actor ran: the task already has its result
+    # (the slot table's hooks have seen it), so no span is opened for it.
+    task = _TaskRun(runtime, command, traced=not scope.cancel_called)
+    with scope, task.log.bound():
         try:
             await task.run(phases)
         finally:
@@ -115,11 +121,18 @@ async def run_task(
 
 
 class _TaskRun:
-    def __init__(self, runtime: TaskRuntime, command: PrepareTaskActivation) -> None:
+    def __init__(
+        self, runtime: TaskRuntime, command: PrepareTaskActivation, *, traced: bool
+    ) -> None:
         self._rt = runtime
         self._command = command
         self._spec = command.spec
         self._task_id = command.task_id
+        self.log = TaskLog(logger, task_id=command.task_id, slot_id=command.slot_id)
+        self.log.set_phase(TaskPhase.PREPARING.value)
+        self._trace = (
+            runtime.tracing.task_started(command.task_id, command.slot_id) if traced else NOT_TRACED
+        )
         self._epoch: str | None = None
         self._calls: Sequence[CallSpec] = ()
         self._outputs: tuple[bytes, ...] = ()
@@ -128,6 +141,10 @@ class _TaskRun:
         if not self._activate():
             return
         async for command in phases:
+            phase = _PHASE_OF[type(command)]
+            self.log.set_phase(phase.value)
+            handler = self._spec.result_handler
+            self._trace.phase_started(phase, writer=handler.type if handler is not None else "")
             match command:
                 case StartBuilderPhase():
                     outcome = await self._guarded(TaskPhase.BUILDER, self._build)
@@ -135,7 +152,7 @@ class _TaskRun:
                     outcome = await self._guarded(TaskPhase.CALLS, self._run_calls)
                 case StartWriterPhase():
                     outcome = await self._guarded(TaskPhase.PLUGIN, self._write)
-            phase = _PHASE_OF[type(command)]
+            self._trace.phase_ended(outcome)
             self._rt.to_slot_table(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
             if phase is TaskPhase.PLUGIN:
                 return
@@ -158,6 +175,8 @@ class _TaskRun:
                 )
             )
             return False
+        self.log.set_epoch(self._epoch)
+        self._trace.epoch_pinned(self._epoch)
         self._rt.to_slot_table(
             ActivationDone(
                 task_id=self._task_id, slot_id=self._command.slot_id, task_code_epoch=self._epoch
@@ -171,7 +190,7 @@ class _TaskRun:
         try:
             return await body()
         except Exception as error:  # a bug in a builder or writer must not take the worker down
-            logger.exception("task %s: %s phase raised", self._task_id, phase.value)
+            self.log.exception("task %s: %s phase raised", self._task_id, phase.value)
             return PhaseOutcome(ok=False, message=f"{phase.value.lower()} raised {error!r}")
 
     async def _build(self) -> PhaseOutcome:

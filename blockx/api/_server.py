@@ -10,23 +10,30 @@ RESOURCE_EXHAUSTED naming the size and the limit.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, TypeAlias, cast
 
 import trio
 import trio_asyncio
 from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
-from grpclib.exceptions import GRPCError
+from grpclib.events import RecvRequest, listen
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
 from grpclib.reflection.service import ServerReflection
-from grpclib.server import Server
+from grpclib.server import Server, Stream
 
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from blockx.api._service import Encoded, WorkerService
 
 SERVICE_NAME = "blockx.worker.v1.WorkerService"
+
+RpcObserver: TypeAlias = Callable[[str, str, float], None]
+"""Told of every call's end: (method path "/package.Service/Method", status name, seconds)."""
 
 
 class SizeLimitedCodec(ProtoCodec):
@@ -69,8 +76,11 @@ class GrpcFrontEnd:
         max_message_bytes: int,
         keepalive_time_ms: int,
         keepalive_timeout_ms: int,
+        on_rpc: RpcObserver | None = None,
     ) -> None:
         self.service = service
+        self.on_rpc = on_rpc
+        """Told of every call's end; set it before `start`."""
         self.health_status = ServiceStatus()
         self.health_status.set(False)
         self._max_message_bytes = max_message_bytes
@@ -101,6 +111,8 @@ class GrpcFrontEnd:
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
         )
+        if self.on_rpc is not None:
+            listen(self._server, RecvRequest, functools.partial(_observe_call, self.on_rpc))
         await self._server.start(host, port)
         listener = cast("asyncio.Server | None", self._server._server)
         sockets = listener.sockets if listener is not None else ()
@@ -119,3 +131,28 @@ class GrpcFrontEnd:
         server.close()
         with trio.move_on_after(grace_s):
             await trio_asyncio.aio_as_trio(server.wait_closed)()
+
+
+async def _observe_call(on_rpc: RpcObserver, event: RecvRequest) -> None:
+    """Wrap the call's handler so that `on_rpc` learns how it ended and how long it took."""
+    handler = event.method_func
+    path = event.method_name
+    deadline = event.deadline
+
+    async def observed(stream: Stream[Any, Any]) -> None:
+        started_s = time.perf_counter()
+        status = Status.UNKNOWN  # what grpclib answers for any other exception
+        try:
+            await handler(stream)
+            status = Status.OK
+        except GRPCError as error:
+            status = error.status
+            raise
+        except (asyncio.CancelledError, StreamTerminatedError):
+            expired = deadline is not None and deadline.time_remaining() <= 0
+            status = Status.DEADLINE_EXCEEDED if expired else Status.CANCELLED
+            raise
+        finally:
+            on_rpc(path, status.name, time.perf_counter() - started_s)
+
+    event.method_func = observed

@@ -44,8 +44,9 @@ from blockx.api._convert import (
     submit_response,
     task_update,
 )
+from blockx.api._shadow import ShadowForwarder, is_shadow, strip_result_handler
 from blockx.executors import ExecutorView
-from blockx.slots import TaskResult, TaskSnapshot, WorkerError
+from blockx.slots import TaskResult, TaskSnapshot, TaskState, WorkerError
 
 T = TypeVar("T")
 
@@ -78,8 +79,11 @@ class WorkerService(pb.WorkerServiceBase):
         identity: WorkerIdentity,
         executors: Callable[[], Sequence[ExecutorView]],
         ready: Callable[[], bool],
+        shadow: ShadowForwarder | None = None,
     ) -> None:
         self._slot_table = slot_table
+        self.shadow = shadow
+        """Mirrors a sample of accepted submits to another worker (see `blockx.api._shadow`)."""
         self._hub = hub
         self.identity = identity
         self._executors = executors
@@ -120,9 +124,14 @@ class WorkerService(pb.WorkerServiceBase):
         if message.task is None:
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
         spec = spec_from_pb(message.task)
+        shadow = is_shadow(message.task)
+        if shadow:  # mirrored here by another worker: it must never write outputs
+            spec = strip_result_handler(spec)
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
+        if self.shadow is not None and not shadow and snapshot.state is TaskState.RUNNING:
+            self.shadow.offer(message.task, self.identity.worker_addr)
         return submit_response(snapshot)
 
     async def get_task_result(self, message: pb.GetTaskResultRequest) -> pb.GetTaskResultResponse:

@@ -17,6 +17,7 @@ import attrs
 import trio
 import trio_asyncio
 from grpclib.client import Channel
+from opentelemetry.trace import Tracer
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.app import BLOCK, Serving, serve
@@ -87,13 +88,20 @@ class Harness:
 
 
 def worker_config(**overrides: object) -> WorkerConfig:
-    values: dict[str, object] = {"listenAddr": "127.0.0.1:0", "worker.taskSlots": 4}
+    values: dict[str, object] = {
+        "listenAddr": "127.0.0.1:0",
+        "metricsListenAddr": "127.0.0.1:0",  # many workers per test run: never the fixed :9464
+        "etcdEndpoints": "none",  # no registration unless a test asks for it
+        "worker.taskSlots": 4,
+    }
     values.update(overrides)
     return load_config(env={}, overrides=values)
 
 
 @asynccontextmanager
-async def running_worker(config: WorkerConfig | None = None) -> AsyncIterator[Harness]:
+async def running_worker(
+    config: WorkerConfig | None = None, *, tracer: Tracer | None = None
+) -> AsyncIterator[Harness]:
     source = MemorySource()
     source.publish({"demo": "def add(a, b):\n    return a + b\n"})
     calls = FakeCalls()
@@ -107,6 +115,7 @@ async def running_worker(config: WorkerConfig | None = None) -> AsyncIterator[Ha
                 stop=stop,
                 source=source,
                 executors=calls,
+                tracer=tracer,
             )
         )
         channel = await trio_asyncio.aio_as_trio(_channel)(serving.port)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -393,9 +391,7 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
         runs.append((profile, overrides))
         return 0
 
-    logging_setups: list[dict[str, object]] = []
     monkeypatch.setattr(app, "run", fake_run)
-    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: logging_setups.append(kwargs))
 
     argv = ["serve", "--profile", "bundle", "--slots", "4", "--functions", "fn", "--executors", "1"]
     assert cli.main(argv) == 0
@@ -409,9 +405,6 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
                 "functionCode.dir": "fn",
             },
         )
-    ]
-    assert logging_setups == [
-        {"stream": sys.stderr, "level": logging.INFO, "format": cli.LOG_FORMAT}
     ]
 
 

@@ -96,6 +96,8 @@ async def serve_process(
         *args,
     ]
     environment = {k: v for k, v in os.environ.items() if k != "WORKER_CONFIG"}
+    environment["METRICS_LISTEN"] = "127.0.0.1:0"  # tests run many workers: not the fixed :9464
+    environment["ETCD_ENDPOINTS"] = "none"  # a test that wants etcd names its own in `env`
     environment.update(env or {})
     log: list[str] = []
     ready = trio.Event()

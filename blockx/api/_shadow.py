@@ -3,7 +3,9 @@
 Sending side (`ShadowForwarder`): once the slot table accepted a submit (the
 reply is RUNNING, so neither a refusal nor the retained result of a task that
 already ended) and the submit is not itself a shadow, the SubmitTask handler
-calls `offer`. It draws against the sample rate and puts the task on a bounded
+calls `offer`. It draws against the sample rate once per task id (a repeat
+submit of a running task, which coordinators send when unsure of the first,
+is neither drawn again nor mirrored twice) and puts the task on a bounded
 queue, or drops it, counted, when the queue is full. It never waits and never
 raises: the primary's reply is not slowed by the shadow target. One sender
 (`run`, a Trio task in the worker's system nursery) owns one channel to the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
@@ -44,6 +47,8 @@ SHADOW_LABEL: Final = "blockx.shadow"
 """Label of a mirrored task; its value is the address of the worker that mirrored it."""
 QUEUE_TASKS: Final = 1_024
 """Mirrored submits waiting for the sender; one more is dropped."""
+RECENT_TASKS: Final = 4 * QUEUE_TASKS
+"""Task ids whose sampling is remembered, so that a repeat submit is not drawn again."""
 SEND_TIMEOUT_S: Final = 2.0
 REPORT_INTERVAL_S: Final = 30.0
 """At most one warning about failed or dropped shadow submits per interval."""
@@ -82,6 +87,7 @@ class ShadowForwarder:
         parse_worker_address(self.target_addr)  # InvalidWorkerAddress now, not in the sender
         self.sample_rate = sample_rate
         self._draw = draw
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self._send, self._receive = trio.open_memory_channel[tuple[pb.TaskSpec, str]](queue_tasks)
         self.queued = 0
         self.dropped = 0
@@ -108,6 +114,11 @@ class ShadowForwarder:
 
     def offer(self, task: pb.TaskSpec, source_addr: str) -> bool:
         """Queue `task` (accepted by this worker at `source_addr`) if sampled. Never waits."""
+        if task.task_id in self._recent:
+            return False  # a repeat submit: this task was decided on already
+        self._recent[task.task_id] = None
+        if len(self._recent) > RECENT_TASKS:
+            self._recent.popitem(last=False)
         if self.sample_rate < 1.0 and not self._draw() < self.sample_rate:
             return False
         try:

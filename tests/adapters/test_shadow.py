@@ -16,7 +16,7 @@ import trio
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import _shadow
-from blockx.api._shadow import SHADOW_LABEL, ShadowForwarder
+from blockx.api._shadow import RECENT_TASKS, SHADOW_LABEL, ShadowForwarder
 from blockx.client import WorkerCallError, WorkerClient
 from blockx.config import ConfigError
 from blockx.phases.plugins import test_outputs as stored_outputs
@@ -210,9 +210,27 @@ async def test_offer_samples_at_the_rate_and_drops_when_the_queue_is_full() -> N
         target_addr=":9", sample_rate=0.5, queue_tasks=2, draw=lambda: next(draws)
     )
     assert shadow.target_addr == "127.0.0.1:9"
-    task = written_task("t")
-    assert [shadow.offer(task, "me:1") for _ in range(4)] == [False, True, True, False]
+    offered = [shadow.offer(written_task(f"t{n}"), "me:1") for n in range(4)]
+    assert offered == [False, True, True, False]
     assert (shadow.queued, shadow.dropped) == (2, 1)
+
+
+def test_a_repeat_submit_is_neither_drawn_again_nor_mirrored_twice() -> None:
+    draws = iter([0.1, 0.9])
+    shadow = ShadowForwarder(target_addr=":9", sample_rate=0.5, draw=lambda: next(draws))
+    assert shadow.offer(written_task("sampled"), "me:1")
+    assert not shadow.offer(written_task("sampled"), "me:1")
+    assert not shadow.offer(written_task("not-sampled"), "me:1")
+    assert not shadow.offer(written_task("not-sampled"), "me:1")  # no third draw: none left
+    assert shadow.queued == 1
+
+
+def test_only_the_most_recent_task_ids_are_remembered() -> None:
+    shadow = ShadowForwarder(target_addr=":9", sample_rate=1.0, queue_tasks=RECENT_TASKS + 2)
+    for n in range(RECENT_TASKS + 1):
+        assert shadow.offer(written_task(f"t{n}"), "me:1")
+    assert shadow.offer(written_task("t0"), "me:1")  # forgotten, so offered again
+    assert not shadow.offer(written_task(f"t{RECENT_TASKS}"), "me:1")
 
 
 def test_a_shadow_target_that_cannot_be_dialled_is_a_config_error() -> None:

@@ -6,17 +6,19 @@ order; an event older than the view is ignored, so replaying a batch twice is
 harmless. A value that is not a heartbeat removes the worker from the view
 and is reported back to the caller, who logs it. Placement asks for
 `placement_order()`: workers that are not draining and have a free slot,
-most free slots first. `note_placed` lowers a worker's free count at once,
+most free slots first, equals in random order (so that coordinators with the
+same view do not all pick the same worker). `note_placed` lowers a worker's free count at once,
 until that worker's next heartbeat says the truth, so that a burst of tasks
 spreads instead of piling onto the worker that looked emptiest.
 
-Pure: no I/O, no clock, no logging.
+Pure: no I/O, no clock, no logging; randomness comes from the `draw` it is given.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -57,6 +59,8 @@ class WorkerDirectory:
     _key_revisions: dict[str, int] = attrs.field(factory=dict, init=False)
     _placed: dict[str, int] = attrs.field(factory=dict, init=False)
     """Placements per address since that worker's last heartbeat."""
+    _draw: Callable[[], float] = attrs.field(default=random.random, kw_only=True, alias="draw")
+    """Orders workers that are equal for placement: a number in [0, 1)."""
 
     def reset(self, *, revision: int, entries: Iterable[tuple[str, bytes, int]]) -> list[Rejected]:
         """Replace the view with a snapshot: (key, value, mod_revision) at `revision`."""
@@ -105,22 +109,21 @@ class WorkerDirectory:
     def placement_order(self) -> tuple[WorkerHeartbeat, ...]:
         """Workers to try for a new task: not draining, a free slot, most free first.
 
-        Ties go to the worker running fewer tasks, then to the lower address
-        (so that the order is stable).
+        Ties go to the worker running fewer tasks, then are broken at random:
+        many coordinators share one view, and a fixed order would send all of
+        their first tasks to the same worker.
         """
         candidates = [
             worker
             for worker in self._workers.values()
             if not worker.draining and self.free_slots(worker.address) > 0
         ]
-        candidates.sort(
-            key=lambda worker: (
-                -self.free_slots(worker.address),
-                worker.running_tasks,
-                worker.address,
-            )
+        ranked = sorted(
+            (-self.free_slots(worker.address), worker.running_tasks, self._draw(), worker.address)
+            for worker in candidates
         )
-        return tuple(candidates)
+        by_address = {worker.address: worker for worker in candidates}
+        return tuple(by_address[address] for *_, address in ranked)
 
     def note_placed(self, address: str) -> None:
         """A slot was reserved on `address`; count it until the worker's next heartbeat."""

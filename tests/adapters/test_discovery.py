@@ -7,6 +7,8 @@ client would produce. Every directory test ends with `check_invariants()`.
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -294,8 +296,8 @@ def test_keys_outside_the_prefix_are_ignored() -> None:
 # --- the placement order -------------------------------------------------------------------
 
 
-def fleet(*workers: WorkerHeartbeat) -> WorkerDirectory:
-    directory = WorkerDirectory(prefix=PREFIX)
+def fleet(*workers: WorkerHeartbeat, draw: Callable[[], float] = random.random) -> WorkerDirectory:
+    directory = WorkerDirectory(prefix=PREFIX, draw=draw)
     directory.reset(
         revision=len(workers),
         entries=[
@@ -319,14 +321,19 @@ def test_most_free_slots_first_skipping_draining_and_full_workers() -> None:
     directory.check_invariants()
 
 
-def test_ties_go_to_fewer_running_tasks_then_to_the_lower_address() -> None:
+def test_ties_go_to_fewer_running_tasks_then_are_drawn() -> None:
+    draws = iter([0.9, 0.5, 0.1, 0.2, 0.5, 0.8])
     directory = fleet(
         beat("c:1", free=2, total=4),
         beat("b:1", free=2, total=2),
         beat("a:1", free=2, total=4),
+        draw=lambda: next(draws),
     )
 
+    # Drawn in the order the view holds them (c, b, a): c 0.9, b 0.5, a 0.1.
     assert addresses(directory.placement_order()) == ["b:1", "a:1", "c:1"]
+    # b runs none and leads whatever it draws; c draws 0.2 and a 0.8 this time.
+    assert addresses(directory.placement_order()) == ["b:1", "c:1", "a:1"]
 
 
 def test_a_placement_counts_against_a_worker_until_its_next_heartbeat() -> None:

@@ -21,6 +21,7 @@ from blockx.client import WorkerCallError, WorkerClient
 from blockx.config import ConfigError
 from blockx.phases.plugins import test_outputs as stored_outputs
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.worker_results import result_once_there
 
 POLL_S = 0.01
 
@@ -39,20 +40,6 @@ def forwarder_of(worker: Harness) -> ShadowForwarder:
 
 async def until(condition: Callable[[], bool]) -> None:
     while not condition():
-        await trio.sleep(POLL_S)
-
-
-async def result_once_there(client: WorkerClient, task_id: str) -> pb.TaskResult:
-    """The terminal result of `task_id` on `client`'s worker, waiting for it to arrive and end."""
-    while True:
-        try:
-            response = await client.result(task_id)
-        except WorkerCallError as error:
-            if error.status.name != "NOT_FOUND":
-                raise
-        else:
-            if response.result is not None:
-                return response.result
         await trio.sleep(POLL_S)
 
 
@@ -99,7 +86,7 @@ async def test_a_sampled_submit_reaches_the_target_without_its_result_handler() 
         reply = await submit(primary, written_task("mirrored", delay_ms=500))
         assert reply.state == pb.TaskState.RUNNING
 
-        shadow_result = await result_once_there(target, "mirrored")
+        shadow_result = await result_once_there(target, "mirrored", poll_s=POLL_S)
         assert shadow_result.state == pb.TaskState.SUCCEEDED
         assert shadow_result.execute_result is not None
         assert shadow_result.execute_result.output_count == 1

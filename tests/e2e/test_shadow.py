@@ -13,8 +13,9 @@ from pathlib import Path
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client import WorkerCallError, WorkerClient
+from blockx.client import WorkerClient
 from tests.e2e.serve_process import ServeProcess, free_port, serve_process
+from tests.worker_results import result_once_there
 
 NO_ETCD = {"ETCD_ENDPOINTS": "none"}
 POLL_S = 0.05
@@ -38,19 +39,6 @@ async def run_to_end(worker: ServeProcess, task: pb.TaskSpec) -> pb.TaskResult:
     assert final.is_terminal
     assert final.result is not None
     return final.result
-
-
-async def result_once_there(client: WorkerClient, task_id: str) -> pb.TaskResult:
-    while True:
-        try:
-            response = await client.result(task_id)
-        except WorkerCallError as error:
-            if error.status.name != "NOT_FOUND":
-                raise
-        else:
-            if response.result is not None:
-                return response.result
-        await trio.sleep(POLL_S)
 
 
 def task_finished_lines(worker: ServeProcess, task_id: str) -> list[dict[str, object]]:
@@ -83,7 +71,7 @@ async def test_the_shadow_task_runs_on_the_second_worker_and_writes_nothing(
                 result = await run_to_end(primary, written_task("e2e-shadow", out))
                 assert result.state == pb.TaskState.SUCCEEDED
 
-                shadow = await result_once_there(target_client, "e2e-shadow")
+                shadow = await result_once_there(target_client, "e2e-shadow", poll_s=POLL_S)
                 assert shadow.state == pb.TaskState.SUCCEEDED
                 assert shadow.execute_result is not None
                 assert shadow.execute_result.output_count == 1

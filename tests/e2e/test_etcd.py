@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -112,6 +113,10 @@ async def test_a_ready_worker_registers_its_heartbeat_under_a_lease(tmp_path: Pa
             await worker.wait_for_line("registered in etcd as " + key_of(worker))
             lease_lines = [line for line in worker.log if "registered in etcd" in line]
             assert "TTL 10 s" in lease_lines[0]
+            lease = re.search(r"\(lease ([0-9a-f]+), TTL", lease_lines[0])
+            assert lease is not None, lease_lines[0]
+            # That lease is live in etcd, counting down from 10 s (expiry is the SIGKILL test).
+            assert 0 < await client.lease_ttl_s(int(lease.group(1), 16)) <= 10
 
 
 async def test_the_heartbeat_tracks_slot_use(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ import collections
 import contextlib
 import itertools
 import os
-import resource
 import signal
 import socket
 import sys
@@ -37,7 +36,7 @@ from typing import Any, Final, NoReturn, Protocol
 
 from blockx import _api
 from blockx._api import CallCancelled, RetryableError, SubcallFailed
-from blockx._process import tune_gc
+from blockx._process import rss_bytes, tune_gc
 from blockx.executors._errors import CodeUnavailable, InvalidArguments, WireError
 from blockx.executors._wire import (
     PROTOCOL_VERSION,
@@ -119,15 +118,6 @@ def _exit(code: int) -> NoReturn:
 
 def _complain(text: str) -> None:
     print(f"blockx executor {os.getpid()}: {text}", file=sys.stderr, flush=True)
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            resident_pages = int(statm.read().split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):  # no procfs: the peak is the best we have
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _describe(exc: BaseException) -> str:
@@ -525,7 +515,7 @@ class Executor:
             Heartbeat(
                 running_call_id=running,
                 loop_progress_age_ms=max(0, int(age_s * 1000)),
-                rss_bytes=_rss_bytes(),
+                rss_bytes=rss_bytes(),
                 calls_served=self._calls_served,
             )
         )

@@ -17,8 +17,6 @@ from __future__ import annotations
 import collections
 import gc
 import logging
-import os
-import resource
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
@@ -29,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from blockx._process import rss_bytes
 from blockx.executors import ExecutorState, ExecutorView
 from blockx.slots import (
     Heartbeat,
@@ -111,18 +110,8 @@ class WorkerProbe:
             tasks=tuple(tasks),
             executors=self.executor_views(),
             watch_streams=self.stream_count(),
-            worker_rss_bytes=process_rss_bytes(),
+            worker_rss_bytes=rss_bytes(),
         )
-
-
-def process_rss_bytes() -> int:
-    """This process's resident set size; its peak where there is no procfs."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            resident_pages = int(statm.read().split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class WorkerMetrics:

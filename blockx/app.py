@@ -275,30 +275,18 @@ async def serve(  # noqa: PLR0915 - the one place that orders start and stop, re
                 front_end.service.identity = attrs.evolve(
                     front_end.service.identity, worker_addr=worker_addr
                 )
-                metrics_port = await _start_observing(
-                    system,
-                    config,
-                    metrics,
-                    WorkerProbe(
-                        machine=slot_table.machine,
-                        now_ms=clock.now_ms,
-                        stream_count=lambda: hub.stream_count,
-                        executor_views=executor_views or tuple,
-                        worker_addr=worker_addr,
-                        deployment=profile.deployment,
-                        version=version(),
-                        started_at_ms=started_at_ms,
-                    ),
-                )
-                registrar = _registrar(
-                    config,
-                    profile,
-                    worker_addr=worker_addr,
-                    slot_table=slot_table,
-                    clock=clock,
+                probe = WorkerProbe(
+                    machine=slot_table.machine,
+                    now_ms=clock.now_ms,
+                    stream_count=lambda: hub.stream_count,
                     executor_views=executor_views or tuple,
+                    worker_addr=worker_addr,
+                    deployment=profile.deployment,
+                    version=version(),
                     started_at_ms=started_at_ms,
                 )
+                metrics_port = await _start_observing(system, config, metrics, probe)
+                registrar = _registrar(config, probe)
                 system.start_soon(
                     functools.partial(
                         _announce_ready,
@@ -386,35 +374,25 @@ async def _start_observing(
     return bound
 
 
-def _registrar(
-    config: WorkerConfig,
-    profile: Profile,
-    *,
-    worker_addr: str,
-    slot_table: SlotTableActor,
-    clock: WorkerClock,
-    executor_views: Callable[[], tuple[ExecutorView, ...]],
-    started_at_ms: int,
-) -> Registrar | None:
+def _registrar(config: WorkerConfig, probe: WorkerProbe) -> Registrar | None:
     """The etcd registration of this worker; None when `etcdEndpoints` turns it off."""
     if not config.etcd_enabled:
         return None
-    worker_version = version()
 
     def heartbeat() -> WorkerHeartbeat:
         # Read on the Trio thread between the slot table's steps: a consistent view.
         return heartbeat_of(
-            slot_table.machine.heartbeat(clock.now_ms()),
-            address=worker_addr,
-            deployment=profile.deployment,
-            version=worker_version,
-            started_at_ms=started_at_ms,
-            executors=executor_views(),
+            probe.machine.heartbeat(probe.now_ms()),
+            address=probe.worker_addr,
+            deployment=probe.deployment,
+            version=probe.version,
+            started_at_ms=probe.started_at_ms,
+            executors=probe.executor_views(),
         )
 
     return Registrar(
         endpoints=config.etcd_endpoints,
-        key=config.worker_registry_prefix + worker_addr,
+        key=config.worker_registry_prefix + probe.worker_addr,
         lease_ttl_ms=config.etcd_lease_ttl_ms,
         heartbeat_interval_ms=config.heartbeat_interval_ms,
         heartbeat=heartbeat,

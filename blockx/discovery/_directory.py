@@ -103,7 +103,7 @@ class WorkerDirectory:
         """The worker's free slots less the placements made since its last heartbeat."""
         for worker in self._workers.values():
             if worker.address == address:
-                return max(0, worker.free_slots - self._placed.get(address, 0))
+                return self._free(worker)
         return 0
 
     def placement_order(self) -> tuple[WorkerHeartbeat, ...]:
@@ -113,17 +113,13 @@ class WorkerDirectory:
         many coordinators share one view, and a fixed order would send all of
         their first tasks to the same worker.
         """
-        candidates = [
-            worker
+        ranked = [
+            ((-free, worker.running_tasks, self._draw()), worker)
             for worker in self._workers.values()
-            if not worker.draining and self.free_slots(worker.address) > 0
+            if not worker.draining and (free := self._free(worker)) > 0
         ]
-        ranked = sorted(
-            (-self.free_slots(worker.address), worker.running_tasks, self._draw(), worker.address)
-            for worker in candidates
-        )
-        by_address = {worker.address: worker for worker in candidates}
-        return tuple(by_address[address] for *_, address in ranked)
+        ranked.sort(key=lambda entry: entry[0])
+        return tuple(worker for _, worker in ranked)
 
     def note_placed(self, address: str) -> None:
         """A slot was reserved on `address`; count it until the worker's next heartbeat."""
@@ -139,6 +135,9 @@ class WorkerDirectory:
         addresses = {worker.address for worker in self._workers.values()}
         assert set(self._placed) <= addresses, (self._placed, addresses)
         assert all(count > 0 for count in self._placed.values())
+
+    def _free(self, worker: WorkerHeartbeat) -> int:
+        return max(0, worker.free_slots - self._placed.get(worker.address, 0))
 
     def _put(self, key: str, value: bytes, mod_revision: int) -> Rejected | None:
         if not key.startswith(self.prefix):

@@ -50,6 +50,7 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from blockx._channels import open_channels, split_host_port
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
 from blockx.errors import BlockxError
@@ -77,7 +78,6 @@ STREAM_CLOSE_GRACE_S = 5.0
 """How long closing a watch stream may take before it is abandoned."""
 
 _WATCH_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/WatchTasks"
-_MAX_PORT = 65_535
 _MAX_UINT32 = 2**32 - 1
 _MAX_INT64 = 2**63 - 1
 
@@ -151,24 +151,10 @@ class NoAsyncioLoop(BlockxError):
 
 def parse_worker_address(address: str) -> tuple[str, int]:
     """(host, port) of "host:port" or "[v6 address]:port"."""
-    host, colon, port_text = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or not port_text.isdigit():
-        raise InvalidWorkerAddress(address=address, allowed="must be HOST:PORT")
-    port = int(port_text)
-    if not 1 <= port <= _MAX_PORT:
-        raise InvalidWorkerAddress(address=address, allowed=f"the port must be 1-{_MAX_PORT}")
-    return host, port
-
-
-async def _open_channel(host: str, port: int) -> Channel:
-    # Runs on the asyncio loop: grpclib binds its objects to the running loop.
-    return Channel(host, port)
-
-
-async def _close_channel(channel: Channel) -> None:
-    channel.close()
+    try:
+        return split_host_port(address)
+    except ValueError as error:
+        raise InvalidWorkerAddress(address=address, allowed=str(error)) from None
 
 
 class WorkerClient:
@@ -192,12 +178,8 @@ class WorkerClient:
         loop = trio_asyncio.current_loop.get()
         if loop is None:
             raise NoAsyncioLoop()
-        channel: Channel = await trio_asyncio.aio_as_trio(_open_channel, loop=loop)(host, port)
-        try:
+        async with open_channels(loop, [(host, port)]) as (channel,):
             yield cls(address=address, channel=channel, loop=loop)
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio_asyncio.aio_as_trio(_close_channel, loop=loop)(channel)
 
     # --- unary calls -----------------------------------------------------------------------
 

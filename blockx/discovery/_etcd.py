@@ -42,6 +42,7 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from blockx._channels import open_channels, split_host_port
 from blockx._proto import etcdserverpb as rpc
 from blockx._proto import mvccpb
 from blockx.discovery._directory import KeyEvent, KeyEventKind
@@ -54,7 +55,6 @@ STREAM_CLOSE_GRACE_S = 2.0
 
 _KEEP_ALIVE_ROUTE = "/etcdserverpb.Lease/LeaseKeepAlive"
 _WATCH_ROUTE = "/etcdserverpb.Watch/Watch"
-_MAX_PORT = 65_535
 _LEASE_NOT_FOUND = "lease not found"
 
 _R = TypeVar("_R")
@@ -146,16 +146,10 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise InvalidEtcdEndpoint(
             endpoint=endpoint, allowed="TLS is not supported: use http://HOST:PORT or HOST:PORT"
         )
-    text = text.removeprefix("http://").rstrip("/")
-    host, colon, port_text = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or not port_text.isdigit():
-        raise InvalidEtcdEndpoint(endpoint=endpoint, allowed="must be HOST:PORT")
-    port = int(port_text)
-    if not 1 <= port <= _MAX_PORT:
-        raise InvalidEtcdEndpoint(endpoint=endpoint, allowed=f"the port must be 1-{_MAX_PORT}")
-    return host, port
+    try:
+        return split_host_port(text.removeprefix("http://").rstrip("/"))
+    except ValueError as error:
+        raise InvalidEtcdEndpoint(endpoint=endpoint, allowed=str(error)) from None
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -170,14 +164,6 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 
 # --- the client ----------------------------------------------------------------------------
-
-
-async def _open_channel(host: str, port: int) -> Channel:
-    return Channel(host, port)
-
-
-async def _close_channel(channel: Channel) -> None:
-    channel.close()
 
 
 class EtcdClient:
@@ -213,22 +199,13 @@ class EtcdClient:
         loop = trio_asyncio.current_loop.get()
         if loop is None:
             raise NoAsyncioLoop()
-        channels: list[Channel] = []
-        try:
-            for host, port in addresses:
-                channels.append(
-                    await trio_asyncio.aio_as_trio(_open_channel, loop=loop)(host, port)
-                )
+        async with open_channels(loop, addresses) as channels:
             yield cls(
                 endpoints=tuple(endpoints),
-                channels=tuple(channels),
+                channels=channels,
                 loop=loop,
                 call_timeout_s=call_timeout_s,
             )
-        finally:
-            with trio.CancelScope(shield=True):
-                for channel in channels:
-                    await trio_asyncio.aio_as_trio(_close_channel, loop=loop)(channel)
 
     # --- key-value -------------------------------------------------------------------------
 

@@ -1,0 +1,63 @@
+"""The leaf vocabulary of call execution, shared by every layer of the worker.
+
+Call specs, call outcomes, the retry policy, call statistics, the one
+registry of failure codes, the msgpack value codec, and what the pure cores
+share in how they are driven (stimulus ids, steps, the stimulus log). The
+slot table, the dispatch core, the executor child, builders and plugins all
+import these types; none of them keeps a copy. Imports nothing of blockx but
+its error bases.
+"""
+
+from blockx.calls._codec import (
+    POSITIONAL_KEY,
+    VALUE_ERRORS,
+    InvalidArguments,
+    decode_args,
+    decode_value,
+    encode_args,
+    encode_value,
+)
+from blockx.calls._codes import FailureCode
+from blockx.calls._model import (
+    MAX_JITTER_PERCENT,
+    CallFailure,
+    CallFailurePolicy,
+    CallOutcome,
+    CallPhaseOutcome,
+    CallSpec,
+    CallStats,
+    RetryPolicy,
+)
+from blockx.calls._steps import (
+    RECENT_STIMULI,
+    LoggedStimulus,
+    Step,
+    Stimulus,
+    StimulusIds,
+    StimulusLog,
+)
+
+__all__ = [
+    "MAX_JITTER_PERCENT",
+    "POSITIONAL_KEY",
+    "RECENT_STIMULI",
+    "VALUE_ERRORS",
+    "CallFailure",
+    "CallFailurePolicy",
+    "CallOutcome",
+    "CallPhaseOutcome",
+    "CallSpec",
+    "CallStats",
+    "FailureCode",
+    "InvalidArguments",
+    "LoggedStimulus",
+    "RetryPolicy",
+    "Step",
+    "Stimulus",
+    "StimulusIds",
+    "StimulusLog",
+    "decode_args",
+    "decode_value",
+    "encode_args",
+    "encode_value",
+]

@@ -1,0 +1,91 @@
+"""What the pure cores share in how they are driven: stimulus ids, steps, the stimulus log.
+
+Every event into a core carries the id of the stimulus that caused it,
+stamped by `StimulusIds` where the runtime turns something that happened into
+an event. A core answers each event with a `Step` (a reply for the caller,
+commands for the runtime) and remembers its recent events in a bounded
+`StimulusLog`, so a failing test or a production log names the event behind a
+transition. Pure: no clock, no IO.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Callable
+from typing import Final, Generic, Protocol, TypeVar
+
+import attrs
+
+RECENT_STIMULI: Final = 256
+
+ReplyT_co = TypeVar("ReplyT_co", covariant=True)
+CommandT_co = TypeVar("CommandT_co", covariant=True)
+
+
+class Stimulus(Protocol):
+    """An event into a core: when it happened and which stimulus it was."""
+
+    @property
+    def stimulus_id(self) -> str: ...
+
+    @property
+    def now_ms(self) -> int: ...
+
+
+EventT = TypeVar("EventT", bound=Stimulus)
+StepT = TypeVar("StepT", bound="Step[object, object]")
+
+
+class StimulusIds:
+    """Stamps stimulus ids, `<kind>-<n>`, unique within one worker."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count(1)
+
+    def stamp(self, kind: str) -> str:
+        return f"{kind}-{next(self._next)}"
+
+
+@attrs.frozen(kw_only=True)
+class Step(Generic[ReplyT_co, CommandT_co]):
+    """What one event produced: the reply for the caller and commands for the runtime."""
+
+    reply: ReplyT_co | None = None
+    commands: tuple[CommandT_co, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class LoggedStimulus:
+    """One event a core handled, and what came of it: the commands' names, or the error's."""
+
+    stimulus_id: str
+    event: object
+    outcome: str
+
+
+class StimulusLog:
+    """The last `RECENT_STIMULI` events of one core, oldest first."""
+
+    def __init__(self) -> None:
+        self._recent: collections.deque[LoggedStimulus] = collections.deque(maxlen=RECENT_STIMULI)
+
+    @property
+    def recent(self) -> tuple[LoggedStimulus, ...]:
+        return tuple(self._recent)
+
+    def apply(self, event: EventT, handle: Callable[[EventT], StepT]) -> StepT:
+        """`handle(event)`, logged with its commands, or with the error it raised."""
+        try:
+            step = handle(event)
+        except Exception as error:
+            self._record(event, type(error).__name__)
+            raise
+        commands: tuple[object, ...] = step.commands
+        self._record(event, ",".join(type(command).__name__ for command in commands) or "-")
+        return step
+
+    def _record(self, event: Stimulus, outcome: str) -> None:
+        self._recent.append(
+            LoggedStimulus(stimulus_id=event.stimulus_id, event=event, outcome=outcome)
+        )

@@ -13,7 +13,8 @@ from blockx.slots._commands import (
     PrepareTaskActivation,
     StartBuilderPhase,
     StartCallPhase,
-    StartWriterPhase,
+    StartPhase,
+    StartPluginPhase,
 )
 from blockx.slots._config import SlotConfig
 from blockx.slots._errors import (
@@ -21,7 +22,6 @@ from blockx.slots._errors import (
     InvalidArgument,
     InvalidConfig,
     InvalidSlot,
-    MachineMisuse,
     NoSlot,
     NotFound,
     SlotUncertain,
@@ -29,8 +29,10 @@ from blockx.slots._errors import (
     WorkerError,
 )
 from blockx.slots._events import (
+    OUTCOME_PHASES,
     ActivationFailed,
     ActivationPrepared,
+    CallsFinished,
     DrainDeadlinePassed,
     DrainStarted,
     Event,
@@ -42,11 +44,10 @@ from blockx.slots._events import (
     WatchDetached,
     WatchDisconnected,
 )
-from blockx.slots._machine import LoggedStimulus, SlotMachine, Step
+from blockx.slots._machine import SlotMachine, Step
 from blockx.slots._model import (
-    CallFailurePolicy,
-    CallStats,
-    FailureCode,
+    RUN_PHASES,
+    SHADOW_LABEL,
     ForgetReason,
     FunctionCall,
     Heartbeat,
@@ -54,7 +55,6 @@ from blockx.slots._model import (
     PhaseTimings,
     PluginResult,
     ResultHandler,
-    RetryPolicy,
     SlotState,
     SlotView,
     TaskPhase,
@@ -67,17 +67,18 @@ from blockx.slots._model import (
 )
 
 __all__ = [
+    "OUTCOME_PHASES",
+    "RUN_PHASES",
+    "SHADOW_LABEL",
     "ActivationFailed",
     "ActivationPrepared",
-    "CallFailurePolicy",
-    "CallStats",
+    "CallsFinished",
     "Command",
     "ConvergeTask",
     "DrainDeadlinePassed",
     "DrainStarted",
     "ErrorCode",
     "Event",
-    "FailureCode",
     "ForgetReason",
     "ForgetTask",
     "FunctionCall",
@@ -85,8 +86,6 @@ __all__ = [
     "InvalidArgument",
     "InvalidConfig",
     "InvalidSlot",
-    "LoggedStimulus",
-    "MachineMisuse",
     "NoSlot",
     "NotFound",
     "PhaseFinished",
@@ -95,7 +94,6 @@ __all__ = [
     "PluginResult",
     "PrepareTaskActivation",
     "ResultHandler",
-    "RetryPolicy",
     "SlotConfig",
     "SlotMachine",
     "SlotRequested",
@@ -104,7 +102,8 @@ __all__ = [
     "SlotView",
     "StartBuilderPhase",
     "StartCallPhase",
-    "StartWriterPhase",
+    "StartPhase",
+    "StartPluginPhase",
     "Step",
     "TaskPhase",
     "TaskResult",

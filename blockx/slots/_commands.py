@@ -2,19 +2,24 @@
 
 Each carries the id of the stimulus that caused it. The runtime carries them
 out and reports back with events; it never decides slot or phase state itself.
+A command that starts a phase names that phase in `phase`.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 
-from blockx.slots._model import ForgetReason, RetryPolicy, TaskResult, TaskSpec
+from blockx.calls import RetryPolicy
+from blockx.slots._model import ForgetReason, TaskPhase, TaskResult, TaskSpec
 
 
 @attrs.frozen(kw_only=True)
 class PrepareTaskActivation:
     """Start the task's runtime: pin a code epoch, open its IO scope, report back."""
 
+    phase: ClassVar[TaskPhase] = TaskPhase.PREPARING
     task_id: str
     slot_id: str
     spec: TaskSpec
@@ -25,6 +30,7 @@ class PrepareTaskActivation:
 
 @attrs.frozen(kw_only=True)
 class StartBuilderPhase:
+    phase: ClassVar[TaskPhase] = TaskPhase.BUILDER
     task_id: str
     task_code_epoch: str
     stimulus_id: str
@@ -32,6 +38,7 @@ class StartBuilderPhase:
 
 @attrs.frozen(kw_only=True)
 class StartCallPhase:
+    phase: ClassVar[TaskPhase] = TaskPhase.CALLS
     task_id: str
     call_count: int
     streaming: bool
@@ -39,8 +46,12 @@ class StartCallPhase:
 
 
 @attrs.frozen(kw_only=True)
-class StartWriterPhase:
+class StartPluginPhase:
+    """Store `outputs` (the values of the calls that succeeded, in call order)."""
+
+    phase: ClassVar[TaskPhase] = TaskPhase.PLUGIN
     task_id: str
+    outputs: tuple[bytes, ...] = attrs.field(repr=False)
     stimulus_id: str
 
 
@@ -65,11 +76,7 @@ class ForgetTask:
     stimulus_id: str
 
 
-Command = (
-    PrepareTaskActivation
-    | StartBuilderPhase
-    | StartCallPhase
-    | StartWriterPhase
-    | ConvergeTask
-    | ForgetTask
-)
+StartPhase = StartBuilderPhase | StartCallPhase | StartPluginPhase
+"""A command that starts one of the phases a task actor runs."""
+
+Command = PrepareTaskActivation | StartPhase | ConvergeTask | ForgetTask

@@ -2,16 +2,16 @@
 
 `WorkerError` and its subclasses are the caller's fault (a client asked for
 something the worker cannot or will not do); each has a stable `code` that the
-gRPC front end maps to a status. `MachineMisuse` is the runtime's fault: it
-reported something the machine never asked for. Either way the machine's state
-is left exactly as it was before the call.
+gRPC front end maps to a status. A report the machine never asked for is the
+runtime's fault and raises `blockx.errors.Misuse`. Either way the machine's
+state is left exactly as it was before the call.
 """
 
 from __future__ import annotations
 
 import enum
 
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, InvalidValue
 
 
 class ErrorCode(enum.Enum):
@@ -29,14 +29,10 @@ class WorkerError(BlockxError):
     code: ErrorCode
 
 
-class InvalidArgument(WorkerError):
-    code = ErrorCode.INVALID_ARGUMENT
+class InvalidArgument(WorkerError, InvalidValue):
+    """A field of the request is out of range; `field` is its path in the request."""
 
-    def __init__(self, *, field: str, value: object, allowed: str) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+    code = ErrorCode.INVALID_ARGUMENT
 
 
 class NoSlot(WorkerError):
@@ -101,19 +97,5 @@ class SlotUncertain(WorkerError):
         )
 
 
-class MachineMisuse(BlockxError):
-    """The runtime drove the machine in a way it never asked for (a bug)."""
-
-    def __init__(self, *, what: str) -> None:
-        self.what = what
-        super().__init__(what)
-
-
-class InvalidConfig(BlockxError):
+class InvalidConfig(InvalidValue):
     """A slot-table setting is out of range or inconsistent with another."""
-
-    def __init__(self, *, field: str, value: object, allowed: str) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{field}={value!r} is invalid: {allowed}")

@@ -1,19 +1,22 @@
 """Events: what happened, told to the slot machine. Named in the past tense.
 
 Every event carries the time it happened (`now_ms`, milliseconds on the
-worker's clock) and the id of the stimulus that caused it; commands the
-machine answers with carry the same id. Events check their own fields when
-constructed, so a malformed event never reaches the machine.
+worker's clock) and the id of the stimulus that caused it (required: the
+runtime stamps it where the event is made); commands the machine answers with
+carry the same id. Events check their own fields when constructed, so a
+malformed event never reaches the machine.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from blockx.slots._errors import MachineMisuse
+from blockx.calls import CallPhaseOutcome, FailureCode
+from blockx.errors import Misuse
 from blockx.slots._model import PhaseOutcome, TaskPhase, TaskSpec, Timer
 
-REPORTABLE_PHASES = (TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+OUTCOME_PHASES = (TaskPhase.BUILDER, TaskPhase.PLUGIN)
+"""The phases whose end is reported with a `PhaseOutcome` (calls: `CallsFinished`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -23,7 +26,7 @@ class SlotRequested:
     task_id: str
     ttl_ms: int
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -33,7 +36,7 @@ class TaskSubmitted:
     spec: TaskSpec
     slot_id: str | None
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -44,34 +47,47 @@ class ActivationPrepared:
     slot_id: str
     task_code_epoch: str
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
 class ActivationFailed:
-    """The runtime could not activate the task (epoch, pin or IO scope failed)."""
+    """The runtime could not activate the task (no epoch to pin, or its IO scope failed)."""
 
     task_id: str
-    failure_code: str
+    failure_code: FailureCode | None
     message: str
     retryable: bool
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
 class PhaseFinished:
-    """The task's runtime finished `phase` (BUILDER, CALLS or PLUGIN)."""
+    """The task's runtime finished `phase` (BUILDER or PLUGIN)."""
 
     task_id: str
     phase: TaskPhase
     outcome: PhaseOutcome
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
     def __attrs_post_init__(self) -> None:
-        if self.phase not in REPORTABLE_PHASES:
-            raise MachineMisuse(what=f"phase {self.phase.value} is not reported by a task runtime")
+        if self.phase not in OUTCOME_PHASES:
+            raise Misuse(
+                what=f"phase {self.phase.value} is not reported with a PhaseOutcome "
+                "(the calls phase ends with CallsFinished)"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class CallsFinished:
+    """The task's calls phase ended, as the dispatch core reported it."""
+
+    task_id: str
+    outcome: CallPhaseOutcome
+    now_ms: int
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -80,7 +96,7 @@ class WatchAttached:
 
     task_id: str
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -89,7 +105,7 @@ class WatchDetached:
 
     task_id: str
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -98,7 +114,7 @@ class WatchDisconnected:
 
     task_id: str
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -107,7 +123,7 @@ class TimerFired:
 
     timer: Timer
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -115,7 +131,7 @@ class DrainStarted:
     """The worker stopped admitting new work."""
 
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -123,7 +139,7 @@ class DrainDeadlinePassed:
     """The drain timeout ran out: whatever is still live must end now."""
 
     now_ms: int
-    stimulus_id: str = ""
+    stimulus_id: str
 
 
 Event = (
@@ -132,6 +148,7 @@ Event = (
     | ActivationPrepared
     | ActivationFailed
     | PhaseFinished
+    | CallsFinished
     | WatchAttached
     | WatchDetached
     | WatchDisconnected

@@ -34,12 +34,21 @@ Rules:
 
 from __future__ import annotations
 
-import collections
 import heapq
+from collections.abc import Callable
 from typing import assert_never
 
 import attrs
 
+from blockx.calls import (
+    CallStats,
+    FailureCode,
+    LoggedStimulus,
+    RetryPolicy,
+    StimulusLog,
+)
+from blockx.calls import Step as CoreStep
+from blockx.errors import Misuse
 from blockx.slots._commands import (
     Command,
     ConvergeTask,
@@ -47,13 +56,13 @@ from blockx.slots._commands import (
     PrepareTaskActivation,
     StartBuilderPhase,
     StartCallPhase,
-    StartWriterPhase,
+    StartPhase,
+    StartPluginPhase,
 )
 from blockx.slots._config import SlotConfig
 from blockx.slots._errors import (
     InvalidArgument,
     InvalidSlot,
-    MachineMisuse,
     NoSlot,
     NotFound,
     SlotUncertain,
@@ -62,6 +71,7 @@ from blockx.slots._errors import (
 from blockx.slots._events import (
     ActivationFailed,
     ActivationPrepared,
+    CallsFinished,
     DrainDeadlinePassed,
     DrainStarted,
     Event,
@@ -74,14 +84,11 @@ from blockx.slots._events import (
     WatchDisconnected,
 )
 from blockx.slots._model import (
-    CallStats,
-    FailureCode,
+    RUN_PHASES,
     ForgetReason,
     Heartbeat,
-    PhaseOutcome,
     PhaseTimings,
     PluginResult,
-    RetryPolicy,
     SlotState,
     SlotView,
     TaskPhase,
@@ -93,42 +100,61 @@ from blockx.slots._model import (
     TimerKind,
 )
 
-RECENT_STIMULI = 256
-
-
-@attrs.frozen(kw_only=True)
-class Step:
-    """What one event produced: the reply for the caller and commands for the runtime."""
-
-    reply: TaskSnapshot | None = None
-    commands: tuple[Command, ...] = ()
-
-
-@attrs.frozen(kw_only=True)
-class LoggedStimulus:
-    event: Event
-    outcome: str
+Step = CoreStep[TaskSnapshot, Command]
+"""What one event produced: the reply for the caller and commands for the runtime."""
 
 
 @attrs.frozen(kw_only=True)
 class _PhaseRule:
     next_phase: TaskPhase
     default_failure: FailureCode
+    start_next: Callable[[_Task, str, tuple[bytes, ...]], StartPhase] | None
+    """Makes the command that starts `next_phase` (from the task, the stimulus id and
+    the outputs of the phase that ended); None when the next is TERMINAL."""
 
 
-# Phase progression as data: where a successful report leads, and the code a
-# failed one gets when the outcome names none.
+def _start_builder(task: _Task, stimulus_id: str, _outputs: tuple[bytes, ...]) -> StartPhase:
+    return StartBuilderPhase(
+        task_id=task.task_id, task_code_epoch=task.task_code_epoch, stimulus_id=stimulus_id
+    )
+
+
+def _start_calls(task: _Task, stimulus_id: str, _outputs: tuple[bytes, ...]) -> StartPhase:
+    return StartCallPhase(
+        task_id=task.task_id,
+        call_count=task.call_count,
+        streaming=task.streaming,
+        stimulus_id=stimulus_id,
+    )
+
+
+def _start_plugin(task: _Task, stimulus_id: str, outputs: tuple[bytes, ...]) -> StartPhase:
+    return StartPluginPhase(task_id=task.task_id, outputs=outputs, stimulus_id=stimulus_id)
+
+
+# Phase progression as data: where a successful end leads and which command
+# starts it, and the code a failed one gets when its report names none.
 _PHASE_RULES: dict[TaskPhase, _PhaseRule] = {
+    TaskPhase.PREPARING: _PhaseRule(
+        next_phase=TaskPhase.BUILDER,
+        default_failure=FailureCode.ACTIVATION_FAILED,
+        start_next=_start_builder,
+    ),
     TaskPhase.BUILDER: _PhaseRule(
-        next_phase=TaskPhase.CALLS, default_failure=FailureCode.BUILDER_FAILED
+        next_phase=TaskPhase.CALLS,
+        default_failure=FailureCode.BUILDER_FAILED,
+        start_next=_start_calls,
     ),
     TaskPhase.CALLS: _PhaseRule(
-        next_phase=TaskPhase.PLUGIN, default_failure=FailureCode.CALLS_FAILED
+        next_phase=TaskPhase.PLUGIN,
+        default_failure=FailureCode.CALLS_FAILED,
+        start_next=_start_plugin,
     ),
     TaskPhase.PLUGIN: _PhaseRule(
-        next_phase=TaskPhase.TERMINAL, default_failure=FailureCode.PLUGIN_FAILED
+        next_phase=TaskPhase.TERMINAL, default_failure=FailureCode.PLUGIN_FAILED, start_next=None
     ),
 }
+assert tuple(_PHASE_RULES) == RUN_PHASES
 
 _SLOT_MOVES = frozenset(
     {
@@ -139,7 +165,8 @@ _SLOT_MOVES = frozenset(
     }
 )
 
-_ACTIVE_PHASES = (TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+_ACTIVE_PHASES = RUN_PHASES[1:]
+"""The phases of an activated task: its slot is RUNNING."""
 
 
 @attrs.define
@@ -170,10 +197,15 @@ class _Task:
     watch_ticket: int = 0
     phase_started_at_ms: int = 0
     phase_ms: dict[TaskPhase, int] = attrs.Factory(dict)
+    call_count: int = 0
+    streaming: bool = False
     call_stats: CallStats = attrs.Factory(CallStats)
     output_count: int = 0
     output_bytes: int = 0
     plugin_results: tuple[PluginResult, ...] = ()
+    # What a phase that succeeded had to say (best effort: which calls failed);
+    # the result carries it unless a later phase says more.
+    note: str = ""
 
 
 @attrs.define
@@ -197,7 +229,7 @@ class SlotMachine:
         # Min-heap of (due_ms, ticket, timer); entries whose ticket is no longer
         # current are skipped and dropped lazily.
         self._timers: list[tuple[int, int, Timer]] = []
-        self._recent: collections.deque[LoggedStimulus] = collections.deque(maxlen=RECENT_STIMULI)
+        self._log = StimulusLog()
 
     # ------------------------------------------------------------------ queries
 
@@ -212,7 +244,7 @@ class SlotMachine:
     @property
     def recent_stimuli(self) -> tuple[LoggedStimulus, ...]:
         """The last events handled, oldest first, with what came of each."""
-        return tuple(self._recent)
+        return self._log.recent
 
     def free_capacity(self) -> int:
         return sum(1 for slot in self._slots if slot.state is SlotState.FREE)
@@ -275,14 +307,7 @@ class SlotMachine:
 
     def handle(self, event: Event) -> Step:
         """Apply one event. Raises `WorkerError` (state unchanged) on a refused request."""
-        try:
-            step = self._dispatch(event)
-        except Exception as exc:
-            self._recent.append(LoggedStimulus(event=event, outcome=type(exc).__name__))
-            raise
-        outcome = ",".join(type(command).__name__ for command in step.commands) or "-"
-        self._recent.append(LoggedStimulus(event=event, outcome=outcome))
-        return step
+        return self._log.apply(event, self._dispatch)
 
     def _dispatch(self, event: Event) -> Step:
         match event:
@@ -294,7 +319,7 @@ class SlotMachine:
                 return self._on_activation_prepared(event)
             case ActivationFailed():
                 return self._on_activation_failed(event)
-            case PhaseFinished():
+            case PhaseFinished() | CallsFinished():
                 return self._on_phase_finished(event)
             case WatchAttached():
                 return self._on_watch_attached(event)
@@ -453,78 +478,107 @@ class SlotMachine:
             return Step()
         slot = self._slots[task.slot_index]
         if event.slot_id != slot.slot_id:
-            raise MachineMisuse(
+            raise Misuse(
                 what=f"activation of task {event.task_id!r} reported slot {event.slot_id!r}, "
                 f"but the task holds {slot.slot_id!r}"
             )
         assert slot.lease_expires_at_ms is not None
         if event.now_ms >= slot.lease_expires_at_ms:
-            return self._converge(
+            return self._end_phase(
                 task,
-                TaskState.FAILED,
-                event.now_ms,
-                event.stimulus_id,
+                ok=False,
                 failure_code=FailureCode.SLOT_LOST,
                 message=f"the lease of {slot.slot_id} expired at "
                 f"{slot.lease_expires_at_ms} ms, before activation",
                 retryable=True,
+                event=event,
             )
         self._move_slot(slot, SlotState.RUNNING)
         slot.lease_expires_at_ms = None
         slot.lease_ticket = 0
         task.task_code_epoch = event.task_code_epoch
-        self._enter_phase(task, TaskPhase.BUILDER, event.now_ms)
-        command = StartBuilderPhase(
-            task_id=task.task_id,
-            task_code_epoch=event.task_code_epoch,
-            stimulus_id=event.stimulus_id,
-        )
-        return Step(reply=self._snapshot(task), commands=(command,))
+        return self._end_phase(task, ok=True, event=event)
 
     def _on_activation_failed(self, event: ActivationFailed) -> Step:
         task = self._live.get(event.task_id)
         if task is None or task.phase is not TaskPhase.PREPARING:
             return Step()
-        return self._converge(
+        return self._end_phase(
             task,
-            TaskState.FAILED,
-            event.now_ms,
-            event.stimulus_id,
-            failure_code=event.failure_code or FailureCode.ACTIVATION_FAILED,
+            ok=False,
+            failure_code=event.failure_code,
             message=event.message,
             retryable=event.retryable,
+            event=event,
         )
 
     # ------------------------------------------------------------------ phases
 
-    def _on_phase_finished(self, event: PhaseFinished) -> Step:
+    def _on_phase_finished(self, event: PhaseFinished | CallsFinished) -> Step:
+        phase = event.phase if isinstance(event, PhaseFinished) else TaskPhase.CALLS
         task = self._live.get(event.task_id)
-        if task is None or task.phase is not event.phase:
+        if task is None or task.phase is not phase:
             return Step()  # late or out of order: the task has moved on
-        outcome, now_ms = event.outcome, event.now_ms
-        rule = _PHASE_RULES[event.phase]
-        _record_outcome(task, event.phase, outcome)
-        if event.phase is TaskPhase.PLUGIN or not outcome.ok:
+        outputs: tuple[bytes, ...] = ()
+        match event:
+            case CallsFinished(outcome=calls):
+                task.call_stats = calls.stats
+                task.output_count = calls.output_count
+                task.output_bytes = calls.output_bytes
+                outputs = calls.outputs
+            case PhaseFinished(phase=TaskPhase.BUILDER, outcome=built):
+                task.call_count = built.call_count
+                task.streaming = built.streaming
+            case PhaseFinished(outcome=stored):
+                task.plugin_results = stored.plugin_results
+        outcome = event.outcome
+        return self._end_phase(
+            task,
+            ok=outcome.ok,
+            failure_code=outcome.failure_code,
+            message=outcome.message,
+            retryable=outcome.retryable,
+            event=event,
+            outputs=outputs,
+        )
+
+    def _end_phase(
+        self,
+        task: _Task,
+        *,
+        ok: bool,
+        event: Event,
+        failure_code: FailureCode | None = None,
+        message: str = "",
+        retryable: bool = False,
+        outputs: tuple[bytes, ...] = (),
+    ) -> Step:
+        """The task's current phase ended: start the next one, or converge."""
+        assert task.phase is not None
+        rule = _PHASE_RULES[task.phase]
+        if not ok:
             return self._converge(
                 task,
-                TaskState.SUCCEEDED if outcome.ok else TaskState.FAILED,
-                now_ms,
+                TaskState.FAILED,
+                event.now_ms,
                 event.stimulus_id,
-                failure_code="" if outcome.ok else outcome.failure_code or rule.default_failure,
-                message=outcome.message,
-                retryable=False if outcome.ok else outcome.retryable,
+                failure_code=failure_code or rule.default_failure,
+                message=message,
+                retryable=retryable,
             )
-        self._enter_phase(task, rule.next_phase, now_ms)
-        command: Command
-        if rule.next_phase is TaskPhase.CALLS:
-            command = StartCallPhase(
-                task_id=task.task_id,
-                call_count=outcome.call_count,
-                streaming=outcome.streaming,
-                stimulus_id=event.stimulus_id,
+        task.note = message or task.note
+        if rule.start_next is None:
+            return self._converge(
+                task,
+                TaskState.SUCCEEDED,
+                event.now_ms,
+                event.stimulus_id,
+                failure_code=None,
+                message=task.note,
+                retryable=False,
             )
-        else:
-            command = StartWriterPhase(task_id=task.task_id, stimulus_id=event.stimulus_id)
+        self._enter_phase(task, rule.next_phase, event.now_ms)
+        command = rule.start_next(task, event.stimulus_id, outputs)
         return Step(reply=self._snapshot(task), commands=(command,))
 
     def _enter_phase(self, task: _Task, phase: TaskPhase, now_ms: int) -> None:
@@ -702,7 +756,7 @@ class SlotMachine:
         now_ms: int,
         stimulus_id: str,
         *,
-        failure_code: str,
+        failure_code: FailureCode | None,
         message: str,
         retryable: bool,
     ) -> Step:
@@ -723,13 +777,7 @@ class SlotMachine:
             output_bytes=task.output_bytes,
             plugin_results=task.plugin_results,
             call_stats=task.call_stats,
-            timings=PhaseTimings(
-                preparing_ms=task.phase_ms.get(TaskPhase.PREPARING, 0),
-                builder_ms=task.phase_ms.get(TaskPhase.BUILDER, 0),
-                calls_ms=task.phase_ms.get(TaskPhase.CALLS, 0),
-                plugin_ms=task.phase_ms.get(TaskPhase.PLUGIN, 0),
-                total_ms=now_ms - task.accepted_at_ms,
-            ),
+            timings=PhaseTimings.of(task.phase_ms, total_ms=now_ms - task.accepted_at_ms),
             task_code_epoch=task.task_code_epoch,
             accepted_at_ms=task.accepted_at_ms,
             finished_at_ms=now_ms,
@@ -755,7 +803,7 @@ class SlotMachine:
 
     def _move_slot(self, slot: _Slot, to: SlotState) -> None:
         if (slot.state, to) not in _SLOT_MOVES:
-            raise MachineMisuse(what=f"{slot.slot_id}: {slot.state.value} -> {to.value}")
+            raise Misuse(what=f"{slot.slot_id}: {slot.state.value} -> {to.value}")
         slot.state = to
 
     # --------------------------------------------------------------- snapshots
@@ -832,13 +880,3 @@ def _check_task_id(task_id: str) -> None:
             value=task_id,
             allowed="a non-empty id without leading or trailing whitespace",
         )
-
-
-def _record_outcome(task: _Task, phase: TaskPhase, outcome: PhaseOutcome) -> None:
-    if phase is TaskPhase.CALLS:
-        if outcome.call_stats is not None:
-            task.call_stats = outcome.call_stats
-        task.output_count = outcome.output_count
-        task.output_bytes = outcome.output_bytes
-    elif phase is TaskPhase.PLUGIN:
-        task.plugin_results = outcome.plugin_results

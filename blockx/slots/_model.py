@@ -8,8 +8,12 @@ millisecond figures it carries.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Final
 
 import attrs
+
+from blockx.calls import CallFailurePolicy, CallStats, FailureCode, RetryPolicy
 
 
 class SlotState(enum.Enum):
@@ -39,28 +43,8 @@ class TaskPhase(enum.Enum):
     TERMINAL = "TERMINAL"
 
 
-class CallFailurePolicy(enum.Enum):
-    FAIL_FAST = "FAIL_FAST"
-    BEST_EFFORT = "BEST_EFFORT"
-
-
-class FailureCode(enum.StrEnum):
-    """Failure codes the slot table itself assigns.
-
-    A phase outcome may carry any other stable code (for example one chosen by
-    the dispatcher); these are the ones this package decides on its own.
-    """
-
-    ACTIVATION_FAILED = "ACTIVATION_FAILED"
-    IO_SCOPE_FAILED = "IO_SCOPE_FAILED"
-    SLOT_LOST = "SLOT_LOST"
-    BUILDER_FAILED = "BUILDER_FAILED"
-    BUILDER_NOT_FOUND = "BUILDER_NOT_FOUND"
-    CALLS_FAILED = "CALLS_FAILED"
-    PLUGIN_FAILED = "PLUGIN_FAILED"
-    TIMED_OUT = "TIMED_OUT"
-    WATCH_DISCONNECTED = "WATCH_DISCONNECTED"
-    WORKER_SHUTDOWN = "WORKER_SHUTDOWN"
+RUN_PHASES: Final = (TaskPhase.PREPARING, TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
+"""The phases a submitted task runs through, in order, before TERMINAL: the one list."""
 
 
 class TimerKind(enum.Enum):
@@ -76,26 +60,6 @@ class ForgetReason(enum.Enum):
     WORKER_SHUTDOWN = "WORKER_SHUTDOWN"
 
 
-MAX_JITTER_PERCENT = 5
-
-
-@attrs.frozen(kw_only=True)
-class RetryPolicy:
-    max_attempts: int
-    base_backoff_ms: int
-    jitter_percent: int
-
-    def first_violation(self) -> tuple[str, int, str] | None:
-        """(attribute, value, what is allowed) of the first out-of-range field, if any."""
-        if self.max_attempts < 1:
-            return ("max_attempts", self.max_attempts, "must be >= 1")
-        if self.base_backoff_ms < 0:
-            return ("base_backoff_ms", self.base_backoff_ms, "must be >= 0")
-        if not 0 <= self.jitter_percent <= MAX_JITTER_PERCENT:
-            return ("jitter_percent", self.jitter_percent, f"between 0 and {MAX_JITTER_PERCENT}")
-        return None
-
-
 @attrs.frozen(kw_only=True)
 class FunctionCall:
     """Which builder turns the payload into calls, and its JSON settings."""
@@ -106,10 +70,15 @@ class FunctionCall:
 
 @attrs.frozen(kw_only=True)
 class ResultHandler:
-    """Which writer plugin stores the outputs, and its JSON settings."""
+    """Which plugin stores the outputs, and its JSON settings."""
 
     type: str
     config_json: str = ""
+
+
+SHADOW_LABEL: Final = "blockx.shadow"
+"""The reserved label of a task mirrored here by another worker (a shadow submit); its
+value is the address of the worker that mirrored it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -125,13 +94,14 @@ class TaskSpec:
     call_retry_policy: RetryPolicy | None = None
     labels: dict[str, str] = attrs.field(factory=dict, hash=False)
 
+    @property
+    def is_shadow(self) -> bool:
+        """Whether another worker mirrored this task here (it must never store outputs)."""
+        return SHADOW_LABEL in self.labels
 
-@attrs.frozen(kw_only=True)
-class CallStats:
-    calls_total: int = 0
-    calls_succeeded: int = 0
-    calls_failed: int = 0
-    calls_retried: int = 0
+    def as_shadow(self) -> TaskSpec:
+        """The task as a shadow runs it: without a result handler, so it stores nothing."""
+        return attrs.evolve(self, result_handler=None)
 
 
 @attrs.frozen(kw_only=True)
@@ -144,33 +114,46 @@ class PluginResult:
 
 @attrs.frozen(kw_only=True)
 class PhaseOutcome:
-    """How a phase ended, as the task's runtime reports it.
+    """How the builder or the plugin phase ended, as the task's runtime reports it.
 
     `failure_code` None on a failure means "the phase's default code". The
-    remaining fields are read only for the phase they belong to: the builder
-    reports `call_count`/`streaming`, the calls phase `call_stats` and the
-    output summary, the plugin phase `plugin_results`.
+    builder reports `call_count`/`streaming`, the plugin phase
+    `plugin_results`. (The calls phase reports a `CallPhaseOutcome`.)
     """
 
     ok: bool
-    failure_code: str | None = None
+    failure_code: FailureCode | None = None
     message: str = ""
     retryable: bool = False
     call_count: int = 0
     streaming: bool = False
-    call_stats: CallStats | None = None
-    output_count: int = 0
-    output_bytes: int = 0
     plugin_results: tuple[PluginResult, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
 class PhaseTimings:
+    """How long a task spent in each phase of `RUN_PHASES`, and in all."""
+
     preparing_ms: int = 0
     builder_ms: int = 0
     calls_ms: int = 0
     plugin_ms: int = 0
     total_ms: int = 0
+
+    @classmethod
+    def of(cls, phase_ms: Mapping[TaskPhase, int], *, total_ms: int) -> PhaseTimings:
+        """Timings from per-phase figures; a phase not in `phase_ms` took 0 ms."""
+        fields = {_timing_field(phase): phase_ms.get(phase, 0) for phase in RUN_PHASES}
+        return cls(**fields, total_ms=total_ms)
+
+    def ms(self, phase: TaskPhase) -> int:
+        """Milliseconds spent in `phase` (one of `RUN_PHASES`)."""
+        value: int = getattr(self, _timing_field(phase))
+        return value
+
+
+def _timing_field(phase: TaskPhase) -> str:
+    return f"{phase.value.lower()}_ms"
 
 
 @attrs.frozen(kw_only=True)
@@ -181,13 +164,13 @@ class TaskResult:
     slot_id: str
     state: TaskState
     phase: TaskPhase
-    failure_code: str = ""
+    failure_code: FailureCode | None = None
     message: str = ""
     retryable: bool = False
     output_count: int = 0
     output_bytes: int = 0
     plugin_results: tuple[PluginResult, ...] = ()
-    call_stats: CallStats = CallStats()
+    call_stats: CallStats = attrs.field(factory=CallStats)
     timings: PhaseTimings = PhaseTimings()
     task_code_epoch: str = ""
     accepted_at_ms: int = 0

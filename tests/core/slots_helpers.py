@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import attrs
 
+from blockx.calls import CallPhaseOutcome, RetryPolicy
 from blockx.slots import (
     ActivationPrepared,
+    CallsFinished,
     FunctionCall,
     Heartbeat,
     NotFound,
     PhaseFinished,
     PhaseOutcome,
-    RetryPolicy,
     SlotConfig,
     SlotMachine,
     SlotRequested,
@@ -49,6 +50,7 @@ CONFIG = SlotConfig(
 )
 
 OK = PhaseOutcome(ok=True)
+CALLS_OK = CallPhaseOutcome(ok=True)
 
 
 class MachineFactory:
@@ -95,14 +97,22 @@ def task_spec(
     )
 
 
+# Every event needs a stimulus id. The builders below default to one naming the
+# kind of event; a test that asserts on commands passes its own.
+
+
 def requested(
-    task_id: str, *, now_ms: int, ttl_ms: int = 0, stimulus_id: str = ""
+    task_id: str, *, now_ms: int, ttl_ms: int = 0, stimulus_id: str = "request"
 ) -> SlotRequested:
     return SlotRequested(task_id=task_id, ttl_ms=ttl_ms, now_ms=now_ms, stimulus_id=stimulus_id)
 
 
 def submitted(
-    spec: TaskSpec | str, *, now_ms: int, slot_id: str | None = None, stimulus_id: str = ""
+    spec: TaskSpec | str,
+    *,
+    now_ms: int,
+    slot_id: str | None = None,
+    stimulus_id: str = "submit",
 ) -> TaskSubmitted:
     if isinstance(spec, str):
         spec = task_spec(spec)
@@ -110,7 +120,7 @@ def submitted(
 
 
 def prepared(
-    task_id: str, *, slot_id: str, now_ms: int, epoch: str = "e1", stimulus_id: str = ""
+    task_id: str, *, slot_id: str, now_ms: int, epoch: str = "e1", stimulus_id: str = "prepare"
 ) -> ActivationPrepared:
     return ActivationPrepared(
         task_id=task_id,
@@ -127,14 +137,31 @@ def finished(
     *,
     now_ms: int,
     outcome: PhaseOutcome = OK,
-    stimulus_id: str = "",
+    stimulus_id: str = "finish",
 ) -> PhaseFinished:
+    """The end of the BUILDER or PLUGIN phase (the calls phase: `calls_finished`)."""
     return PhaseFinished(
         task_id=task_id, phase=phase, outcome=outcome, now_ms=now_ms, stimulus_id=stimulus_id
     )
 
 
-def fired(timer: Timer, *, now_ms: int, stimulus_id: str = "") -> TimerFired:
+def calls_finished(
+    task_id: str,
+    *,
+    now_ms: int,
+    outcome: CallPhaseOutcome = CALLS_OK,
+    stimulus_id: str = "calls",
+) -> CallsFinished:
+    return CallsFinished(task_id=task_id, outcome=outcome, now_ms=now_ms, stimulus_id=stimulus_id)
+
+
+def outputs_of(count: int, total_bytes: int) -> tuple[bytes, ...]:
+    """`count` call values (count > 0) whose lengths add up to `total_bytes`."""
+    size, extra = divmod(total_bytes, count)
+    return tuple(bytes([i]) * (size + (i < extra)) for i in range(count))
+
+
+def fired(timer: Timer, *, now_ms: int, stimulus_id: str = "timer") -> TimerFired:
     return TimerFired(timer=timer, now_ms=now_ms, stimulus_id=stimulus_id)
 
 

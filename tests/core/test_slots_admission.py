@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import pytest
 
+from blockx.calls import FailureCode, RetryPolicy
 from blockx.slots import (
     DrainStarted,
     ErrorCode,
-    FailureCode,
     ForgetReason,
     ForgetTask,
     Heartbeat,
@@ -22,7 +23,6 @@ from blockx.slots import (
     NotFound,
     PhaseTimings,
     PrepareTaskActivation,
-    RetryPolicy,
     SlotConfig,
     SlotMachine,
     SlotRequested,
@@ -40,6 +40,7 @@ from blockx.slots import (
     Unavailable,
 )
 from tests.core.slots_helpers import (
+    CONFIG,
     DEFAULT_RETRY,
     MachineFactory,
     current_timers,
@@ -725,7 +726,7 @@ def test_draining_still_answers_known_task_ids(machine: SlotMachine) -> None:
     machine.handle(submitted("t2", now_ms=0))
     start_task(machine, "t3", now_ms=0)
     fail_builder(machine, "t3", now_ms=50)
-    machine.handle(DrainStarted(now_ms=100))
+    machine.handle(DrainStarted(now_ms=100, stimulus_id="s4"))
     before = observe(machine, "t1", "t2", "t3")
 
     assert machine.handle(requested("t1", now_ms=200)) == Step(
@@ -760,60 +761,70 @@ def test_draining_still_answers_known_task_ids(machine: SlotMachine) -> None:
 @pytest.mark.parametrize(
     ("make_config", "field", "value"),
     [
-        pytest.param(lambda: SlotConfig(task_slots=0), "worker.taskSlots", 0, id="slots-0"),
-        pytest.param(lambda: SlotConfig(default_ttl_ms=0), "worker.defaultTTLMs", 0, id="ttl-0"),
         pytest.param(
-            lambda: SlotConfig(max_task_timeout_ms=0, task_deadline_ms=0),
+            lambda: attrs.evolve(CONFIG, task_slots=0), "worker.taskSlots", 0, id="slots-0"
+        ),
+        pytest.param(
+            lambda: attrs.evolve(CONFIG, default_ttl_ms=0), "worker.defaultTTLMs", 0, id="ttl-0"
+        ),
+        pytest.param(
+            lambda: attrs.evolve(CONFIG, max_task_timeout_ms=0, task_deadline_ms=0),
             "worker.maxTaskTimeoutMs",
             0,
             id="max-timeout-0",
         ),
         pytest.param(
-            lambda: SlotConfig(task_deadline_ms=1_001, max_task_timeout_ms=1_000),
+            lambda: attrs.evolve(CONFIG, task_deadline_ms=1_001, max_task_timeout_ms=1_000),
             "worker.taskDeadlineMs",
             1_001,
             id="deadline-above-max",
         ),
         pytest.param(
-            lambda: SlotConfig(task_deadline_ms=0), "worker.taskDeadlineMs", 0, id="deadline-0"
+            lambda: attrs.evolve(CONFIG, task_deadline_ms=0),
+            "worker.taskDeadlineMs",
+            0,
+            id="deadline-0",
         ),
         pytest.param(
-            lambda: SlotConfig(result_retention_ms=-1),
+            lambda: attrs.evolve(CONFIG, result_retention_ms=-1),
             "worker.resultRetentionMs",
             -1,
             id="retention-negative",
         ),
         pytest.param(
-            lambda: SlotConfig(watch_disconnect_grace_ms=-1),
+            lambda: attrs.evolve(CONFIG, watch_disconnect_grace_ms=-1),
             "worker.watchDisconnectGraceMs",
             -1,
             id="grace-negative",
         ),
         pytest.param(
-            lambda: SlotConfig(
+            lambda: attrs.evolve(
+                CONFIG,
                 default_retry_policy=RetryPolicy(
                     max_attempts=0, base_backoff_ms=10, jitter_percent=5
-                )
+                ),
             ),
             "worker.defaultMaxAttempts",
             0,
             id="max-attempts-0",
         ),
         pytest.param(
-            lambda: SlotConfig(
+            lambda: attrs.evolve(
+                CONFIG,
                 default_retry_policy=RetryPolicy(
                     max_attempts=3, base_backoff_ms=-1, jitter_percent=5
-                )
+                ),
             ),
             "worker.defaultBaseBackoffMs",
             -1,
             id="backoff-negative",
         ),
         pytest.param(
-            lambda: SlotConfig(
+            lambda: attrs.evolve(
+                CONFIG,
                 default_retry_policy=RetryPolicy(
                     max_attempts=3, base_backoff_ms=10, jitter_percent=6
-                )
+                ),
             ),
             "worker.defaultRetryJitterPercent",
             6,

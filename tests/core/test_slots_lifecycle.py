@@ -6,22 +6,26 @@ from __future__ import annotations
 
 import pytest
 
+from blockx.calls import (
+    CallFailure,
+    CallFailurePolicy,
+    CallPhaseOutcome,
+    CallStats,
+    FailureCode,
+    LoggedStimulus,
+)
+from blockx.errors import Misuse
 from blockx.slots import (
     ActivationFailed,
-    CallFailurePolicy,
-    CallStats,
     ConvergeTask,
     DrainDeadlinePassed,
     DrainStarted,
     Event,
-    FailureCode,
     ForgetReason,
     ForgetTask,
     FunctionCall,
     Heartbeat,
     InvalidArgument,
-    LoggedStimulus,
-    MachineMisuse,
     NotFound,
     PhaseFinished,
     PhaseOutcome,
@@ -33,7 +37,7 @@ from blockx.slots import (
     SlotView,
     StartBuilderPhase,
     StartCallPhase,
-    StartWriterPhase,
+    StartPluginPhase,
     Step,
     TaskPhase,
     TaskResult,
@@ -46,10 +50,12 @@ from blockx.slots import (
 from tests.core.slots_helpers import (
     OK,
     MachineFactory,
+    calls_finished,
     current_timers,
     finished,
     fired,
     observe,
+    outputs_of,
     prepared,
     requested,
     start_task,
@@ -87,18 +93,17 @@ def _in_calls(machine: SlotMachine) -> None:
     )
 
 
-STATS = CallStats(calls_total=7, calls_succeeded=5, calls_failed=2, calls_retried=3)
+STATS = CallStats(calls_total=7, calls_succeeded=5, calls_failed=2, calls_retried=3, subcalls=4)
+OUTPUTS = outputs_of(5, 512)
+"""5 call values, 512 bytes in all."""
 
 
 def _in_plugin(machine: SlotMachine) -> None:
     """As `_in_calls`, then the calls finished at 1300 with 5 outputs of 512 bytes."""
     _in_calls(machine)
     machine.handle(
-        finished(
-            "t1",
-            TaskPhase.CALLS,
-            now_ms=1_300,
-            outcome=PhaseOutcome(ok=True, call_stats=STATS, output_count=5, output_bytes=512),
+        calls_finished(
+            "t1", now_ms=1_300, outcome=CallPhaseOutcome(ok=True, stats=STATS, outputs=OUTPUTS)
         )
     )
 
@@ -145,11 +150,11 @@ def test_activation_prepared_runs_the_slot_and_starts_the_builder(machine: SlotM
     [
         pytest.param(FailureCode.ACTIVATION_FAILED, FailureCode.ACTIVATION_FAILED, id="activation"),
         pytest.param(FailureCode.IO_SCOPE_FAILED, FailureCode.IO_SCOPE_FAILED, id="io-scope"),
-        pytest.param("", FailureCode.ACTIVATION_FAILED, id="no-code-means-activation"),
+        pytest.param(None, FailureCode.ACTIVATION_FAILED, id="no-code-means-activation"),
     ],
 )
 def test_activation_failed_ends_the_task_and_frees_the_slot(
-    machine: SlotMachine, reported_code: str, failure_code: str
+    machine: SlotMachine, reported_code: FailureCode | None, failure_code: FailureCode
 ) -> None:
     machine.handle(submitted("t1", now_ms=100))
 
@@ -272,14 +277,14 @@ def test_activation_reported_for_the_wrong_slot_is_machine_misuse(machine: SlotM
     machine.handle(submitted("t1", now_ms=0))
     before = observe(machine, "t1")
 
-    with pytest.raises(MachineMisuse) as exc:
+    with pytest.raises(Misuse) as exc:
         machine.handle(prepared("t1", slot_id="slot-2", now_ms=100))
 
     assert exc.value.what == (
         "activation of task 't1' reported slot 'slot-2', but the task holds 'slot-0'"
     )
     assert observe(machine, "t1") == before
-    assert machine.recent_stimuli[-1].outcome == "MachineMisuse"
+    assert machine.recent_stimuli[-1].outcome == "Misuse"
 
 
 # ----------------------------------------------------------------- phases
@@ -319,7 +324,7 @@ def test_builder_success_starts_the_call_phase(machine: SlotMachine) -> None:
     ],
 )
 def test_builder_failure_ends_the_task(
-    machine: SlotMachine, reported_code: str | None, failure_code: str
+    machine: SlotMachine, reported_code: FailureCode | None, failure_code: FailureCode
 ) -> None:
     _in_builder(machine)
 
@@ -359,17 +364,15 @@ def test_calls_failure_defaults_to_calls_failed_and_keeps_the_call_stats(
     _in_calls(machine)
 
     step = machine.handle(
-        finished(
+        calls_finished(
             "t1",
-            TaskPhase.CALLS,
             now_ms=1_300,
-            outcome=PhaseOutcome(
+            outcome=CallPhaseOutcome(
                 ok=False,
                 message="call 3 failed",
                 retryable=True,
-                call_stats=STATS,
-                output_count=2,
-                output_bytes=64,
+                stats=STATS,
+                outputs=outputs_of(2, 64),
             ),
             stimulus_id="s4",
         )
@@ -397,7 +400,7 @@ def test_calls_failure_defaults_to_calls_failed_and_keeps_the_call_stats(
     )
 
 
-def test_calls_success_with_failed_calls_still_starts_the_writer(machine: SlotMachine) -> None:
+def test_calls_success_with_failed_calls_still_starts_the_plugin(machine: SlotMachine) -> None:
     spec = TaskSpec(
         task_id="t1",
         function_call=FunctionCall(type="csv"),
@@ -410,12 +413,27 @@ def test_calls_success_with_failed_calls_still_starts_the_writer(machine: SlotMa
         finished("t1", TaskPhase.BUILDER, now_ms=300, outcome=PhaseOutcome(ok=True, call_count=7))
     )
 
+    failures = tuple(
+        CallFailure(
+            call_id=f"c{i}",
+            function="mod.fn",
+            attempts=3,
+            error_code=FailureCode.CALL_RAISED,
+            error_message="boom",
+        )
+        for i in (3, 6)
+    )
     step = machine.handle(
-        finished(
+        calls_finished(
             "t1",
-            TaskPhase.CALLS,
             now_ms=1_300,
-            outcome=PhaseOutcome(ok=True, call_stats=STATS, output_count=5, output_bytes=512),
+            outcome=CallPhaseOutcome(
+                ok=True,
+                message="2 call(s) failed; first: c3 mod.fn CALL_RAISED: boom",
+                stats=STATS,
+                outputs=OUTPUTS,
+                failures=failures,
+            ),
             stimulus_id="s4",
         )
     )
@@ -428,7 +446,7 @@ def test_calls_success_with_failed_calls_still_starts_the_writer(machine: SlotMa
             phase=TaskPhase.PLUGIN,
             deadline_ms=60_000,
         ),
-        commands=(StartWriterPhase(task_id="t1", stimulus_id="s4"),),
+        commands=(StartPluginPhase(task_id="t1", outputs=OUTPUTS, stimulus_id="s4"),),
     )
 
 
@@ -456,7 +474,7 @@ def test_plugin_success_ends_the_task_succeeded_with_everything_recorded(
         slot_id="slot-0",
         state=TaskState.SUCCEEDED,
         phase=TaskPhase.PLUGIN,
-        failure_code="",
+        failure_code=None,
         message="",
         retryable=False,
         output_count=5,
@@ -528,7 +546,7 @@ def test_timings_are_the_time_spent_in_each_phase(machine: SlotMachine) -> None:
     machine.handle(submitted("t1", now_ms=1_000, slot_id="slot-0"))
     machine.handle(prepared("t1", slot_id="slot-0", now_ms=1_250))
     machine.handle(finished("t1", TaskPhase.BUILDER, now_ms=1_600, outcome=PhaseOutcome(ok=True)))
-    machine.handle(finished("t1", TaskPhase.CALLS, now_ms=4_600))
+    machine.handle(calls_finished("t1", now_ms=4_600))
 
     step = machine.handle(finished("t1", TaskPhase.PLUGIN, now_ms=4_700))
 
@@ -549,11 +567,16 @@ def test_reports_for_other_phases_while_in_builder_are_ignored(machine: SlotMach
     before = observe(machine, "t1")
 
     ignored: list[Event] = [
-        finished("t1", TaskPhase.CALLS, now_ms=200),
+        calls_finished("t1", now_ms=200),
         finished("t1", TaskPhase.PLUGIN, now_ms=200),
         prepared("t1", slot_id="slot-0", now_ms=200, epoch="e2"),
         ActivationFailed(
-            task_id="t1", failure_code="", message="late", retryable=False, now_ms=200
+            task_id="t1",
+            failure_code=None,
+            message="late",
+            retryable=False,
+            now_ms=200,
+            stimulus_id="s4",
         ),
     ]
     for event in ignored:
@@ -587,7 +610,14 @@ def test_phase_reports_before_activation_are_ignored(machine: SlotMachine) -> No
     assert machine.handle(prepared("t0", slot_id="slot-0", now_ms=100)) == Step()
     assert (
         machine.handle(
-            ActivationFailed(task_id="t0", failure_code="", message="", retryable=False, now_ms=100)
+            ActivationFailed(
+                task_id="t0",
+                failure_code=None,
+                message="",
+                retryable=False,
+                now_ms=100,
+                stimulus_id="s3",
+            )
         )
         == Step()
     )
@@ -601,10 +631,17 @@ def test_reports_after_the_task_ended_are_ignored(machine: SlotMachine) -> None:
 
     late: list[Event] = [
         finished("t1", TaskPhase.BUILDER, now_ms=400),
-        finished("t1", TaskPhase.CALLS, now_ms=400),
+        calls_finished("t1", now_ms=400),
         finished("t1", TaskPhase.PLUGIN, now_ms=400),
         prepared("t1", slot_id="slot-0", now_ms=400),
-        ActivationFailed(task_id="t1", failure_code="", message="", retryable=False, now_ms=400),
+        ActivationFailed(
+            task_id="t1",
+            failure_code=None,
+            message="",
+            retryable=False,
+            now_ms=400,
+            stimulus_id="s5",
+        ),
     ]
     for event in late:
         assert machine.handle(event) == Step()
@@ -617,9 +654,16 @@ def test_reports_for_unknown_task_ids_are_ignored(machine: SlotMachine) -> None:
 
     unknown: list[Event] = [
         prepared("ghost", slot_id="slot-0", now_ms=200),
-        ActivationFailed(task_id="ghost", failure_code="", message="", retryable=False, now_ms=200),
+        ActivationFailed(
+            task_id="ghost",
+            failure_code=None,
+            message="",
+            retryable=False,
+            now_ms=200,
+            stimulus_id="s3",
+        ),
         finished("ghost", TaskPhase.BUILDER, now_ms=200),
-        finished("ghost", TaskPhase.CALLS, now_ms=200),
+        calls_finished("ghost", now_ms=200),
         finished("ghost", TaskPhase.PLUGIN, now_ms=200),
     ]
     for event in unknown:
@@ -627,12 +671,15 @@ def test_reports_for_unknown_task_ids_are_ignored(machine: SlotMachine) -> None:
     assert observe(machine, "t1", "ghost") == before
 
 
-@pytest.mark.parametrize("phase", [TaskPhase.PREPARING, TaskPhase.TERMINAL])
+@pytest.mark.parametrize("phase", [TaskPhase.PREPARING, TaskPhase.CALLS, TaskPhase.TERMINAL])
 def test_phase_finished_for_a_phase_no_runtime_reports_is_misuse(phase: TaskPhase) -> None:
-    with pytest.raises(MachineMisuse) as exc:
-        PhaseFinished(task_id="t1", phase=phase, outcome=OK, now_ms=0)
+    with pytest.raises(Misuse) as exc:
+        PhaseFinished(task_id="t1", phase=phase, outcome=OK, now_ms=0, stimulus_id="s1")
 
-    assert exc.value.what == f"phase {phase.value} is not reported by a task runtime"
+    assert exc.value.what == (
+        f"phase {phase.value} is not reported with a PhaseOutcome "
+        "(the calls phase ends with CallsFinished)"
+    )
 
 
 # --------------------------------------------------------------- deadline
@@ -702,16 +749,16 @@ def test_deadline_while_preparing_times_the_task_out(machine: SlotMachine) -> No
 
 def test_activated_tasks_keep_progressing_while_draining(machine: SlotMachine) -> None:
     _in_builder(machine)
-    machine.handle(DrainStarted(now_ms=200))
+    machine.handle(DrainStarted(now_ms=200, stimulus_id="s2"))
 
     calls = machine.handle(finished("t1", TaskPhase.BUILDER, now_ms=300, stimulus_id="s3"))
-    writer = machine.handle(finished("t1", TaskPhase.CALLS, now_ms=400, stimulus_id="s4"))
+    plugin = machine.handle(calls_finished("t1", now_ms=400, stimulus_id="s4"))
     done = machine.handle(finished("t1", TaskPhase.PLUGIN, now_ms=500, stimulus_id="s5"))
 
     assert calls.commands == (
         StartCallPhase(task_id="t1", call_count=0, streaming=False, stimulus_id="s3"),
     )
-    assert writer.commands == (StartWriterPhase(task_id="t1", stimulus_id="s4"),)
+    assert plugin.commands == (StartPluginPhase(task_id="t1", outputs=(), stimulus_id="s4"),)
     assert done.reply is not None
     assert done.reply.state is TaskState.SUCCEEDED
     assert machine.draining is True
@@ -722,7 +769,7 @@ def test_drain_deadline_ends_every_live_task(make_machine: MachineFactory) -> No
     machine.handle(requested("t1", now_ms=0, ttl_ms=10_000))  # reserved only
     machine.handle(submitted("t2", now_ms=0))  # preparing
     start_task(machine, "t3", now_ms=0)  # running
-    machine.handle(DrainStarted(now_ms=100))
+    machine.handle(DrainStarted(now_ms=100, stimulus_id="s4"))
     machine.handle(finished("t3", TaskPhase.BUILDER, now_ms=200))
 
     step = machine.handle(DrainDeadlinePassed(now_ms=1_000, stimulus_id="s9"))
@@ -780,7 +827,7 @@ def test_drain_deadline_ends_every_live_task(make_machine: MachineFactory) -> No
 
 
 def test_drain_deadline_without_drain_started_also_drains(machine: SlotMachine) -> None:
-    step = machine.handle(DrainDeadlinePassed(now_ms=0))
+    step = machine.handle(DrainDeadlinePassed(now_ms=0, stimulus_id="s1"))
 
     assert step == Step()
     assert machine.draining is True
@@ -795,7 +842,7 @@ def test_recent_stimuli_record_each_event_with_its_outcome(machine: SlotMachine)
         requested("t1", now_ms=0, stimulus_id="s1"),
         submitted("t1", now_ms=10, slot_id="slot-0", stimulus_id="s2"),
         prepared("t1", slot_id="slot-0", now_ms=20, stimulus_id="s3"),
-        finished("t1", TaskPhase.CALLS, now_ms=30, stimulus_id="s4"),  # out of order
+        calls_finished("t1", now_ms=30, stimulus_id="s4"),  # out of order
         WatchAttached(task_id="t1", now_ms=40, stimulus_id="s5"),
         requested("t2", now_ms=50, ttl_ms=1_000, stimulus_id="s6"),
         DrainDeadlinePassed(now_ms=60, stimulus_id="s8"),
@@ -808,22 +855,26 @@ def test_recent_stimuli_record_each_event_with_its_outcome(machine: SlotMachine)
     machine.handle(events[-1])
 
     assert machine.recent_stimuli == (
-        LoggedStimulus(event=events[0], outcome="-"),
-        LoggedStimulus(event=events[1], outcome="PrepareTaskActivation"),
-        LoggedStimulus(event=events[2], outcome="StartBuilderPhase"),
-        LoggedStimulus(event=events[3], outcome="-"),
-        LoggedStimulus(event=events[4], outcome="-"),
-        LoggedStimulus(event=events[5], outcome="-"),
-        LoggedStimulus(event=refused, outcome="InvalidArgument"),
-        LoggedStimulus(event=events[6], outcome="ConvergeTask,ForgetTask"),
+        LoggedStimulus(stimulus_id="s1", event=events[0], outcome="-"),
+        LoggedStimulus(stimulus_id="s2", event=events[1], outcome="PrepareTaskActivation"),
+        LoggedStimulus(stimulus_id="s3", event=events[2], outcome="StartBuilderPhase"),
+        LoggedStimulus(stimulus_id="s4", event=events[3], outcome="-"),
+        LoggedStimulus(stimulus_id="s5", event=events[4], outcome="-"),
+        LoggedStimulus(stimulus_id="s6", event=events[5], outcome="-"),
+        LoggedStimulus(stimulus_id="s7", event=refused, outcome="InvalidArgument"),
+        LoggedStimulus(stimulus_id="s8", event=events[6], outcome="ConvergeTask,ForgetTask"),
     )
 
 
 def test_recent_stimuli_keep_only_the_latest_256(machine: SlotMachine) -> None:
-    events = [WatchAttached(task_id=f"ghost-{i}", now_ms=i) for i in range(300)]
+    events = [
+        WatchAttached(task_id=f"ghost-{i}", now_ms=i, stimulus_id=f"s{i}") for i in range(300)
+    ]
     for event in events:
         machine.handle(event)
 
     assert machine.recent_stimuli == tuple(
-        LoggedStimulus(event=event, outcome="-") for event in events[44:]
+        LoggedStimulus(stimulus_id=f"s{i}", event=event, outcome="-")
+        for i, event in enumerate(events)
+        if i >= 44
     )

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from blockx.calls import FailureCode
 from blockx.slots import (
     ConvergeTask,
     Event,
-    FailureCode,
     ForgetReason,
     ForgetTask,
     NotFound,
@@ -222,10 +222,10 @@ def test_a_deadline_timer_from_before_a_purge_does_nothing_to_the_reused_id(
 
 def test_with_grace_0_a_disconnect_never_fails_the_task(machine: SlotMachine) -> None:
     start_task(machine, "t1", now_ms=0)
-    assert machine.handle(WatchAttached(task_id="t1", now_ms=100)) == Step()
+    assert machine.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1")) == Step()
     before = observe(machine, "t1")
 
-    assert machine.handle(WatchDisconnected(task_id="t1", now_ms=200)) == Step()
+    assert machine.handle(WatchDisconnected(task_id="t1", now_ms=200, stimulus_id="w2")) == Step()
 
     assert observe(machine, "t1") == before
     assert current_timers(machine) == ((TimerKind.TASK_DEADLINE, "t1", 60_000),)
@@ -234,9 +234,9 @@ def test_with_grace_0_a_disconnect_never_fails_the_task(machine: SlotMachine) ->
 
 def test_a_disconnect_arms_the_grace_and_its_timer_fails_the_task(watched: SlotMachine) -> None:
     start_task(watched, "t1", now_ms=0)
-    watched.handle(WatchAttached(task_id="t1", now_ms=100))
+    watched.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1"))
 
-    assert watched.handle(WatchDisconnected(task_id="t1", now_ms=500)) == Step()
+    assert watched.handle(WatchDisconnected(task_id="t1", now_ms=500, stimulus_id="w2")) == Step()
 
     assert current_timers(watched) == (
         (TimerKind.WATCH_GRACE, "t1", 1_500),
@@ -278,11 +278,11 @@ def test_a_disconnect_arms_the_grace_and_its_timer_fails_the_task(watched: SlotM
 
 def test_reattaching_within_the_grace_makes_the_grace_timer_stale(watched: SlotMachine) -> None:
     start_task(watched, "t1", now_ms=0)
-    watched.handle(WatchAttached(task_id="t1", now_ms=100))
-    watched.handle(WatchDisconnected(task_id="t1", now_ms=500))
+    watched.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1"))
+    watched.handle(WatchDisconnected(task_id="t1", now_ms=500, stimulus_id="w2"))
     old_grace = timer_of(watched, TimerKind.WATCH_GRACE, "t1")
 
-    assert watched.handle(WatchAttached(task_id="t1", now_ms=900)) == Step()
+    assert watched.handle(WatchAttached(task_id="t1", now_ms=900, stimulus_id="w3")) == Step()
 
     assert current_timers(watched) == ((TimerKind.TASK_DEADLINE, "t1", 60_000),)
     before = observe(watched, "t1")
@@ -291,7 +291,7 @@ def test_reattaching_within_the_grace_makes_the_grace_timer_stale(watched: SlotM
     assert _state(watched, "t1") == (TaskState.RUNNING, TaskPhase.BUILDER)
 
     # A second disconnect arms a fresh grace; the first timer stays stale.
-    watched.handle(WatchDisconnected(task_id="t1", now_ms=2_000))
+    watched.handle(WatchDisconnected(task_id="t1", now_ms=2_000, stimulus_id="w4"))
     assert timer_of(watched, TimerKind.WATCH_GRACE, "t1").due_ms == 3_000
     assert watched.handle(fired(old_grace, now_ms=2_500)) == Step()
     assert _state(watched, "t1") == (TaskState.RUNNING, TaskPhase.BUILDER)
@@ -299,10 +299,10 @@ def test_reattaching_within_the_grace_makes_the_grace_timer_stale(watched: SlotM
 
 def test_a_clean_detach_arms_nothing(watched: SlotMachine) -> None:
     start_task(watched, "t1", now_ms=0)
-    watched.handle(WatchAttached(task_id="t1", now_ms=100))
+    watched.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1"))
     before = observe(watched, "t1")
 
-    assert watched.handle(WatchDetached(task_id="t1", now_ms=500)) == Step()
+    assert watched.handle(WatchDetached(task_id="t1", now_ms=500, stimulus_id="w2")) == Step()
 
     assert observe(watched, "t1") == before
     assert current_timers(watched) == ((TimerKind.TASK_DEADLINE, "t1", 60_000),)
@@ -312,7 +312,7 @@ def test_a_disconnect_without_an_attached_watch_arms_nothing(watched: SlotMachin
     start_task(watched, "t1", now_ms=0)
     before = observe(watched, "t1")
 
-    assert watched.handle(WatchDisconnected(task_id="t1", now_ms=500)) == Step()
+    assert watched.handle(WatchDisconnected(task_id="t1", now_ms=500, stimulus_id="w1")) == Step()
 
     assert observe(watched, "t1") == before
 
@@ -321,8 +321,8 @@ def test_a_reservation_disconnected_before_submit_arms_the_grace_at_submit(
     watched: SlotMachine,
 ) -> None:
     watched.handle(requested("t1", now_ms=0, ttl_ms=10_000))
-    watched.handle(WatchAttached(task_id="t1", now_ms=100))
-    watched.handle(WatchDisconnected(task_id="t1", now_ms=200))
+    watched.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1"))
+    watched.handle(WatchDisconnected(task_id="t1", now_ms=200, stimulus_id="w2"))
     # Nothing to reclaim yet: an unsubmitted reservation only has its lease.
     assert current_timers(watched) == ((TimerKind.SLOT_LEASE, "slot-0", 10_000),)
 
@@ -352,8 +352,8 @@ def test_a_reservation_detached_cleanly_before_submit_arms_nothing_at_submit(
     not treat the cleanly ended watch as a broken one.
     """
     watched.handle(requested("t1", now_ms=0, ttl_ms=10_000))
-    watched.handle(WatchAttached(task_id="t1", now_ms=100))
-    watched.handle(WatchDetached(task_id="t1", now_ms=200))
+    watched.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1"))
+    watched.handle(WatchDetached(task_id="t1", now_ms=200, stimulus_id="w2"))
 
     watched.handle(submitted("t1", now_ms=2_000, slot_id="slot-0"))
 
@@ -366,7 +366,7 @@ def test_a_reservation_detached_cleanly_before_submit_arms_nothing_at_submit(
 
 def test_a_reservation_still_watched_at_submit_arms_nothing(watched: SlotMachine) -> None:
     watched.handle(requested("t1", now_ms=0, ttl_ms=10_000))
-    watched.handle(WatchAttached(task_id="t1", now_ms=100))
+    watched.handle(WatchAttached(task_id="t1", now_ms=100, stimulus_id="w1"))
 
     watched.handle(submitted("t1", now_ms=2_000, slot_id="slot-0"))
 
@@ -382,12 +382,12 @@ def test_watch_events_for_unknown_or_ended_tasks_are_ignored(watched: SlotMachin
     before = observe(watched, "t1", "ghost")
 
     events: list[Event] = [
-        WatchAttached(task_id="ghost", now_ms=200),
-        WatchDisconnected(task_id="ghost", now_ms=200),
-        WatchDetached(task_id="ghost", now_ms=200),
-        WatchAttached(task_id="t1", now_ms=200),
-        WatchDisconnected(task_id="t1", now_ms=300),
-        WatchDetached(task_id="t1", now_ms=300),
+        WatchAttached(task_id="ghost", now_ms=200, stimulus_id="w1"),
+        WatchDisconnected(task_id="ghost", now_ms=200, stimulus_id="w2"),
+        WatchDetached(task_id="ghost", now_ms=200, stimulus_id="w3"),
+        WatchAttached(task_id="t1", now_ms=200, stimulus_id="w4"),
+        WatchDisconnected(task_id="t1", now_ms=300, stimulus_id="w5"),
+        WatchDetached(task_id="t1", now_ms=300, stimulus_id="w6"),
     ]
     for event in events:
         assert watched.handle(event) == Step()

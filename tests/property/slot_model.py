@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import attrs
 
+from blockx.calls import FailureCode
 from blockx.slots import (
     Command,
     ConvergeTask,
-    FailureCode,
     ForgetReason,
     ForgetTask,
     InvalidArgument,
@@ -24,7 +24,7 @@ from blockx.slots import (
     SlotUncertain,
     StartBuilderPhase,
     StartCallPhase,
-    StartWriterPhase,
+    StartPluginPhase,
     Step,
     TaskPhase,
     TaskState,
@@ -37,6 +37,7 @@ Norm = tuple[object, ...]
 
 NEXT_PHASE = {TaskPhase.BUILDER: TaskPhase.CALLS, TaskPhase.CALLS: TaskPhase.PLUGIN}
 DEFAULT_CODE = {
+    TaskPhase.PREPARING: FailureCode.ACTIVATION_FAILED,
     TaskPhase.BUILDER: FailureCode.BUILDER_FAILED,
     TaskPhase.CALLS: FailureCode.CALLS_FAILED,
     TaskPhase.PLUGIN: FailureCode.PLUGIN_FAILED,
@@ -58,8 +59,8 @@ def normalise_command(command: Command) -> Norm:
             return ("builder", command.task_id)
         case StartCallPhase():
             return ("calls", command.task_id)
-        case StartWriterPhase():
-            return ("writer", command.task_id)
+        case StartPluginPhase():
+            return ("plugin", command.task_id, command.outputs)
         case ConvergeTask():
             result = command.result
             return (
@@ -195,11 +196,14 @@ class SlotModel:
             reply=(TaskState.RUNNING, TaskPhase.BUILDER), commands=(("builder", task_id),)
         )
 
-    def fail_activation(self, task_id: str, code: str, retryable: bool, now: int) -> Prediction:
+    def fail_activation(
+        self, task_id: str, code: FailureCode | None, retryable: bool, now: int
+    ) -> Prediction:
         task = self.live.get(task_id)
         if task is None or task.phase is not TaskPhase.PREPARING:
             return Prediction()
-        return self._converge(task_id, TaskState.FAILED, code, retryable, now)
+        failure = code or DEFAULT_CODE[TaskPhase.PREPARING]
+        return self._converge(task_id, TaskState.FAILED, failure, retryable, now)
 
     def finish_phase(
         self,
@@ -207,21 +211,25 @@ class SlotModel:
         phase: TaskPhase,
         *,
         ok: bool,
-        code: str | None,
+        code: FailureCode | None,
         retryable: bool,
         now: int,
+        outputs: tuple[bytes, ...] = (),
     ) -> Prediction:
+        """The end of `phase`; `outputs` are the call values a calls phase reports."""
         task = self.live.get(task_id)
         if task is None or task.phase is not phase:
             return Prediction()
         if phase is TaskPhase.PLUGIN or not ok:
             if ok:
-                return self._converge(task_id, TaskState.SUCCEEDED, "", False, now)
+                return self._converge(task_id, TaskState.SUCCEEDED, None, False, now)
             failure = code or DEFAULT_CODE[phase]
             return self._converge(task_id, TaskState.FAILED, failure, retryable, now)
         task.phase = NEXT_PHASE[phase]
-        kind = "calls" if task.phase is TaskPhase.CALLS else "writer"
-        return Prediction(reply=(TaskState.RUNNING, task.phase), commands=((kind, task_id),))
+        command: Norm = (
+            ("calls", task_id) if task.phase is TaskPhase.CALLS else ("plugin", task_id, outputs)
+        )
+        return Prediction(reply=(TaskState.RUNNING, task.phase), commands=(command,))
 
     def watch_attached(self, task_id: str) -> None:
         task = self.live.get(task_id)
@@ -310,7 +318,7 @@ class SlotModel:
             task.grace_seq = self._next_seq()
 
     def _converge(
-        self, task_id: str, state: TaskState, code: str, retryable: bool, now: int
+        self, task_id: str, state: TaskState, code: FailureCode | None, retryable: bool, now: int
     ) -> Prediction:
         del self.live[task_id]
         self.results[task_id] = ModelResult(

@@ -14,14 +14,17 @@ import hypothesis.strategies as st
 from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from blockx.calls import RECENT_STIMULI, CallPhaseOutcome, FailureCode, RetryPolicy
 from blockx.slots import (
+    RUN_PHASES,
     ActivationFailed,
     ActivationPrepared,
+    CallsFinished,
+    Command,
     ConvergeTask,
     DrainDeadlinePassed,
     DrainStarted,
     Event,
-    FailureCode,
     ForgetTask,
     FunctionCall,
     NotFound,
@@ -53,6 +56,7 @@ TASK_IDS = st.sampled_from(ALL_TASK_IDS)
 REPORTABLE_PHASES = (TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
 REPORTED_PHASES = st.sampled_from(REPORTABLE_PHASES)
 MAX_TIMEOUT_MS = 5_000
+CALL_OUTPUTS = st.lists(st.binary(max_size=4), max_size=3).map(tuple)
 
 
 class SlotTable(RuleBasedStateMachine):
@@ -63,6 +67,8 @@ class SlotTable(RuleBasedStateMachine):
         self.prepared: set[str] = set()
         self.results: dict[str, tuple[TaskResult, int]] = {}
         self.seen_timers: list[Timer] = []
+        # Every event fed to the machine, as far back as its stimulus log reaches.
+        self.fed: collections.deque[Event] = collections.deque(maxlen=RECENT_STIMULI)
 
     @initialize(
         task_slots=st.integers(1, 4),
@@ -78,6 +84,7 @@ class SlotTable(RuleBasedStateMachine):
             max_task_timeout_ms=MAX_TIMEOUT_MS,
             result_retention_ms=retention_ms,
             watch_disconnect_grace_ms=grace_ms,
+            default_retry_policy=RetryPolicy(max_attempts=3, base_backoff_ms=10, jitter_percent=5),
         )
         self.machine = SlotMachine(self.config)
         self.model = SlotModel(self.config)
@@ -87,11 +94,21 @@ class SlotTable(RuleBasedStateMachine):
     def _stimulus(self) -> str:
         return f"s{next(self.stimuli)}"
 
+    def _handle(self, event: Event) -> Step:
+        """Feed one event to the machine; every command it answers with carries its id."""
+        self.fed.append(event)
+        step = self.machine.handle(event)
+        for command in step.commands:
+            assert command.stimulus_id == event.stimulus_id, (
+                f"{command!r} caused by {event.stimulus_id!r}"
+            )
+        return step
+
     def _apply(self, event: Event, expected: Prediction) -> Step | None:
         """Feed one event, compare with the model's prediction, track guarantees."""
         note(f"{event!r} -> expected {expected!r}")
         try:
-            step = self.machine.handle(event)
+            step = self._handle(event)
         except WorkerError as exc:
             refused: WorkerError | None = exc
         else:
@@ -104,7 +121,7 @@ class SlotTable(RuleBasedStateMachine):
         self._track(step.commands)
         return step
 
-    def _track(self, commands: tuple[object, ...]) -> None:
+    def _track(self, commands: tuple[Command, ...]) -> None:
         for command in commands:
             match command:
                 case PrepareTaskActivation(task_id=task_id):
@@ -143,7 +160,7 @@ class SlotTable(RuleBasedStateMachine):
             assert timers, "next_deadline_ms is due but no timer is"
             self.seen_timers.extend(timers)
             for timer in timers:
-                step = self.machine.handle(
+                step = self._handle(
                     TimerFired(timer=timer, now_ms=self.now, stimulus_id=self._stimulus())
                 )
                 self._track(step.commands)
@@ -195,9 +212,7 @@ class SlotTable(RuleBasedStateMachine):
         )
         self._apply(event, expected)
 
-    @rule(data=st.data(), epoch=st.sampled_from(["e1", "e2"]))
-    def activate_task(self, data: st.DataObject, epoch: str) -> None:
-        task_id = self._pick(data, self._model_ids(TaskPhase.PREPARING))
+    def _report_activation(self, task_id: str, epoch: str) -> None:
         expected = self.model.activate(task_id, self.now)
         event = ActivationPrepared(
             task_id=task_id,
@@ -208,12 +223,63 @@ class SlotTable(RuleBasedStateMachine):
         )
         self._apply(event, expected)
 
+    def _report_phase(
+        self,
+        task_id: str,
+        phase: TaskPhase,
+        *,
+        ok: bool,
+        code: FailureCode | None,
+        retryable: bool,
+        outputs: tuple[bytes, ...],
+    ) -> None:
+        """Report the end of `phase` as a task runtime does (the calls phase: CallsFinished)."""
+        failure_code = None if ok else code
+        event: PhaseFinished | CallsFinished
+        if phase is TaskPhase.CALLS:
+            expected = self.model.finish_phase(
+                task_id,
+                phase,
+                ok=ok,
+                code=code,
+                retryable=retryable,
+                now=self.now,
+                outputs=outputs,
+            )
+            event = CallsFinished(
+                task_id=task_id,
+                outcome=CallPhaseOutcome(
+                    ok=ok, failure_code=failure_code, retryable=retryable, outputs=outputs
+                ),
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+            )
+        else:
+            expected = self.model.finish_phase(
+                task_id, phase, ok=ok, code=code, retryable=retryable, now=self.now
+            )
+            event = PhaseFinished(
+                task_id=task_id,
+                phase=phase,
+                outcome=PhaseOutcome(ok=ok, failure_code=failure_code, retryable=retryable),
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+            )
+        self._apply(event, expected)
+
+    @rule(data=st.data(), epoch=st.sampled_from(["e1", "e2"]))
+    def activate_task(self, data: st.DataObject, epoch: str) -> None:
+        task_id = self._pick(data, self._model_ids(TaskPhase.PREPARING))
+        self._report_activation(task_id, epoch)
+
     @rule(
         data=st.data(),
-        code=st.sampled_from([FailureCode.ACTIVATION_FAILED, FailureCode.IO_SCOPE_FAILED]),
+        code=st.sampled_from([FailureCode.ACTIVATION_FAILED, FailureCode.IO_SCOPE_FAILED, None]),
         retryable=st.booleans(),
     )
-    def fail_activation(self, data: st.DataObject, code: str, retryable: bool) -> None:
+    def fail_activation(
+        self, data: st.DataObject, code: FailureCode | None, retryable: bool
+    ) -> None:
         task_id = self._pick(data, self._model_ids(TaskPhase.PREPARING))
         expected = self.model.fail_activation(task_id, code, retryable, self.now)
         event = ActivationFailed(
@@ -229,12 +295,19 @@ class SlotTable(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         ok=st.sampled_from([True, True, True, False]),
-        code=st.sampled_from([None, "BUILDER_NOT_FOUND", "CALL_RAISED"]),
+        code=st.sampled_from([None, FailureCode.BUILDER_NOT_FOUND, FailureCode.CALL_RAISED]),
         retryable=st.booleans(),
+        outputs=CALL_OUTPUTS,
     )
     def finish_phase(
-        self, data: st.DataObject, ok: bool, code: str | None, retryable: bool
+        self,
+        data: st.DataObject,
+        ok: bool,
+        code: FailureCode | None,
+        retryable: bool,
+        outputs: tuple[bytes, ...],
     ) -> None:
+        """A task runtime reports the end of a phase, maybe not the one the task is in."""
         task_id = self._pick(
             data, self._model_ids(TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
         )
@@ -244,18 +317,29 @@ class SlotTable(RuleBasedStateMachine):
             phase = current
         else:
             phase = data.draw(REPORTED_PHASES, label="phase")
-        expected = self.model.finish_phase(
-            task_id, phase, ok=ok, code=code, retryable=retryable, now=self.now
-        )
-        outcome = PhaseOutcome(ok=ok, failure_code=None if ok else code, retryable=retryable)
-        event = PhaseFinished(
-            task_id=task_id,
-            phase=phase,
-            outcome=outcome,
-            now_ms=self.now,
-            stimulus_id=self._stimulus(),
-        )
-        self._apply(event, expected)
+        self._report_phase(task_id, phase, ok=ok, code=code, retryable=retryable, outputs=outputs)
+
+    @rule(data=st.data(), reports=st.integers(1, 4), outputs=CALL_OUTPUTS)
+    def runtime_reports_in_order(
+        self, data: st.DataObject, reports: int, outputs: tuple[bytes, ...]
+    ) -> None:
+        """A healthy task runtime reports success of each phase in turn, without delay.
+
+        Reaches the later phases (and their successful end) far more often than
+        the rules above, whose reports mostly come out of order or late.
+        """
+        task_id = self._pick(data, self._model_ids(*RUN_PHASES))
+        for _ in range(reports):
+            task = self.model.live.get(task_id)
+            phase = None if task is None else task.phase
+            if phase is TaskPhase.PREPARING:
+                self._report_activation(task_id, "e1")
+            elif phase in REPORTABLE_PHASES:
+                self._report_phase(
+                    task_id, phase, ok=True, code=None, retryable=False, outputs=outputs
+                )
+            else:
+                return
 
     @rule(data=st.data())
     def attach_watch(self, data: st.DataObject) -> None:
@@ -337,9 +421,7 @@ class SlotTable(RuleBasedStateMachine):
         if timer in self.machine.due_timers(self.now):
             return  # still current: firing it is the scan's business
         before = (self.machine.slot_views(), self._every_snapshot(), self.machine.heartbeat(0))
-        step = self.machine.handle(
-            TimerFired(timer=timer, now_ms=self.now, stimulus_id=self._stimulus())
-        )
+        step = self._handle(TimerFired(timer=timer, now_ms=self.now, stimulus_id=self._stimulus()))
         assert step == Step(), f"stale {timer} acted: {step}"
         after = (self.machine.slot_views(), self._every_snapshot(), self.machine.heartbeat(0))
         assert before == after
@@ -438,6 +520,17 @@ class SlotTable(RuleBasedStateMachine):
             if self.now < until_ms:
                 snapshot = self.machine.get_result(task_id)
                 assert snapshot.result == result, f"{task_id} result changed"
+
+    @invariant()
+    def stimuli_are_logged_under_their_own_ids(self) -> None:
+        """The log holds the last events fed, in order, each under its event's non-empty id."""
+        recent = self.machine.recent_stimuli
+        for logged in recent:
+            assert isinstance(logged.event, Event), f"{logged!r} logs a non-event"
+            assert logged.stimulus_id, f"{logged!r} has no stimulus id"
+            assert logged.stimulus_id == logged.event.stimulus_id, f"{logged!r} misnamed"
+        assert [logged.event for logged in recent] == list(self.fed), "log lost or added events"
+        assert all(logged.event is event for logged, event in zip(recent, self.fed, strict=True))
 
     @invariant()
     def live_tasks_ran_at_most_once(self) -> None:

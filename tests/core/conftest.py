@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from blockx.phases import DispatchCore
+from blockx.dispatch import DispatchCore
 from blockx.slots import SlotMachine
 from tests.core.slots_helpers import MachineFactory
 

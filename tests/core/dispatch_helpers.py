@@ -3,20 +3,27 @@
 Builds policies, call specs, events and the commands a test expects, all with
 explicit times and draws, and observes a core's visible state so a test can
 assert that a refused event changed nothing. Never reads a clock.
+
+Every event gets a stimulus id; unless a test names one, it is the helper's
+kind and the event's time (`"joined-0"`, `"arrived-10"`, ...).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from blockx.phases import (
-    CallDispatch,
-    CallErrorCode,
+from blockx.calls import (
+    CallFailurePolicy,
     CallOutcome,
+    CallSpec,
+    FailureCode,
+    RetryPolicy,
+)
+from blockx.dispatch import (
+    CallDispatch,
     CallPolicy,
     CallResultsArrived,
     CallsAdded,
-    CallSpec,
     CancelCalls,
     ClockTicked,
     DeliverSubcallResult,
@@ -26,13 +33,42 @@ from blockx.phases import (
     ExecutorLeft,
     RunCalls,
     SubcallRequested,
+    TaskCancelled,
     TaskOpened,
 )
 
-# 3 attempts, 10 ms base back-off, 5 % jitter, fail fast, window 64, 60 s deadline.
-DEFAULT_POLICY = CallPolicy()
-DEADLINE_MS = DEFAULT_POLICY.call_deadline_ms
 FUNCTION = "work"
+
+
+def call_policy(
+    *,
+    max_attempts: int = 3,
+    base_backoff_ms: int = 10,
+    jitter_percent: int = 5,
+    fail_fast: bool = True,
+    window: int = 64,
+    call_deadline_ms: int = 60_000,
+) -> CallPolicy:
+    """A `CallPolicy`; every figure not given is the old default one."""
+    return CallPolicy(
+        retry=RetryPolicy(
+            max_attempts=max_attempts,
+            base_backoff_ms=base_backoff_ms,
+            jitter_percent=jitter_percent,
+        ),
+        failure_policy=CallFailurePolicy.FAIL_FAST if fail_fast else CallFailurePolicy.BEST_EFFORT,
+        window=window,
+        call_deadline_ms=call_deadline_ms,
+    )
+
+
+# 3 attempts, 10 ms base back-off, 5 % jitter, fail fast, window 64, 60 s deadline.
+DEFAULT_POLICY = call_policy()
+DEADLINE_MS = DEFAULT_POLICY.call_deadline_ms
+
+
+def _stimulus(kind: str, now_ms: int, stimulus_id: str | None) -> str:
+    return f"{kind}-{now_ms}" if stimulus_id is None else stimulus_id
 
 
 def value_of(call_id: str) -> bytes:
@@ -67,49 +103,86 @@ def run(executor_id: str, *calls: CallDispatch) -> RunCalls:
     return RunCalls(executor_id=executor_id, calls=calls)
 
 
-def joined(executor_id: str, *, capacity: int, now_ms: int) -> ExecutorJoined:
-    return ExecutorJoined(executor_id=executor_id, capacity=capacity, now_ms=now_ms)
+def joined(
+    executor_id: str, *, capacity: int, now_ms: int, stimulus_id: str | None = None
+) -> ExecutorJoined:
+    return ExecutorJoined(
+        executor_id=executor_id,
+        capacity=capacity,
+        now_ms=now_ms,
+        stimulus_id=_stimulus("joined", now_ms, stimulus_id),
+    )
 
 
 def left(
     executor_id: str,
     *,
     now_ms: int,
-    error_code: str = CallErrorCode.EXECUTOR_LOST,
+    error_code: FailureCode = FailureCode.EXECUTOR_LOST,
     draw: float = 0.0,
+    stimulus_id: str | None = None,
 ) -> ExecutorLeft:
-    return ExecutorLeft(executor_id=executor_id, error_code=error_code, now_ms=now_ms, draw=draw)
+    return ExecutorLeft(
+        executor_id=executor_id,
+        error_code=error_code,
+        now_ms=now_ms,
+        draw=draw,
+        stimulus_id=_stimulus("left", now_ms, stimulus_id),
+    )
 
 
-def opened(task_id: str = "t1", *, now_ms: int, policy: CallPolicy = DEFAULT_POLICY) -> TaskOpened:
-    return TaskOpened(task_id=task_id, policy=policy, now_ms=now_ms)
+def opened(
+    task_id: str = "t1",
+    *,
+    now_ms: int,
+    policy: CallPolicy = DEFAULT_POLICY,
+    stimulus_id: str | None = None,
+) -> TaskOpened:
+    return TaskOpened(
+        task_id=task_id,
+        policy=policy,
+        now_ms=now_ms,
+        stimulus_id=_stimulus("opened", now_ms, stimulus_id),
+    )
 
 
-def added(task_id: str, *call_ids: str, now_ms: int, sealed: bool = True) -> CallsAdded:
+def added(
+    task_id: str,
+    *call_ids: str,
+    now_ms: int,
+    sealed: bool = True,
+    stimulus_id: str | None = None,
+) -> CallsAdded:
     return CallsAdded(
         task_id=task_id,
         calls=tuple(spec(call_id) for call_id in call_ids),
         sealed=sealed,
         now_ms=now_ms,
+        stimulus_id=_stimulus("added", now_ms, stimulus_id),
+    )
+
+
+def cancelled(task_id: str, *, now_ms: int, stimulus_id: str | None = None) -> TaskCancelled:
+    return TaskCancelled(
+        task_id=task_id, now_ms=now_ms, stimulus_id=_stimulus("cancelled", now_ms, stimulus_id)
     )
 
 
 def ok(call_id: str, *, attempt: int = 1) -> CallOutcome:
-    return CallOutcome(call_id=call_id, attempt=attempt, ok=True, value=value_of(call_id))
+    return CallOutcome.success(call_id=call_id, attempt=attempt, value=value_of(call_id))
 
 
 def failed(
     call_id: str,
     *,
     attempt: int = 1,
-    code: str = CallErrorCode.CALL_RAISED,
+    code: FailureCode = FailureCode.CALL_RAISED,
     retryable: bool = False,
     message: str = "boom",
 ) -> CallOutcome:
-    return CallOutcome(
+    return CallOutcome.failure(
         call_id=call_id,
         attempt=attempt,
-        ok=False,
         error_code=code,
         error_message=message,
         retryable=retryable,
@@ -117,9 +190,7 @@ def failed(
 
 
 def retryable_failure(call_id: str, *, attempt: int = 1) -> CallOutcome:
-    return failed(
-        call_id, attempt=attempt, code=CallErrorCode.CALL_RAISED_RETRYABLE, retryable=True
-    )
+    return failed(call_id, attempt=attempt, code=FailureCode.CALL_RAISED_RETRYABLE, retryable=True)
 
 
 def cancel(executor_id: str, *attempts: tuple[str, int]) -> CancelCalls:
@@ -128,13 +199,25 @@ def cancel(executor_id: str, *attempts: tuple[str, int]) -> CancelCalls:
 
 
 def arrived(
-    executor_id: str, *outcomes: CallOutcome, now_ms: int, draw: float = 0.0
+    executor_id: str,
+    *outcomes: CallOutcome,
+    now_ms: int,
+    draw: float = 0.0,
+    stimulus_id: str | None = None,
 ) -> CallResultsArrived:
-    return CallResultsArrived(executor_id=executor_id, outcomes=outcomes, now_ms=now_ms, draw=draw)
+    return CallResultsArrived(
+        executor_id=executor_id,
+        outcomes=outcomes,
+        now_ms=now_ms,
+        draw=draw,
+        stimulus_id=_stimulus("arrived", now_ms, stimulus_id),
+    )
 
 
-def ticked(now_ms: int, *, draw: float = 0.0) -> ClockTicked:
-    return ClockTicked(now_ms=now_ms, draw=draw)
+def ticked(now_ms: int, *, draw: float = 0.0, stimulus_id: str | None = None) -> ClockTicked:
+    return ClockTicked(
+        now_ms=now_ms, draw=draw, stimulus_id=_stimulus("ticked", now_ms, stimulus_id)
+    )
 
 
 def subcall(
@@ -144,6 +227,7 @@ def subcall(
     *,
     now_ms: int,
     parent_attempt: int = 1,
+    stimulus_id: str | None = None,
 ) -> SubcallRequested:
     return SubcallRequested(
         executor_id=executor_id,
@@ -151,6 +235,7 @@ def subcall(
         parent_attempt=parent_attempt,
         subcall=spec(subcall_id),
         now_ms=now_ms,
+        stimulus_id=_stimulus("subcall", now_ms, stimulus_id),
     )
 
 
@@ -172,10 +257,10 @@ def start(
     now_ms: int,
     policy: CallPolicy = DEFAULT_POLICY,
     sealed: bool = True,
-) -> list[DispatchCommand]:
+) -> tuple[DispatchCommand, ...]:
     """Open `task_id` and add `call_ids` at `now_ms`; returns the commands of the add."""
-    assert core.handle(opened(task_id, now_ms=now_ms, policy=policy)) == []
-    return core.handle(added(task_id, *call_ids, now_ms=now_ms, sealed=sealed))
+    assert core.handle(opened(task_id, now_ms=now_ms, policy=policy)).commands == ()
+    return core.handle(added(task_id, *call_ids, now_ms=now_ms, sealed=sealed)).commands
 
 
 @attrs.frozen(kw_only=True)

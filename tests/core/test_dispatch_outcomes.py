@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from blockx.phases import (
-    CallErrorCode,
-    CallFailure,
-    CallPhaseOutcome,
-    CallPhaseStats,
-    CallPolicy,
-    DispatchCore,
-    FinishCallPhase,
-    TaskCancelled,
-)
+from blockx.calls import CallFailure, CallPhaseOutcome, CallStats, FailureCode
+from blockx.dispatch import DispatchCore, FinishCallPhase
 from tests.core.dispatch_helpers import (
     added,
     arrived,
+    call_policy,
     cancel,
+    cancelled,
     dispatch,
     failed,
     joined,
@@ -32,7 +26,7 @@ from tests.core.dispatch_helpers import (
     value_of,
 )
 
-_BEST_EFFORT = CallPolicy(fail_fast=False)
+_BEST_EFFORT = call_policy(fail_fast=False)
 
 
 # ------------------------------------------------------------------ fail fast
@@ -41,25 +35,25 @@ _BEST_EFFORT = CallPolicy(fail_fast=False)
 def test_fail_fast_ends_the_phase_at_the_first_final_failure(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=2, now_ms=0))
     core.handle(joined("e1", capacity=2, now_ms=0))
-    assert start(core, "t1", "c0", "c1", "c2", "c3", "c4", "c5", now_ms=0) == [
+    assert start(core, "t1", "c0", "c1", "c2", "c3", "c4", "c5", now_ms=0) == (
         run("e0", dispatch("c0", at_ms=0), dispatch("c2", at_ms=0)),
         run("e1", dispatch("c1", at_ms=0), dispatch("c3", at_ms=0)),
-    ]
+    )
 
-    assert core.handle(arrived("e0", failed("c0"), now_ms=10)) == [
+    assert core.handle(arrived("e0", failed("c0"), now_ms=10)).commands == (
         cancel("e1", ("c1", 1), ("c3", 1)),
         cancel("e0", ("c2", 1)),
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=False,
-                failure_code=CallErrorCode.CALL_RAISED,
+                failure_code=FailureCode.CALL_RAISED,
                 message="call c0 (work) failed after 1 attempt(s): boom",
                 retryable=False,
-                stats=CallPhaseStats(calls_total=6, calls_failed=1),
+                stats=CallStats(calls_total=6, calls_failed=1),
             ),
         ),
-    ]
+    )
     assert core.task_ids() == ()
     assert core.running_calls("e0") == ()
     assert core.running_calls("e1") == ()
@@ -72,17 +66,17 @@ def test_cancelled_calls_hold_their_room_until_their_late_answers(core: Dispatch
     core.handle(arrived("e0", failed("c0"), now_ms=10))
 
     # Zombies: c2 on e0 (room 1), c1 and c3 on e1 (room 0).
-    assert start(core, "t2", "b0", "b1", "b2", now_ms=15) == [
-        run("e0", dispatch("b0", at_ms=15, task_id="t2"))
-    ]
+    assert start(core, "t2", "b0", "b1", "b2", now_ms=15) == (
+        run("e0", dispatch("b0", at_ms=15, task_id="t2")),
+    )
     # A late answer is ignored, but frees its room; t1's queued c4 and c5 never run.
-    assert core.handle(arrived("e1", ok("c1"), now_ms=20)) == [
-        run("e1", dispatch("b1", at_ms=20, task_id="t2"))
-    ]
-    assert core.handle(arrived("e1", failed("c3"), now_ms=21)) == [
-        run("e1", dispatch("b2", at_ms=21, task_id="t2"))
-    ]
-    assert core.handle(arrived("e0", ok("c2"), now_ms=22)) == []
+    assert core.handle(arrived("e1", ok("c1"), now_ms=20)).commands == (
+        run("e1", dispatch("b1", at_ms=20, task_id="t2")),
+    )
+    assert core.handle(arrived("e1", failed("c3"), now_ms=21)).commands == (
+        run("e1", dispatch("b2", at_ms=21, task_id="t2")),
+    )
+    assert core.handle(arrived("e0", ok("c2"), now_ms=22)).commands == ()
     assert core.running_calls("e0") == ("b0",)
     assert core.running_calls("e1") == ("b1", "b2")
 
@@ -90,21 +84,21 @@ def test_cancelled_calls_hold_their_room_until_their_late_answers(core: Dispatch
 @pytest.mark.parametrize(
     ("error_code", "reported_retryable", "phase_retryable"),
     [
-        pytest.param(CallErrorCode.CALL_RAISED, False, False, id="raised"),
-        pytest.param(CallErrorCode.UNKNOWN_FUNCTION, False, False, id="unknown-function"),
-        pytest.param(CallErrorCode.RESULT_NOT_SERIALIZABLE, False, False, id="not-serializable"),
-        pytest.param(CallErrorCode.RESULT_TOO_LARGE, False, False, id="too-large"),
-        pytest.param(CallErrorCode.CALL_RAISED_RETRYABLE, True, True, id="raised-retryable"),
+        pytest.param(FailureCode.CALL_RAISED, False, False, id="raised"),
+        pytest.param(FailureCode.UNKNOWN_FUNCTION, False, False, id="unknown-function"),
+        pytest.param(FailureCode.RESULT_NOT_SERIALIZABLE, False, False, id="not-serializable"),
+        pytest.param(FailureCode.RESULT_TOO_LARGE, False, False, id="too-large"),
+        pytest.param(FailureCode.CALL_RAISED_RETRYABLE, True, True, id="raised-retryable"),
     ],
 )
 def test_fail_fast_reports_the_code_and_whether_the_task_may_be_retried(
-    core: DispatchCore, error_code: str, reported_retryable: bool, phase_retryable: bool
+    core: DispatchCore, error_code: FailureCode, reported_retryable: bool, phase_retryable: bool
 ) -> None:
     core.handle(joined("e0", capacity=1, now_ms=0))
-    start(core, "t1", "c0", "c1", now_ms=0, policy=CallPolicy(max_attempts=1))
+    start(core, "t1", "c0", "c1", now_ms=0, policy=call_policy(max_attempts=1))
 
     outcome = failed("c0", code=error_code, retryable=reported_retryable, message="no luck")
-    assert core.handle(arrived("e0", outcome, now_ms=10)) == [
+    assert core.handle(arrived("e0", outcome, now_ms=10)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
@@ -112,35 +106,33 @@ def test_fail_fast_reports_the_code_and_whether_the_task_may_be_retried(
                 failure_code=error_code,
                 message="call c0 (work) failed after 1 attempt(s): no luck",
                 retryable=phase_retryable,
-                stats=CallPhaseStats(calls_total=2, calls_failed=1),
+                stats=CallStats(calls_total=2, calls_failed=1),
             ),
-        )
-    ]
+        ),
+    )
     assert core.running_calls("e0") == ()
 
 
 def test_fail_fast_stats_count_what_happened_before_the_failure(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=3, now_ms=0))
-    start(core, "t1", "c0", "c1", "c2", "c3", now_ms=0, policy=CallPolicy(base_backoff_ms=0))
-    assert core.handle(arrived("e0", ok("c0"), retryable_failure("c1"), now_ms=10)) == [
-        run("e0", dispatch("c1", at_ms=10, attempt=2), dispatch("c3", at_ms=10))
-    ]
+    start(core, "t1", "c0", "c1", "c2", "c3", now_ms=0, policy=call_policy(base_backoff_ms=0))
+    assert core.handle(arrived("e0", ok("c0"), retryable_failure("c1"), now_ms=10)).commands == (
+        run("e0", dispatch("c1", at_ms=10, attempt=2), dispatch("c3", at_ms=10)),
+    )
 
-    assert core.handle(arrived("e0", failed("c2"), now_ms=20)) == [
+    assert core.handle(arrived("e0", failed("c2"), now_ms=20)).commands == (
         cancel("e0", ("c1", 2), ("c3", 1)),
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=False,
-                failure_code=CallErrorCode.CALL_RAISED,
+                failure_code=FailureCode.CALL_RAISED,
                 message="call c2 (work) failed after 1 attempt(s): boom",
                 retryable=False,
-                stats=CallPhaseStats(
-                    calls_total=4, calls_succeeded=1, calls_failed=1, calls_retried=1
-                ),
+                stats=CallStats(calls_total=4, calls_succeeded=1, calls_failed=1, calls_retried=1),
             ),
         ),
-    ]
+    )
 
 
 # ---------------------------------------------------------------- best effort
@@ -150,81 +142,81 @@ def test_best_effort_runs_every_call_and_reports_the_failures(core: DispatchCore
     core.handle(joined("e0", capacity=4, now_ms=0))
     start(core, "t1", "c0", "c1", "c2", "c3", now_ms=0, policy=_BEST_EFFORT)
 
-    assert core.handle(arrived("e0", failed("c1"), now_ms=10)) == []
-    assert core.handle(arrived("e0", ok("c3"), ok("c0"), now_ms=11)) == []
-    no_such = failed("c2", code=CallErrorCode.UNKNOWN_FUNCTION, message="no function 'work'")
-    assert core.handle(arrived("e0", no_such, now_ms=12)) == [
+    assert core.handle(arrived("e0", failed("c1"), now_ms=10)).commands == ()
+    assert core.handle(arrived("e0", ok("c3"), ok("c0"), now_ms=11)).commands == ()
+    no_such = failed("c2", code=FailureCode.UNKNOWN_FUNCTION, message="no function 'work'")
+    assert core.handle(arrived("e0", no_such, now_ms=12)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(calls_total=4, calls_succeeded=2, calls_failed=2),
+                message="2 call(s) failed; first: c1 work CALL_RAISED: boom",
+                stats=CallStats(calls_total=4, calls_succeeded=2, calls_failed=2),
                 outputs=(value_of("c0"), value_of("c3")),
                 failures=(
                     CallFailure(
                         call_id="c1",
                         function="work",
                         attempts=1,
-                        error_code=CallErrorCode.CALL_RAISED,
+                        error_code=FailureCode.CALL_RAISED,
                         error_message="boom",
                     ),
                     CallFailure(
                         call_id="c2",
                         function="work",
                         attempts=1,
-                        error_code=CallErrorCode.UNKNOWN_FUNCTION,
+                        error_code=FailureCode.UNKNOWN_FUNCTION,
                         error_message="no function 'work'",
                     ),
                 ),
             ),
-        )
-    ]
+        ),
+    )
 
 
 def test_best_effort_keeps_dispatching_after_failures(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=1, now_ms=0))
-    policy = CallPolicy(fail_fast=False, max_attempts=2, base_backoff_ms=0)
-    assert start(core, "t1", "c0", "c1", "c2", now_ms=0, policy=policy) == [
-        run("e0", dispatch("c0", at_ms=0))
-    ]
+    policy = call_policy(fail_fast=False, max_attempts=2, base_backoff_ms=0)
+    assert start(core, "t1", "c0", "c1", "c2", now_ms=0, policy=policy) == (
+        run("e0", dispatch("c0", at_ms=0)),
+    )
 
-    assert core.handle(arrived("e0", failed("c0"), now_ms=10)) == [
-        run("e0", dispatch("c1", at_ms=10))
-    ]
-    assert core.handle(arrived("e0", retryable_failure("c1"), now_ms=20)) == [
-        run("e0", dispatch("c1", at_ms=20, attempt=2))
-    ]
-    assert core.handle(arrived("e0", retryable_failure("c1", attempt=2), now_ms=30)) == [
-        run("e0", dispatch("c2", at_ms=30))
-    ]
-    assert core.handle(arrived("e0", ok("c2"), now_ms=40)) == [
+    assert core.handle(arrived("e0", failed("c0"), now_ms=10)).commands == (
+        run("e0", dispatch("c1", at_ms=10)),
+    )
+    assert core.handle(arrived("e0", retryable_failure("c1"), now_ms=20)).commands == (
+        run("e0", dispatch("c1", at_ms=20, attempt=2)),
+    )
+    assert core.handle(arrived("e0", retryable_failure("c1", attempt=2), now_ms=30)).commands == (
+        run("e0", dispatch("c2", at_ms=30)),
+    )
+    assert core.handle(arrived("e0", ok("c2"), now_ms=40)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(
-                    calls_total=3, calls_succeeded=1, calls_failed=2, calls_retried=1
-                ),
+                message="2 call(s) failed; first: c0 work CALL_RAISED: boom",
+                stats=CallStats(calls_total=3, calls_succeeded=1, calls_failed=2, calls_retried=1),
                 outputs=(value_of("c2"),),
                 failures=(
                     CallFailure(
                         call_id="c0",
                         function="work",
                         attempts=1,
-                        error_code=CallErrorCode.CALL_RAISED,
+                        error_code=FailureCode.CALL_RAISED,
                         error_message="boom",
                     ),
                     CallFailure(
                         call_id="c1",
                         function="work",
                         attempts=2,
-                        error_code=CallErrorCode.CALL_RAISED_RETRYABLE,
+                        error_code=FailureCode.CALL_RAISED_RETRYABLE,
                         error_message="boom",
                     ),
                 ),
             ),
-        )
-    ]
+        ),
+    )
 
 
 # -------------------------------------------------------------------- outputs
@@ -233,23 +225,23 @@ def test_best_effort_keeps_dispatching_after_failures(core: DispatchCore) -> Non
 def test_outputs_are_in_call_order_whatever_the_order_of_results(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=2, now_ms=0))
     core.handle(joined("e1", capacity=2, now_ms=0))
-    assert start(core, "t1", "c0", "c1", "c2", "c3", now_ms=0) == [
+    assert start(core, "t1", "c0", "c1", "c2", "c3", now_ms=0) == (
         run("e0", dispatch("c0", at_ms=0), dispatch("c2", at_ms=0)),
         run("e1", dispatch("c1", at_ms=0), dispatch("c3", at_ms=0)),
-    ]
+    )
 
-    assert core.handle(arrived("e1", ok("c3"), ok("c1"), now_ms=10)) == []
-    assert core.handle(arrived("e0", ok("c2"), now_ms=11)) == []
-    assert core.handle(arrived("e0", ok("c0"), now_ms=12)) == [
+    assert core.handle(arrived("e1", ok("c3"), ok("c1"), now_ms=10)).commands == ()
+    assert core.handle(arrived("e0", ok("c2"), now_ms=11)).commands == ()
+    assert core.handle(arrived("e0", ok("c0"), now_ms=12)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(calls_total=4, calls_succeeded=4),
+                stats=CallStats(calls_total=4, calls_succeeded=4),
                 outputs=(value_of("c0"), value_of("c1"), value_of("c2"), value_of("c3")),
             ),
-        )
-    ]
+        ),
+    )
 
 
 # ------------------------------------------------------------------ streaming
@@ -257,28 +249,28 @@ def test_outputs_are_in_call_order_whatever_the_order_of_results(core: DispatchC
 
 def test_an_unsealed_task_never_finishes_until_it_is_sealed(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=4, now_ms=0))
-    assert start(core, "t1", "c0", "c1", now_ms=0, sealed=False) == [
-        run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0))
-    ]
-    assert core.handle(arrived("e0", ok("c1"), ok("c0"), now_ms=10)) == []
+    assert start(core, "t1", "c0", "c1", now_ms=0, sealed=False) == (
+        run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0)),
+    )
+    assert core.handle(arrived("e0", ok("c1"), ok("c0"), now_ms=10)).commands == ()
     assert core.task_ids() == ("t1",)
 
-    assert core.handle(added("t1", "c2", now_ms=20, sealed=False)) == [
-        run("e0", dispatch("c2", at_ms=20))
-    ]
-    assert core.handle(arrived("e0", ok("c2"), now_ms=30)) == []
+    assert core.handle(added("t1", "c2", now_ms=20, sealed=False)).commands == (
+        run("e0", dispatch("c2", at_ms=20)),
+    )
+    assert core.handle(arrived("e0", ok("c2"), now_ms=30)).commands == ()
     assert core.task_ids() == ("t1",)
 
-    assert core.handle(added("t1", now_ms=40)) == [
+    assert core.handle(added("t1", now_ms=40)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(calls_total=3, calls_succeeded=3),
+                stats=CallStats(calls_total=3, calls_succeeded=3),
                 outputs=(value_of("c0"), value_of("c1"), value_of("c2")),
             ),
-        )
-    ]
+        ),
+    )
     assert core.task_ids() == ()
 
 
@@ -287,25 +279,27 @@ def test_a_task_sealed_while_calls_run_finishes_with_its_last_result(
 ) -> None:
     core.handle(joined("e0", capacity=4, now_ms=0))
     start(core, "t1", "c0", now_ms=0, sealed=False)
-    assert core.handle(added("t1", "c1", now_ms=5)) == [run("e0", dispatch("c1", at_ms=5))]
+    assert core.handle(added("t1", "c1", now_ms=5)).commands == (
+        run("e0", dispatch("c1", at_ms=5)),
+    )
 
-    assert core.handle(arrived("e0", ok("c1"), now_ms=10)) == []
-    assert core.handle(arrived("e0", ok("c0"), now_ms=20)) == [
+    assert core.handle(arrived("e0", ok("c1"), now_ms=10)).commands == ()
+    assert core.handle(arrived("e0", ok("c0"), now_ms=20)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(calls_total=2, calls_succeeded=2),
+                stats=CallStats(calls_total=2, calls_succeeded=2),
                 outputs=(value_of("c0"), value_of("c1")),
             ),
-        )
-    ]
+        ),
+    )
 
 
 def test_a_task_sealed_with_no_calls_finishes_at_once(core: DispatchCore) -> None:
-    assert start(core, "t1", now_ms=0) == [
-        FinishCallPhase(task_id="t1", outcome=CallPhaseOutcome(ok=True, stats=CallPhaseStats()))
-    ]
+    assert start(core, "t1", now_ms=0) == (
+        FinishCallPhase(task_id="t1", outcome=CallPhaseOutcome(ok=True, stats=CallStats())),
+    )
     assert core.task_ids() == ()
 
 
@@ -317,49 +311,51 @@ def test_a_cancelled_task_has_its_calls_cancelled_and_no_finish(core: DispatchCo
     core.handle(joined("e1", capacity=2, now_ms=0))
     start(core, "t1", "c0", "c1", "c2", "c3", "c4", "c5", now_ms=0)
 
-    assert core.handle(TaskCancelled(task_id="t1", now_ms=10)) == [
+    assert core.handle(cancelled("t1", now_ms=10)).commands == (
         cancel("e0", ("c0", 1), ("c2", 1)),
         cancel("e1", ("c1", 1), ("c3", 1)),
-    ]
+    )
     assert core.task_ids() == ()
     assert core.next_deadline_ms() is None
 
     # Room frees as the cancelled calls answer, but nothing of t1 runs again.
-    assert core.handle(arrived("e0", ok("c0"), failed("c2"), now_ms=20)) == []
+    assert core.handle(arrived("e0", ok("c0"), failed("c2"), now_ms=20)).commands == ()
     assert core.running_calls("e0") == ()
-    assert start(core, "t2", "b0", now_ms=30) == [run("e0", dispatch("b0", at_ms=30, task_id="t2"))]
-    assert core.handle(arrived("e1", ok("c1"), ok("c3"), now_ms=40)) == []
+    assert start(core, "t2", "b0", now_ms=30) == (
+        run("e0", dispatch("b0", at_ms=30, task_id="t2")),
+    )
+    assert core.handle(arrived("e1", ok("c1"), ok("c3"), now_ms=40)).commands == ()
     assert core.running_calls("e1") == ()
 
 
 def test_a_cancelled_tasks_backoff_never_ends_in_a_dispatch(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=1, now_ms=0))
     start(core, "t1", "c0", now_ms=0)
-    assert core.handle(arrived("e0", retryable_failure("c0"), now_ms=5)) == []
+    assert core.handle(arrived("e0", retryable_failure("c0"), now_ms=5)).commands == ()
     assert core.next_deadline_ms() == 15
 
-    assert core.handle(TaskCancelled(task_id="t1", now_ms=10)) == []
+    assert core.handle(cancelled("t1", now_ms=10)).commands == ()
     assert core.next_deadline_ms() is None
-    assert core.handle(ticked(20)) == []
+    assert core.handle(ticked(20)).commands == ()
     assert core.running_calls("e0") == ()
 
 
 def test_cancelling_an_unknown_or_ended_task_changes_nothing(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=1, now_ms=0))
     start(core, "t1", "c0", now_ms=0)
-    assert core.handle(arrived("e0", ok("c0"), now_ms=5)) == [
+    assert core.handle(arrived("e0", ok("c0"), now_ms=5)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(calls_total=1, calls_succeeded=1),
+                stats=CallStats(calls_total=1, calls_succeeded=1),
                 outputs=(value_of("c0"),),
             ),
-        )
-    ]
+        ),
+    )
     start(core, "t2", "b0", now_ms=6)
     before = observe(core)
 
-    assert core.handle(TaskCancelled(task_id="nope", now_ms=10)) == []
-    assert core.handle(TaskCancelled(task_id="t1", now_ms=10)) == []
+    assert core.handle(cancelled("nope", now_ms=10)).commands == ()
+    assert core.handle(cancelled("t1", now_ms=10)).commands == ()
     assert observe(core) == before

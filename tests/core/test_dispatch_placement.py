@@ -4,16 +4,12 @@ one batch per executor per step, the per-task window and round-robin fairness.
 
 from __future__ import annotations
 
-from blockx.phases import (
-    CallPhaseOutcome,
-    CallPhaseStats,
-    CallPolicy,
-    DispatchCore,
-    FinishCallPhase,
-)
+from blockx.calls import CallPhaseOutcome, CallStats
+from blockx.dispatch import DispatchCore, FinishCallPhase
 from tests.core.dispatch_helpers import (
     added,
     arrived,
+    call_policy,
     dispatch,
     joined,
     ok,
@@ -27,17 +23,17 @@ from tests.core.dispatch_helpers import (
 
 
 def test_calls_of_one_task_spread_over_executors_by_most_room(core: DispatchCore) -> None:
-    assert core.handle(joined("e0", capacity=2, now_ms=0)) == []
-    assert core.handle(joined("e1", capacity=3, now_ms=0)) == []
+    assert core.handle(joined("e0", capacity=2, now_ms=0)).commands == ()
+    assert core.handle(joined("e1", capacity=3, now_ms=0)).commands == ()
 
     commands = start(core, "t1", "c0", "c1", "c2", "c3", now_ms=10)
 
     # Rooms (e0, e1): (2, 3) -> e1; (2, 2) -> e0, the first on a tie; (1, 2) -> e1;
     # (1, 1) -> e0.
-    assert commands == [
+    assert commands == (
         run("e1", dispatch("c0", at_ms=10), dispatch("c2", at_ms=10)),
         run("e0", dispatch("c1", at_ms=10), dispatch("c3", at_ms=10)),
-    ]
+    )
     assert core.running_calls("e0") == ("c1", "c3")
     assert core.running_calls("e1") == ("c0", "c2")
 
@@ -45,59 +41,61 @@ def test_calls_of_one_task_spread_over_executors_by_most_room(core: DispatchCore
 def test_executor_capacity_is_respected_and_results_free_room(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=2, now_ms=0))
 
-    assert start(core, "t1", "c0", "c1", "c2", "c3", "c4", now_ms=0) == [
-        run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0))
-    ]
-    assert core.handle(arrived("e0", ok("c0"), now_ms=5)) == [run("e0", dispatch("c2", at_ms=5))]
-    assert core.handle(arrived("e0", ok("c1"), ok("c2"), now_ms=7)) == [
-        run("e0", dispatch("c3", at_ms=7), dispatch("c4", at_ms=7))
-    ]
+    assert start(core, "t1", "c0", "c1", "c2", "c3", "c4", now_ms=0) == (
+        run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0)),
+    )
+    assert core.handle(arrived("e0", ok("c0"), now_ms=5)).commands == (
+        run("e0", dispatch("c2", at_ms=5)),
+    )
+    assert core.handle(arrived("e0", ok("c1"), ok("c2"), now_ms=7)).commands == (
+        run("e0", dispatch("c3", at_ms=7), dispatch("c4", at_ms=7)),
+    )
     assert core.running_calls("e0") == ("c3", "c4")
 
-    assert core.handle(arrived("e0", ok("c4"), ok("c3"), now_ms=9)) == [
+    assert core.handle(arrived("e0", ok("c4"), ok("c3"), now_ms=9)).commands == (
         FinishCallPhase(
             task_id="t1",
             outcome=CallPhaseOutcome(
                 ok=True,
-                stats=CallPhaseStats(calls_total=5, calls_succeeded=5),
+                stats=CallStats(calls_total=5, calls_succeeded=5),
                 outputs=tuple(value_of(f"c{index}") for index in range(5)),
             ),
-        )
-    ]
+        ),
+    )
     assert core.running_calls("e0") == ()
     assert core.task_ids() == ()
 
 
 def test_nothing_is_dispatched_before_an_executor_joins(core: DispatchCore) -> None:
-    assert start(core, "t1", "c0", "c1", "c2", now_ms=0) == []
+    assert start(core, "t1", "c0", "c1", "c2", now_ms=0) == ()
     assert core.next_deadline_ms() is None
 
-    assert core.handle(joined("e0", capacity=8, now_ms=50)) == [
+    assert core.handle(joined("e0", capacity=8, now_ms=50)).commands == (
         run(
             "e0",
             dispatch("c0", at_ms=50),
             dispatch("c1", at_ms=50),
             dispatch("c2", at_ms=50),
-        )
-    ]
+        ),
+    )
     assert core.next_deadline_ms() == 50 + 60_000
 
 
 def test_one_run_calls_per_executor_per_step_across_tasks(core: DispatchCore) -> None:
-    assert start(core, "t1", "a0", "a1", "a2", now_ms=0) == []
-    assert start(core, "t2", "b0", "b1", now_ms=1) == []
+    assert start(core, "t1", "a0", "a1", "a2", now_ms=0) == ()
+    assert start(core, "t2", "b0", "b1", now_ms=1) == ()
 
-    assert core.handle(joined("e0", capacity=2, now_ms=5)) == [
-        run("e0", dispatch("a0", at_ms=5), dispatch("b0", at_ms=5, task_id="t2"))
-    ]
-    assert core.handle(joined("e1", capacity=8, now_ms=6)) == [
+    assert core.handle(joined("e0", capacity=2, now_ms=5)).commands == (
+        run("e0", dispatch("a0", at_ms=5), dispatch("b0", at_ms=5, task_id="t2")),
+    )
+    assert core.handle(joined("e1", capacity=8, now_ms=6)).commands == (
         run(
             "e1",
             dispatch("a1", at_ms=6),
             dispatch("b1", at_ms=6, task_id="t2"),
             dispatch("a2", at_ms=6),
-        )
-    ]
+        ),
+    )
 
 
 # --------------------------------------------------------------------- window
@@ -107,28 +105,32 @@ def test_window_caps_the_running_calls_of_a_task(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=10, now_ms=0))
 
     assert start(
-        core, "t1", "c0", "c1", "c2", "c3", "c4", now_ms=0, policy=CallPolicy(window=2)
-    ) == [run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0))]
+        core, "t1", "c0", "c1", "c2", "c3", "c4", now_ms=0, policy=call_policy(window=2)
+    ) == (run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0)),)
     # A result frees one window slot and the next call goes out in the same step.
-    assert core.handle(arrived("e0", ok("c1"), now_ms=5)) == [run("e0", dispatch("c2", at_ms=5))]
-    assert core.handle(arrived("e0", ok("c0"), ok("c2"), now_ms=6)) == [
-        run("e0", dispatch("c3", at_ms=6), dispatch("c4", at_ms=6))
-    ]
+    assert core.handle(arrived("e0", ok("c1"), now_ms=5)).commands == (
+        run("e0", dispatch("c2", at_ms=5)),
+    )
+    assert core.handle(arrived("e0", ok("c0"), ok("c2"), now_ms=6)).commands == (
+        run("e0", dispatch("c3", at_ms=6), dispatch("c4", at_ms=6)),
+    )
     assert core.running_calls("e0") == ("c3", "c4")
 
 
 def test_a_full_window_leaves_room_to_other_tasks(core: DispatchCore) -> None:
     core.handle(joined("e0", capacity=4, now_ms=0))
 
-    assert start(core, "t1", "a0", "a1", "a2", now_ms=0, policy=CallPolicy(window=1)) == [
-        run("e0", dispatch("a0", at_ms=0))
-    ]
-    assert start(core, "t2", "b0", "b1", now_ms=1) == [
-        run("e0", dispatch("b0", at_ms=1, task_id="t2"), dispatch("b1", at_ms=1, task_id="t2"))
-    ]
+    assert start(core, "t1", "a0", "a1", "a2", now_ms=0, policy=call_policy(window=1)) == (
+        run("e0", dispatch("a0", at_ms=0)),
+    )
+    assert start(core, "t2", "b0", "b1", now_ms=1) == (
+        run("e0", dispatch("b0", at_ms=1, task_id="t2"), dispatch("b1", at_ms=1, task_id="t2")),
+    )
     assert core.running_calls("e0") == ("a0", "b0", "b1")
 
-    assert core.handle(arrived("e0", ok("a0"), now_ms=2)) == [run("e0", dispatch("a1", at_ms=2))]
+    assert core.handle(arrived("e0", ok("a0"), now_ms=2)).commands == (
+        run("e0", dispatch("a1", at_ms=2)),
+    )
 
 
 # ------------------------------------------------------------------- fairness
@@ -138,23 +140,27 @@ def test_two_tasks_alternate_round_robin_on_one_executor(core: DispatchCore) -> 
     start(core, "t1", "a0", "a1", "a2", "a3", now_ms=0)
     start(core, "t2", "b0", "b1", "b2", "b3", now_ms=0)
 
-    assert core.handle(joined("e0", capacity=1, now_ms=0)) == [run("e0", dispatch("a0", at_ms=0))]
+    assert core.handle(joined("e0", capacity=1, now_ms=0)).commands == (
+        run("e0", dispatch("a0", at_ms=0)),
+    )
 
     expected = [("t2", "b0"), ("t1", "a1"), ("t2", "b1"), ("t1", "a2"), ("t2", "b2"), ("t1", "a3")]
     running = "a0"
     for step, (task_id, call_id) in enumerate(expected, start=1):
         now_ms = 10 * step
-        assert core.handle(arrived("e0", ok(running), now_ms=now_ms)) == [
-            run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id))
-        ]
+        assert core.handle(arrived("e0", ok(running), now_ms=now_ms)).commands == (
+            run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id)),
+        )
         running = call_id
 
 
 def test_three_tasks_take_turns_in_a_fixed_rotation(core: DispatchCore) -> None:
-    assert start(core, "t1", "a0", "a1", "a2", now_ms=0) == []
-    assert start(core, "t2", "b0", "b1", "b2", now_ms=0) == []
-    assert start(core, "t3", "c0", "c1", "c2", now_ms=0) == []
-    assert core.handle(joined("e0", capacity=1, now_ms=0)) == [run("e0", dispatch("a0", at_ms=0))]
+    assert start(core, "t1", "a0", "a1", "a2", now_ms=0) == ()
+    assert start(core, "t2", "b0", "b1", "b2", now_ms=0) == ()
+    assert start(core, "t3", "c0", "c1", "c2", now_ms=0) == ()
+    assert core.handle(joined("e0", capacity=1, now_ms=0)).commands == (
+        run("e0", dispatch("a0", at_ms=0)),
+    )
 
     expected = [
         ("t2", "b0"),
@@ -167,26 +173,30 @@ def test_three_tasks_take_turns_in_a_fixed_rotation(core: DispatchCore) -> None:
     running = "a0"
     for step, (task_id, call_id) in enumerate(expected, start=1):
         now_ms = 10 * step
-        assert core.handle(arrived("e0", ok(running), now_ms=now_ms)) == [
-            run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id))
-        ]
+        assert core.handle(arrived("e0", ok(running), now_ms=now_ms)).commands == (
+            run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id)),
+        )
         running = call_id
 
 
 def test_a_task_added_later_joins_the_rotation_at_once(core: DispatchCore) -> None:
     start(core, "t1", *(f"a{index}" for index in range(6)), now_ms=0)
     start(core, "t2", *(f"b{index}" for index in range(6)), now_ms=0)
-    assert core.handle(joined("e0", capacity=1, now_ms=0)) == [run("e0", dispatch("a0", at_ms=0))]
-    assert core.handle(arrived("e0", ok("a0"), now_ms=10)) == [
-        run("e0", dispatch("b0", at_ms=10, task_id="t2"))
-    ]
-    assert core.handle(arrived("e0", ok("b0"), now_ms=20)) == [run("e0", dispatch("a1", at_ms=20))]
+    assert core.handle(joined("e0", capacity=1, now_ms=0)).commands == (
+        run("e0", dispatch("a0", at_ms=0)),
+    )
+    assert core.handle(arrived("e0", ok("a0"), now_ms=10)).commands == (
+        run("e0", dispatch("b0", at_ms=10, task_id="t2")),
+    )
+    assert core.handle(arrived("e0", ok("b0"), now_ms=20)).commands == (
+        run("e0", dispatch("a1", at_ms=20)),
+    )
 
     # t3 enters the ring behind the tasks already waiting in it (t2, then t1,
     # which has just been served): within one round it has its first turn,
     # and from then on it takes every third one, long before t1 and t2 run out.
-    assert core.handle(opened("t3", now_ms=25)) == []
-    assert core.handle(added("t3", "c0", "c1", "c2", "c3", now_ms=25)) == []
+    assert core.handle(opened("t3", now_ms=25)).commands == ()
+    assert core.handle(added("t3", "c0", "c1", "c2", "c3", now_ms=25)).commands == ()
 
     expected = [
         ("t2", "b1"),
@@ -202,7 +212,7 @@ def test_a_task_added_later_joins_the_rotation_at_once(core: DispatchCore) -> No
     running = "a1"
     for step, (task_id, call_id) in enumerate(expected, start=3):
         now_ms = 10 * step
-        assert core.handle(arrived("e0", ok(running), now_ms=now_ms)) == [
-            run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id))
-        ]
+        assert core.handle(arrived("e0", ok(running), now_ms=now_ms)).commands == (
+            run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id)),
+        )
         running = call_id

@@ -18,13 +18,18 @@ import hypothesis.strategies as st
 from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from blockx.phases import (
-    CallErrorCode,
+from blockx.calls import (
+    CallFailurePolicy,
     CallOutcome,
+    CallSpec,
+    FailureCode,
+    RetryPolicy,
+    StimulusIds,
+)
+from blockx.dispatch import (
     CallPolicy,
     CallResultsArrived,
     CallsAdded,
-    CallSpec,
     CancelCalls,
     ClockTicked,
     DeliverSubcallResult,
@@ -68,6 +73,7 @@ class DispatchTable(RuleBasedStateMachine):
         self.core = DispatchCore()
         self.now = 0
         self.ids = itertools.count()
+        self.stimuli = StimulusIds()
         self.tasks: dict[str, TaskRecord] = {}
         self.capacity: dict[str, int] = {}
         self.running: dict[str, Running] = {}
@@ -80,10 +86,13 @@ class DispatchTable(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- driving
 
-    def _send(self, event: DispatchEvent) -> list[DispatchCommand]:
+    def _send(self, event: DispatchEvent) -> tuple[DispatchCommand, ...]:
         note(repr(event))
-        commands = self.core.handle(event)
+        commands = self.core.handle(event).commands
         note(f"  -> {commands!r}")
+        logged = self.core.recent_stimuli[-1]
+        assert (logged.stimulus_id, logged.event) == (event.stimulus_id, event)
+        assert logged.outcome == (",".join(type(c).__name__ for c in commands) or "-")
         per_task: collections.Counter[str] = collections.Counter()
         for command in commands:
             match command:
@@ -123,7 +132,7 @@ class DispatchTable(RuleBasedStateMachine):
         assert call_id not in self.running, f"{call_id} runs twice at once"
         assert call_id not in self.succeeded, f"{call_id} ran again after it succeeded"
         assert attempt == self.attempts.get(call_id, 0) + 1
-        assert attempt <= record.policy.max_attempts
+        assert attempt <= record.policy.retry.max_attempts
         self.attempts[call_id] = attempt
         self.running[call_id] = Running(
             executor_id=executor_id,
@@ -188,15 +197,24 @@ class DispatchTable(RuleBasedStateMachine):
     ) -> None:
         task_id = f"t{len(self.tasks)}"
         policy = CallPolicy(
-            max_attempts=max_attempts,
-            base_backoff_ms=base_backoff_ms,
-            jitter_percent=5,
-            fail_fast=fail_fast,
+            retry=RetryPolicy(
+                max_attempts=max_attempts, base_backoff_ms=base_backoff_ms, jitter_percent=5
+            ),
+            failure_policy=CallFailurePolicy.FAIL_FAST
+            if fail_fast
+            else CallFailurePolicy.BEST_EFFORT,
             window=window,
             call_deadline_ms=call_deadline_ms,
         )
         self.tasks[task_id] = TaskRecord(policy=policy)
-        self._send(TaskOpened(task_id=task_id, policy=policy, now_ms=self.now))
+        self._send(
+            TaskOpened(
+                task_id=task_id,
+                policy=policy,
+                now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("opened"),
+            )
+        )
 
     @precondition(lambda self: self._open_tasks())
     @rule(data=st.data(), count=st.integers(0, 6), sealed=st.booleans())
@@ -209,22 +227,37 @@ class DispatchTable(RuleBasedStateMachine):
             self.tasks[task_id].calls.append(call_id)
             self.call_task[call_id] = task_id
         self.tasks[task_id].sealed = sealed
-        self._send(CallsAdded(task_id=task_id, calls=tuple(specs), sealed=sealed, now_ms=self.now))
+        self._send(
+            CallsAdded(
+                task_id=task_id,
+                calls=tuple(specs),
+                sealed=sealed,
+                now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("added"),
+            )
+        )
 
     @rule(executor_id=st.sampled_from(EXECUTOR_IDS), capacity=st.integers(1, 3))
     def join_executor(self, executor_id: str, capacity: int) -> None:
         if executor_id in self.capacity:
             return
         self.capacity[executor_id] = capacity
-        self._send(ExecutorJoined(executor_id=executor_id, capacity=capacity, now_ms=self.now))
+        self._send(
+            ExecutorJoined(
+                executor_id=executor_id,
+                capacity=capacity,
+                now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("joined"),
+            )
+        )
 
     @precondition(lambda self: self.capacity)
     @rule(
         data=st.data(),
-        code=st.sampled_from([CallErrorCode.EXECUTOR_LOST, CallErrorCode.EXECUTOR_WEDGED]),
+        code=st.sampled_from([FailureCode.EXECUTOR_LOST, FailureCode.EXECUTOR_WEDGED]),
         draw=DRAWS,
     )
-    def lose_executor(self, data: st.DataObject, code: str, draw: float) -> None:
+    def lose_executor(self, data: st.DataObject, code: FailureCode, draw: float) -> None:
         executor_id = data.draw(st.sampled_from(sorted(self.capacity)), label="executor_id")
         del self.capacity[executor_id]
         for call_id in [c for c, r in self.running.items() if r.executor_id == executor_id]:
@@ -233,7 +266,13 @@ class DispatchTable(RuleBasedStateMachine):
         for attempt in [a for a, e in self.zombies.items() if e == executor_id]:
             del self.zombies[attempt]
         self._send(
-            ExecutorLeft(executor_id=executor_id, error_code=code, now_ms=self.now, draw=draw)
+            ExecutorLeft(
+                executor_id=executor_id,
+                error_code=code,
+                now_ms=self.now,
+                draw=draw,
+                stimulus_id=self.stimuli.stamp("left"),
+            )
         )
         assert executor_id not in self.core.executor_ids()
 
@@ -248,22 +287,30 @@ class DispatchTable(RuleBasedStateMachine):
         running = self.running.pop(call_id)
         self.waiting.pop(call_id, None)
         if kind == "ok":
-            outcome = CallOutcome(
-                call_id=call_id, attempt=running.attempt, ok=True, value=call_id.encode()
+            outcome = CallOutcome.success(
+                call_id=call_id, attempt=running.attempt, value=call_id.encode()
             )
             self.succeeded.add(call_id)
         else:
-            code = CallErrorCode.CALL_RAISED_RETRYABLE if kind == "retryable" else "CALL_RAISED"
-            outcome = CallOutcome(
+            code = (
+                FailureCode.CALL_RAISED_RETRYABLE
+                if kind == "retryable"
+                else FailureCode.CALL_RAISED
+            )
+            outcome = CallOutcome.failure(
                 call_id=call_id,
                 attempt=running.attempt,
-                ok=False,
                 error_code=code,
+                error_message="",
                 retryable=kind == "retryable",
             )
         self._send(
             CallResultsArrived(
-                executor_id=running.executor_id, outcomes=(outcome,), now_ms=self.now, draw=draw
+                executor_id=running.executor_id,
+                outcomes=(outcome,),
+                now_ms=self.now,
+                draw=draw,
+                stimulus_id=self.stimuli.stamp("arrived"),
             )
         )
 
@@ -287,10 +334,17 @@ class DispatchTable(RuleBasedStateMachine):
             self.waiting.pop(call_id, None)
             self.succeeded.add(call_id)
         outcomes = tuple(
-            CallOutcome(call_id=c, attempt=attempt, ok=True, value=b"v")
+            CallOutcome.success(call_id=c, attempt=attempt, value=b"v")
             for c, attempt in done.items()
         )
-        self._send(CallResultsArrived(executor_id=executor_id, outcomes=outcomes, now_ms=self.now))
+        self._send(
+            CallResultsArrived(
+                executor_id=executor_id,
+                outcomes=outcomes,
+                now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("arrived"),
+            )
+        )
 
     @precondition(lambda self: self.zombies)
     @rule(data=st.data())
@@ -299,11 +353,16 @@ class DispatchTable(RuleBasedStateMachine):
         commands = self._answer_zombie(attempt)
         assert not any(isinstance(c, FinishCallPhase | DeliverSubcallResult) for c in commands)
 
-    def _answer_zombie(self, attempt: tuple[str, int]) -> list[DispatchCommand]:
+    def _answer_zombie(self, attempt: tuple[str, int]) -> tuple[DispatchCommand, ...]:
         executor_id = self.zombies.pop(attempt)
-        outcome = CallOutcome(call_id=attempt[0], attempt=attempt[1], ok=True, value=b"late")
+        outcome = CallOutcome.success(call_id=attempt[0], attempt=attempt[1], value=b"late")
         return self._send(
-            CallResultsArrived(executor_id=executor_id, outcomes=(outcome,), now_ms=self.now)
+            CallResultsArrived(
+                executor_id=executor_id,
+                outcomes=(outcome,),
+                now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("arrived"),
+            )
         )
 
     @precondition(lambda self: self.running)
@@ -322,6 +381,7 @@ class DispatchTable(RuleBasedStateMachine):
                 parent_attempt=running.attempt,
                 subcall=CallSpec(call_id=subcall_id, function="demo.echo"),
                 now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("subcall"),
             )
         )
 
@@ -330,7 +390,11 @@ class DispatchTable(RuleBasedStateMachine):
     def cancel_task(self, data: st.DataObject) -> None:
         task_id = data.draw(st.sampled_from(sorted(self.tasks)), label="task_id")
         record = self.tasks[task_id]
-        commands = self._send(TaskCancelled(task_id=task_id, now_ms=self.now))
+        commands = self._send(
+            TaskCancelled(
+                task_id=task_id, now_ms=self.now, stimulus_id=self.stimuli.stamp("cancelled")
+            )
+        )
         assert not any(isinstance(c, FinishCallPhase) for c in commands)
         if not record.ended:
             record.ended = record.cancelled = True
@@ -339,7 +403,9 @@ class DispatchTable(RuleBasedStateMachine):
     @rule(elapsed_ms=st.integers(0, 600), draw=DRAWS)
     def advance_clock(self, elapsed_ms: int, draw: float) -> None:
         self.now += elapsed_ms
-        self._send(ClockTicked(now_ms=self.now, draw=draw))
+        self._send(
+            ClockTicked(now_ms=self.now, draw=draw, stimulus_id=self.stimuli.stamp("ticked"))
+        )
         due = self.core.next_deadline_ms()
         assert due is None or due > self.now
 
@@ -367,7 +433,15 @@ class DispatchTable(RuleBasedStateMachine):
             self.join_executor("e0", 2)
         for task_id in self._open_tasks():
             self.tasks[task_id].sealed = True
-            self._send(CallsAdded(task_id=task_id, calls=(), sealed=True, now_ms=self.now))
+            self._send(
+                CallsAdded(
+                    task_id=task_id,
+                    calls=(),
+                    sealed=True,
+                    now_ms=self.now,
+                    stimulus_id=self.stimuli.stamp("added"),
+                )
+            )
         for _ in range(10_000):
             pending = [t for t, r in self.tasks.items() if not r.ended]
             if not pending:
@@ -380,7 +454,7 @@ class DispatchTable(RuleBasedStateMachine):
                 due = self.core.next_deadline_ms()
                 assert due is not None, f"{pending} stuck with nothing running or armed"
                 self.now = max(self.now, due)
-                self._send(ClockTicked(now_ms=self.now))
+                self._send(ClockTicked(now_ms=self.now, stimulus_id=self.stimuli.stamp("ticked")))
         else:
             raise AssertionError("tasks did not finish")
         for record in self.tasks.values():

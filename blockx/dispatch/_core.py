@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-Tasks open with a `CallPolicy` and receive calls (possibly in several batches,
+One mutator, `handle(event) -> Step`; every event carries the id of the
+stimulus behind it and the core keeps a bounded log of recent ones. Tasks
+open with a `CallPolicy` and receive calls (possibly in several batches,
 the last one `sealed`). Executors join with a capacity: how many calls may be
 queued on them at once, which keeps their pipe full.
 
@@ -39,31 +41,41 @@ from typing import assert_never
 
 import attrs
 
-from blockx.phases._dispatch_types import (
-    CallDispatch,
-    CallErrorCode,
+from blockx.calls import (
     CallFailure,
     CallOutcome,
     CallPhaseOutcome,
-    CallPhaseStats,
-    CallPolicy,
-    CallResultsArrived,
-    CallsAdded,
     CallSpec,
+    CallStats,
+    FailureCode,
+    LoggedStimulus,
+    StimulusLog,
+)
+from blockx.calls import Step as CoreStep
+from blockx.dispatch._commands import (
+    CallDispatch,
     CancelCalls,
-    ClockTicked,
     DeliverSubcallResult,
     DispatchCommand,
-    DispatchEvent,
-    DispatchMisuse,
-    ExecutorJoined,
-    ExecutorLeft,
     FinishCallPhase,
     RunCalls,
+)
+from blockx.dispatch._events import (
+    CallResultsArrived,
+    CallsAdded,
+    ClockTicked,
+    DispatchEvent,
+    ExecutorJoined,
+    ExecutorLeft,
     SubcallRequested,
     TaskCancelled,
     TaskOpened,
 )
+from blockx.dispatch._model import CallPolicy
+from blockx.errors import Misuse
+
+Step = CoreStep[None, DispatchCommand]
+"""What one event produced: commands for the dispatcher actor (a core has no reply)."""
 
 
 @attrs.define(eq=False)
@@ -132,8 +144,14 @@ class DispatchCore:
         # Call ids of open tasks: executors answer by id, so ids are unique
         # across every task the core knows.
         self._call_owner: dict[str, str] = {}
+        self._log = StimulusLog()
 
     # ---------------------------------------------------------------- queries
+
+    @property
+    def recent_stimuli(self) -> tuple[LoggedStimulus, ...]:
+        """The last events handled, oldest first, with what came of each."""
+        return self._log.recent
 
     def task_ids(self) -> tuple[str, ...]:
         return tuple(self._tasks)
@@ -155,12 +173,16 @@ class DispatchCore:
 
     # ---------------------------------------------------------------- mutator
 
-    def handle(self, event: DispatchEvent) -> list[DispatchCommand]:
+    def handle(self, event: DispatchEvent) -> Step:
+        """Apply one event. Raises `Misuse` (state unchanged) on an event it never allows."""
+        return self._log.apply(event, self._dispatch)
+
+    def _dispatch(self, event: DispatchEvent) -> Step:
         commands: list[DispatchCommand] = []
         match event:
             case ExecutorJoined():
                 if event.executor_id in self._executors or event.capacity < 1:
-                    raise DispatchMisuse(what=f"cannot join {event!r}")
+                    raise Misuse(what=f"cannot join {event!r}")
                 self._executors[event.executor_id] = _Executor(
                     executor_id=event.executor_id, capacity=event.capacity
                 )
@@ -168,7 +190,7 @@ class DispatchCore:
                 self._on_executor_left(event, commands)
             case TaskOpened():
                 if event.task_id in self._tasks:
-                    raise DispatchMisuse(what=f"task {event.task_id!r} is already open")
+                    raise Misuse(what=f"task {event.task_id!r} is already open")
                 self._tasks[event.task_id] = _Task(task_id=event.task_id, policy=event.policy)
             case CallsAdded():
                 self._on_calls_added(event, commands)
@@ -185,18 +207,18 @@ class DispatchCore:
             case _:
                 assert_never(event)
         self._pump(event.now_ms, commands)
-        return commands
+        return Step(commands=tuple(commands))
 
     # ----------------------------------------------------------------- events
 
     def _on_calls_added(self, event: CallsAdded, commands: list[DispatchCommand]) -> None:
         task = self._tasks.get(event.task_id)
         if task is None or task.sealed:
-            raise DispatchMisuse(what=f"calls added to a closed or unknown task {event.task_id!r}")
+            raise Misuse(what=f"calls added to a closed or unknown task {event.task_id!r}")
         seen: set[str] = set()
         for spec in event.calls:  # all checked before any is queued
             if spec.call_id in seen or spec.call_id in self._call_owner:
-                raise DispatchMisuse(what=f"call id {spec.call_id!r} used twice")
+                raise Misuse(what=f"call id {spec.call_id!r} used twice")
             seen.add(spec.call_id)
         for spec in event.calls:
             call = _Call(spec=spec, task_id=task.task_id, index=task.total)
@@ -221,7 +243,7 @@ class DispatchCore:
             if call is None or call.attempts != outcome.attempt:
                 continue
             self._take_off(call, commands)
-            if outcome.ok:
+            if outcome.error_code is None:
                 self._succeed(call, outcome.value, commands)
             else:
                 self._attempt_failed(
@@ -243,12 +265,12 @@ class DispatchCore:
             # The parent attempt is gone (cancelled, timed out): unblock it if
             # its executor is still there, and run nothing.
             if executor is not None:
-                refused = CallOutcome(
+                refused = CallOutcome.failure(
                     call_id=event.subcall.call_id,
                     attempt=0,
-                    ok=False,
-                    error_code=CallErrorCode.CALL_RAISED,
+                    error_code=FailureCode.CALL_RAISED,
                     error_message="the calling attempt was cancelled",
+                    retryable=False,
                 )
                 commands.append(
                     DeliverSubcallResult(
@@ -261,7 +283,7 @@ class DispatchCore:
             return
         task = self._tasks[parent.task_id]
         if event.subcall.call_id in self._call_owner:
-            raise DispatchMisuse(what=f"call id {event.subcall.call_id!r} used twice")
+            raise Misuse(what=f"call id {event.subcall.call_id!r} used twice")
         child = _Call(spec=event.subcall, task_id=task.task_id, index=-1, parent=parent)
         task.calls[child.spec.call_id] = child
         self._call_owner[child.spec.call_id] = task.task_id
@@ -307,7 +329,7 @@ class DispatchCore:
             self._cancel(call, commands)
             self._attempt_failed(
                 call,
-                error_code=CallErrorCode.DEADLINE_EXCEEDED,
+                error_code=FailureCode.DEADLINE_EXCEEDED,
                 message=f"call deadline {call.deadline_ms} ms passed",
                 retryable=True,
                 now_ms=now_ms,
@@ -353,8 +375,8 @@ class DispatchCore:
         call.ended = True
         task = self._tasks[call.task_id]
         if call.parent is not None:
-            succeeded = CallOutcome(
-                call_id=call.spec.call_id, attempt=call.attempts, ok=True, value=value
+            succeeded = CallOutcome.success(
+                call_id=call.spec.call_id, attempt=call.attempts, value=value
             )
             self._deliver(call, succeeded, commands)
             return
@@ -368,7 +390,7 @@ class DispatchCore:
         self,
         call: _Call,
         *,
-        error_code: str,
+        error_code: FailureCode,
         message: str,
         retryable: bool,
         now_ms: int,
@@ -377,9 +399,9 @@ class DispatchCore:
     ) -> None:
         task = self._tasks[call.task_id]
         policy = task.policy
-        if retryable and call.attempts < policy.max_attempts:
+        if retryable and call.attempts < policy.retry.max_attempts:
             task.retried += 1
-            due_ms = now_ms + policy.backoff_ms(call.attempts, draw)
+            due_ms = now_ms + policy.retry.backoff_ms(call.attempts, draw)
             if due_ms <= now_ms:
                 self._requeue(task, call)
             else:
@@ -388,10 +410,9 @@ class DispatchCore:
             return
         call.ended = True
         if call.parent is not None:
-            failed = CallOutcome(
+            failed = CallOutcome.failure(
                 call_id=call.spec.call_id,
                 attempt=call.attempts,
-                ok=False,
                 error_code=error_code,
                 error_message=message,
                 retryable=retryable,
@@ -450,8 +471,19 @@ class DispatchCore:
         if not task.sealed or task.ended_top < task.total:
             return
         outputs = tuple(task.outputs[index] for index in sorted(task.outputs))
+        message = ""
+        if task.failures:
+            first = task.failures[0]
+            message = (
+                f"{len(task.failures)} call(s) failed; first: {first.call_id} "
+                f"{first.function} {first.error_code}: {first.error_message}"
+            )
         outcome = CallPhaseOutcome(
-            ok=True, stats=self._stats(task), outputs=outputs, failures=tuple(task.failures)
+            ok=True,
+            message=message,
+            stats=self._stats(task),
+            outputs=outputs,
+            failures=tuple(task.failures),
         )
         self._end_task(task, commands)
         commands.append(FinishCallPhase(task_id=task.task_id, outcome=outcome))
@@ -479,8 +511,8 @@ class DispatchCore:
         del self._tasks[task.task_id]
 
     @staticmethod
-    def _stats(task: _Task) -> CallPhaseStats:
-        return CallPhaseStats(
+    def _stats(task: _Task) -> CallStats:
+        return CallStats(
             calls_total=task.total,
             calls_succeeded=task.succeeded,
             calls_failed=len(task.failures),
@@ -615,7 +647,7 @@ class DispatchCore:
         for task in self._tasks.values():
             top_running = 0
             for call in task.calls.values():
-                assert call.attempts <= task.policy.max_attempts
+                assert call.attempts <= task.policy.retry.max_attempts
                 if call.executor_id is not None:
                     assert placed.get(call.spec.call_id) == call.executor_id
                     top_running += call.parent is None

@@ -1,0 +1,54 @@
+"""Commands of the call-dispatch core: what the dispatcher actor must do. Imperative names."""
+
+from __future__ import annotations
+
+import attrs
+
+from blockx.calls import CallOutcome, CallPhaseOutcome
+
+
+@attrs.frozen(kw_only=True)
+class CallDispatch:
+    """One attempt of one call, sent to an executor."""
+
+    call_id: str
+    task_id: str
+    function: str
+    args: bytes
+    attempt: int
+    deadline_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class RunCalls:
+    executor_id: str
+    calls: tuple[CallDispatch, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CancelCalls:
+    """Stop these (call id, attempt) pairs; their answers, if any, are ignored."""
+
+    executor_id: str
+    attempts: tuple[tuple[str, int], ...]
+
+
+@attrs.frozen(kw_only=True)
+class DeliverSubcallResult:
+    """Hand the final outcome of a subcall to the attempt that waits for it."""
+
+    executor_id: str
+    parent_call_id: str
+    parent_attempt: int
+    outcome: CallOutcome
+
+
+@attrs.frozen(kw_only=True)
+class FinishCallPhase:
+    """The task's calls phase has ended with `outcome`; the core has forgotten the task."""
+
+    task_id: str
+    outcome: CallPhaseOutcome
+
+
+DispatchCommand = RunCalls | CancelCalls | DeliverSubcallResult | FinishCallPhase

@@ -1,10 +1,11 @@
 """blockx: a worker node for a distributed task platform.
 
-The package root is the API of function code: `subcall` runs another function
-on the executor pool, `RetryableError` fails a call as retryable.
+The package root is the API of function code (`blockx.function_api`):
+`subcall` runs another function on the executor pool, `RetryableError` fails a
+call as retryable.
 """
 
-from blockx._api import (
+from blockx.function_api import (
     CallCancelled,
     NotInExecutor,
     RetryableError,

@@ -1,17 +1,16 @@
 """Errors of the executor subsystem, split by who is at fault.
 
 `WireError` and its subclasses are the peer's fault: bytes that arrived on an
-executor socket are not a valid frame or message. `InvalidMessage`,
-`InvalidPoolConfig` and the pool's `UnknownExecutor` / `ExecutorUnavailable` /
-`SendQueueFull` are the local caller's fault. `CodeUnavailable` and
-`InvalidArguments` describe why a call could not run inside an executor; the
-child turns them into call results.
+executor socket are not a valid frame or message. `InvalidPoolConfig` and the
+pool's `UnknownExecutor` / `ExecutorUnavailable` / `SendQueueFull` are the
+local caller's fault. `CodeUnavailable` says why a call could not run inside
+an executor; the child turns it into a call outcome.
 This module imports only `blockx.errors`: the executor child imports it too.
 """
 
 from __future__ import annotations
 
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, InvalidValue
 
 
 class ExecutorError(BlockxError):
@@ -65,25 +64,6 @@ class ProtocolViolation(WireError):
         super().__init__(f"executor {executor_id!r} sent {message_type!r}; expected {expected}")
 
 
-class InvalidMessage(ExecutorError):
-    """A message constructed with fields that contradict each other."""
-
-    def __init__(self, *, message_type: str, field: str, value: object, allowed: str) -> None:
-        self.message_type = message_type
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{message_type}.{field}={value!r} is invalid: {allowed}")
-
-
-class InvalidArguments(ExecutorError):
-    """A call's `args` bytes are not a msgpack argument list or keyword map."""
-
-    def __init__(self, *, reason: str) -> None:
-        self.reason = reason
-        super().__init__(f"invalid call arguments: {reason}")
-
-
 class CodeUnavailable(ExecutorError):
     """The worker could not supply the source of `module` for `epoch` (transient)."""
 
@@ -94,14 +74,8 @@ class CodeUnavailable(ExecutorError):
         super().__init__(f"code of module {module!r} in epoch {epoch!r} is unavailable: {reason}")
 
 
-class InvalidPoolConfig(ExecutorError):
+class InvalidPoolConfig(ExecutorError, InvalidValue):
     """A pool setting is out of range. `field` is the configuration name."""
-
-    def __init__(self, *, field: str, value: object, allowed: str) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{field}={value!r} is invalid: {allowed}")
 
 
 class UnknownExecutor(ExecutorError):
@@ -132,15 +106,6 @@ class SendQueueFull(ExecutorError):
             f"send queue of executor {executor_id!r} is full ({capacity} frames); "
             "batch calls into fewer RunCalls frames or wait for results"
         )
-
-
-class PoolLifecycleError(ExecutorError):
-    """The pool was asked to do something its lifecycle does not allow."""
-
-    def __init__(self, *, operation: str, reason: str) -> None:
-        self.operation = operation
-        self.reason = reason
-        super().__init__(f"cannot {operation}: {reason}")
 
 
 class RuntimeDirError(ExecutorError):

@@ -1,18 +1,22 @@
 """What the pool manager tells the dispatcher: executor states, events and views.
 
-Owns the vocabulary shared by the pool manager and whatever sits on top of it.
-Plain attrs values: must never import trio or touch a process, so the pure
-dispatch core can match on these events too.
+Owns the vocabulary shared by the pool manager and whatever sits on top of it,
+and the `ExecutorTransport` protocol the dispatcher actor drives executors
+through. Plain attrs values and a protocol: must never import trio at run time
+or touch a process.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import attrs
 
-from blockx.executors._wire import FromExecutor
+from blockx.executors._wire import FromExecutor, ToExecutor
+
+if TYPE_CHECKING:
+    import trio
 
 
 class ExecutorState(enum.Enum):
@@ -84,3 +88,35 @@ class ExecutorView:
     calls_served: int
     restarts: int
     running_call_id: str | None
+
+
+class ExecutorTransport(Protocol):
+    """The executors as the dispatcher actor and the worker see them.
+
+    `ExecutorPoolManager` runs real processes; a test may pass a fake. Either
+    reports `ExecutorUp`, `ExecutorDown` and `ExecutorMessage` events on the
+    channel it was made with, and sets `first_healthy` once an executor is up.
+    """
+
+    @property
+    def first_healthy(self) -> trio.Event: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None:
+        """Serve until stopped or cancelled; started() once executors are starting."""
+        ...
+
+    async def stop(self) -> None:
+        """Let executors finish politely, then end them; returns once all are gone."""
+        ...
+
+    def send(self, executor_id: str, message: ToExecutor) -> None:
+        """Queue `message` for `executor_id` without waiting; `ExecutorError` if it cannot."""
+        ...
+
+    def send_frame(self, executor_id: str, frame: bytes) -> None:
+        """Queue an encoded frame (`encode_run_calls_frame`); as `send`."""
+        ...
+
+    def snapshot(self) -> tuple[ExecutorView, ...]:
+        """Every executor as it is now."""
+        ...

@@ -3,8 +3,10 @@
 Owns the private runtime directory (mode 0700) and its Unix socket, the
 executor processes and their connections, each executor's health and restart
 window, and the `first_healthy` signal. It answers nothing but Hello: every
-other message goes to the dispatcher as a pool event on `events`, and the
-dispatcher decides which executor runs what (`send`).
+other message goes to the dispatcher as a pool event on the channel it was
+made with (the dispatcher's inbox, which has no size limit: the events in
+flight are bounded by the calls the dispatcher gave out), and the dispatcher
+decides which executor runs what (`send`). It implements `ExecutorTransport`.
 
 Theory of operation. Each executor id has one supervisor task that runs one
 *incarnation* (process) at a time: spawn with a fresh token, wait for an
@@ -34,10 +36,11 @@ from typing import Final
 import attrs
 import trio
 
+from blockx._clock import WorkerClock
+from blockx.errors import Misuse
 from blockx.executors._config import ExecutorPoolConfig
 from blockx.executors._errors import (
     ExecutorUnavailable,
-    PoolLifecycleError,
     ProtocolViolation,
     RuntimeDirError,
     SendQueueFull,
@@ -104,9 +107,6 @@ class _Incarnation:
     last_heartbeat_at_ms: int = 0
     heartbeat: Heartbeat | None = None
     down_reason: DownReason | None = None
-    delivering: bool = False
-    """The reader waits for the dispatcher to take an event: we are the slow side,
-    so silence from this executor proves nothing meanwhile."""
 
     def going_down(self, reason: DownReason) -> None:
         """Record why this incarnation ends; the first reason wins."""
@@ -133,17 +133,21 @@ class ExecutorPoolManager:
     """Starts `config.executor_count` executor processes and keeps them running.
 
     Start with `await nursery.start(manager.run)`; end with `await manager.stop()`
-    (polite) or by cancelling the nursery (immediate kill). Read `events` for
-    ExecutorUp / ExecutorDown / ExecutorMessage; `send` writes to one executor.
+    (polite) or by cancelling the nursery (immediate kill). ExecutorUp /
+    ExecutorDown / ExecutorMessage go to `events` (a channel without a size
+    limit, never closed here); `send` writes to one executor.
     """
 
-    def __init__(self, config: ExecutorPoolConfig | None = None) -> None:
-        self.config = config if config is not None else ExecutorPoolConfig()
-        self.first_healthy = trio.Event()
-        """Set when any executor first becomes READY (worker readiness)."""
-        self._events_send, self.events = trio.open_memory_channel[PoolEvent](
-            self.config.event_buffer
-        )
+    def __init__(
+        self,
+        config: ExecutorPoolConfig,
+        events: trio.MemorySendChannel[PoolEvent],
+        clock: WorkerClock,
+    ) -> None:
+        self.config = config
+        self._events = events
+        self._clock = clock
+        self._first_healthy = trio.Event()
         c = self.config
         self._executors = {
             executor_id: _Executor(
@@ -166,6 +170,11 @@ class ExecutorPoolManager:
         self._finished = trio.Event()
 
     # --- the dispatcher's API -------------------------------------------------------------
+
+    @property
+    def first_healthy(self) -> trio.Event:
+        """Set when any executor first becomes READY (worker readiness)."""
+        return self._first_healthy
 
     def send(self, executor_id: str, message: ToExecutor) -> None:
         """Queue `message` for `executor_id` without waiting.
@@ -217,7 +226,7 @@ class ExecutorPoolManager:
         """Serve until `stop()` or cancellation; started() once the socket listens
         and the first processes are spawning. Runs once per manager."""
         if self._started:
-            raise PoolLifecycleError(operation="run the pool", reason="a pool manager runs once")
+            raise Misuse(what="a pool manager runs once; make a new one")
         self._started = True
         listener: trio.SocketListener | None = None
         try:
@@ -245,7 +254,6 @@ class ExecutorPoolManager:
                     await listener.aclose()
                 if self.runtime_dir is not None:
                     shutil.rmtree(self.runtime_dir, ignore_errors=True)
-            self._events_send.close()
             for executor in self._executors.values():
                 executor.state = ExecutorState.STOPPED
             self._finished.set()
@@ -379,6 +387,19 @@ class ExecutorPoolManager:
     async def _run_incarnation(self, executor: _Executor) -> None:
         if self._stop_requested.is_set():
             return
+        incarnation = await self._spawn(executor)
+        if incarnation is None:
+            return
+        try:
+            with incarnation.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_exit, incarnation)
+                    nursery.start_soon(self._session, executor, incarnation)
+        finally:
+            await self._reap(executor, incarnation)
+        self._report_down(executor, incarnation)
+
+    async def _spawn(self, executor: _Executor) -> _Incarnation | None:
         token = secrets.token_hex(32)
         env = {**os.environ, TOKEN_ENV: token}
         command = [
@@ -395,43 +416,45 @@ class ExecutorPoolManager:
         except OSError as exc:
             logger.error("executor %s could not be started: %s", executor.executor_id, exc)
             executor.state = ExecutorState.EXITED
-            return
+            return None
         incarnation = _Incarnation(process=process, token=token)
         executor.incarnation = incarnation
         executor.pid = process.pid
         executor.state = ExecutorState.STARTING
         executor.running_call_id = None
         executor.rss_bytes = 0
-        try:
-            with incarnation.cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_exit, incarnation)
-                    nursery.start_soon(self._session, executor, incarnation)
-        finally:
-            incarnation.going_down(DownReason.EXITED)  # refuses late connections from now on
-            with trio.CancelScope(shield=True):
-                if process.returncode is None:
-                    if self._stop_requested.is_set():
-                        logger.warning(
-                            "executor %s (pid %d) still running at the stop deadline; killing",
-                            executor.executor_id,
-                            process.pid,
-                        )
-                    process.kill()
-                await process.wait()
-                if incarnation.stream is not None:
-                    await incarnation.stream.aclose()
-            if incarnation.frames is not None:
-                incarnation.frames.close()
-            executor.incarnation = None
-            executor.pid = None
-            incarnation.exited.set()
+        return incarnation
+
+    async def _reap(self, executor: _Executor, incarnation: _Incarnation) -> None:
+        """Kill the process if it still runs and wait for it, whatever ended the incarnation."""
+        incarnation.going_down(DownReason.EXITED)  # refuses late connections from now on
+        process = incarnation.process
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                if self._stop_requested.is_set():
+                    logger.warning(
+                        "executor %s (pid %d) still running at the stop deadline; killing",
+                        executor.executor_id,
+                        process.pid,
+                    )
+                process.kill()
+            await process.wait()
+            if incarnation.stream is not None:
+                await incarnation.stream.aclose()
+        if incarnation.frames is not None:
+            incarnation.frames.close()
+        executor.incarnation = None
+        executor.pid = None
+        incarnation.exited.set()
+
+    def _report_down(self, executor: _Executor, incarnation: _Incarnation) -> None:
         reason = incarnation.down_reason or DownReason.EXITED
         running_call_id, executor.running_call_id = executor.running_call_id, None
         if self._stop_requested.is_set():
             executor.state = ExecutorState.STOPPED
             return
         executor.state = _STATE_OF_REASON[reason]
+        process = incarnation.process
         logger.warning(
             "executor %s (pid %d) is down: %s, exit status %s",
             executor.executor_id,
@@ -440,7 +463,7 @@ class ExecutorPoolManager:
             process.returncode,
         )
         if incarnation.up:
-            await self._emit(
+            self._forward(
                 ExecutorDown(
                     executor_id=executor.executor_id,
                     pid=process.pid,
@@ -480,10 +503,10 @@ class ExecutorPoolManager:
         incarnation.last_heartbeat_at_ms = self._now_ms()
         incarnation.up = True
         executor.state = ExecutorState.READY
-        self.first_healthy.set()
+        self._first_healthy.set()
         logger.info("executor %s ready (pid %d)", executor.executor_id, incarnation.process.pid)
         up = ExecutorUp(executor_id=executor.executor_id, pid=incarnation.process.pid)
-        await self._forward(incarnation, up)  # a slow dispatcher must not make it look lost
+        self._forward(up)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop, incarnation.stream, outgoing)
             clean_end = await self._read_loop(executor, incarnation, incarnation.stream)
@@ -504,7 +527,7 @@ class ExecutorPoolManager:
         try:
             while True:
                 for message in decoder:
-                    await self._on_message(executor, incarnation, message)
+                    self._on_message(executor, incarnation, message)
                 data = await stream.receive_some(_RECV_BYTES)
                 if not data:
                     return True
@@ -521,9 +544,7 @@ class ExecutorPoolManager:
             incarnation.going_down(DownReason.LOST)
             return False
 
-    async def _on_message(
-        self, executor: _Executor, incarnation: _Incarnation, message: object
-    ) -> None:
+    def _on_message(self, executor: _Executor, incarnation: _Incarnation, message: object) -> None:
         match message:
             case Heartbeat():
                 incarnation.heartbeat = message
@@ -543,32 +564,11 @@ class ExecutorPoolManager:
                     message_type=type(message).__name__,
                     expected="Heartbeat, CallResults, CodeRequest or Subcall",
                 )
-        await self._forward(
-            incarnation, ExecutorMessage(executor_id=executor.executor_id, message=message)
-        )
+        self._forward(ExecutorMessage(executor_id=executor.executor_id, message=message))
 
-    async def _forward(self, incarnation: _Incarnation, event: PoolEvent) -> None:
-        try:
-            self._events_send.send_nowait(event)
-            return
-        except trio.BrokenResourceError:
-            return  # nobody listens any more
-        except trio.WouldBlock:
-            if self._stop_requested.is_set():
-                return  # the dispatcher is done; stop must not wait on it
-        incarnation.delivering = True
-        try:
-            await self._events_send.send(event)
-        except trio.BrokenResourceError:
-            pass
-        finally:
-            incarnation.delivering = False
-            # Its heartbeats queued up behind this event: start its clock afresh.
-            incarnation.last_heartbeat_at_ms = self._now_ms()
-
-    async def _emit(self, event: PoolEvent) -> None:
-        with contextlib.suppress(trio.BrokenResourceError):
-            await self._events_send.send(event)
+    def _forward(self, event: PoolEvent) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            self._events.send_nowait(event)  # nobody listens any more: nothing to tell
 
     async def _write_loop(
         self, stream: trio.SocketStream, outgoing: trio.MemoryReceiveChannel[bytes]
@@ -595,12 +595,7 @@ class ExecutorPoolManager:
             now_ms = self._now_ms()
             for executor in self._executors.values():
                 incarnation = executor.incarnation
-                if (
-                    incarnation is None
-                    or not incarnation.up
-                    or incarnation.down_reason is not None
-                    or incarnation.delivering
-                ):
+                if incarnation is None or not incarnation.up or incarnation.down_reason is not None:
                     continue
                 verdict = assess_health(
                     now_ms=now_ms,
@@ -623,4 +618,4 @@ class ExecutorPoolManager:
                 incarnation.process.kill()
 
     def _now_ms(self) -> int:
-        return int(trio.current_time() * 1000)
+        return self._clock.now_ms()

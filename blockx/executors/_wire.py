@@ -3,9 +3,10 @@
 Owns the bytes between the worker and its executor processes. A frame is a
 4-byte big-endian payload length followed by a msgpack map whose `type` key
 names the message; the other keys are the message's fields. Call arguments and
-values travel as opaque msgpack bytes inside the messages (`encode_args`,
-`decode_args`, `encode_value`, `decode_value`), so the frame schema never
-depends on what a function takes or returns.
+values travel as opaque msgpack bytes inside the messages (the codec of
+`blockx.calls`), so the frame schema never depends on what a function takes or
+returns. A call attempt is named by (call id, attempt) both ways, and its end
+travels as the `CallOutcome` every layer of the worker uses.
 
 Must never do I/O, read a clock or import trio: the executor child imports this
 module and stays a plain blocking program. Bad input never escapes as anything
@@ -21,15 +22,11 @@ import attrs
 import cattrs
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 
-from blockx.executors._errors import (
-    FrameTooLarge,
-    InvalidArguments,
-    InvalidMessage,
-    MalformedFrame,
-    UnknownMessageType,
-)
+from blockx.calls import CallOutcome, FailureCode
+from blockx.errors import BlockxError
+from blockx.executors._errors import FrameTooLarge, MalformedFrame, UnknownMessageType
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """Largest frame payload either end sends or accepts (64 MiB)."""
@@ -38,8 +35,6 @@ TOKEN_ENV: Final = "BLOCKX_EXECUTOR_TOKEN"
 """Environment variable that hands an executor its token (never argv: `ps` shows argv)."""
 
 TYPE_KEY: Final = "type"
-POSITIONAL_KEY: Final = "*"
-"""Key of the positional arguments when a call has both kinds (not an identifier)."""
 
 
 # --- messages -----------------------------------------------------------------
@@ -80,13 +75,14 @@ class Heartbeat:
 
 @attrs.frozen(kw_only=True)
 class CallRequest:
-    """One call: run `function` ("module.function") of `epoch` with `args`.
+    """One attempt of a call: run `function` ("module.function") of `epoch` with `args`.
 
-    `args` is msgpack (see `encode_args`); `deadline_ms_from_now` None = no
+    `args` is `blockx.calls.encode_args` bytes; `deadline_ms_from_now` None = no
     deadline. The executor never starts a call whose deadline has passed.
     """
 
     call_id: str
+    attempt: int
     task_id: str
     epoch: str
     function: str
@@ -101,71 +97,19 @@ class RunCalls:
     calls: tuple[CallRequest, ...]
 
 
-def _check_outcome(
-    message_type: str,
-    ok: bool,
-    value: bytes | None,
-    error_code: str | None,
-) -> None:
-    if ok and (value is None or error_code is not None):
-        raise InvalidMessage(
-            message_type=message_type,
-            field="ok",
-            value=ok,
-            allowed="ok=True needs a value and no error_code",
-        )
-    if not ok and (value is not None or not error_code):
-        raise InvalidMessage(
-            message_type=message_type,
-            field="ok",
-            value=ok,
-            allowed="ok=False needs an error_code and no value",
-        )
-
-
-@attrs.frozen(kw_only=True)
-class CallResult:
-    """The outcome of one call: a msgpack `value`, or an error code and message."""
-
-    call_id: str
-    ok: bool
-    value: bytes | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    retryable: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        _check_outcome("CallResult", self.ok, self.value, self.error_code)
-
-    @classmethod
-    def success(cls, *, call_id: str, value: bytes) -> CallResult:
-        return cls(call_id=call_id, ok=True, value=value)
-
-    @classmethod
-    def failure(
-        cls, *, call_id: str, error_code: str, error_message: str, retryable: bool
-    ) -> CallResult:
-        return cls(
-            call_id=call_id,
-            ok=False,
-            error_code=error_code,
-            error_message=error_message,
-            retryable=retryable,
-        )
-
-
 @attrs.frozen(kw_only=True)
 class CallResults:
-    """Executor → worker: results of calls that finished, several per frame."""
+    """Executor → worker: outcomes of call attempts that finished, several per frame."""
 
-    results: tuple[CallResult, ...]
+    results: tuple[CallOutcome, ...]
 
 
 @attrs.frozen(kw_only=True)
 class CancelCall:
-    """Worker → executor: drop the call if queued; abort its subcall wait if running."""
+    """Worker → executor: drop the attempt if queued; abort its subcall wait if running."""
 
     call_id: str
+    attempt: int
 
 
 @attrs.frozen(kw_only=True)
@@ -189,27 +133,21 @@ class CodeReply:
 
 @attrs.frozen(kw_only=True)
 class Subcall:
-    """Executor → worker: run `function` with `args` on behalf of `parent_call_id`."""
+    """Executor → worker: run `function` with `args` on behalf of the running attempt
+    (`parent_call_id`, `parent_attempt`) and send its final outcome back."""
 
     subcall_id: str
     parent_call_id: str
+    parent_attempt: int
     function: str
     args: bytes
 
 
 @attrs.frozen(kw_only=True)
 class SubcallResult:
-    """Worker → executor: the outcome of a subcall, shaped like `CallResult`."""
+    """Worker → executor: the final outcome of a subcall; `outcome.call_id` is its `subcall_id`."""
 
-    subcall_id: str
-    ok: bool
-    value: bytes | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    retryable: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        _check_outcome("SubcallResult", self.ok, self.value, self.error_code)
+    outcome: CallOutcome
 
 
 @attrs.frozen(kw_only=True)
@@ -266,17 +204,24 @@ def _strict(expected: type[Any]) -> Callable[[object, type[Any]], object]:
     return structure
 
 
-def _flat_hook(cls: type[Any]) -> Callable[[object, type[Any]], object]:
+def _flat_hook(
+    cls: type[Any], convert: Mapping[str, Callable[[Any], object]] | None = None
+) -> Callable[[object, type[Any]], object]:
     """A strict structure hook for a class whose fields are primitives or optional ones.
 
     Same checks as the generic path (exact types, no extra or missing keys) at a
-    fraction of its cost: these classes travel once per call.
+    fraction of its cost: these classes travel once per call. A field named in
+    `convert` is turned into its type by that function instead (an enum from its
+    value); whatever it raises makes the frame malformed.
     """
+    convert = convert or {}
     fields = attrs.fields(attrs.resolve_types(cls))
     checks = tuple(
-        (field.name, tuple(getattr(field.type, "__args__", (field.type,)))) for field in fields
+        (field.name, tuple(getattr(field.type, "__args__", (field.type,))))
+        for field in fields
+        if field.name not in convert
     )
-    names = frozenset(name for name, _ in checks)
+    names = frozenset(field.name for field in fields)
     required = frozenset(f.name for f in fields if f.default is attrs.NOTHING)
 
     def structure(value: object, _type: type[Any]) -> object:
@@ -287,17 +232,38 @@ def _flat_hook(cls: type[Any]) -> Callable[[object, type[Any]], object]:
         for name, allowed in checks:
             if name in value and type(value[name]) not in allowed:
                 raise TypeError(f"{cls.__name__}.{name}: unexpected {type(value[name]).__name__}")
+        for name, to_type in convert.items():
+            if value.get(name) is not None:
+                value[name] = to_type(value[name])
         return cls(**value)
 
     return structure
+
+
+def _reason(error: BaseException, _type: type | None) -> str:
+    """What is wrong, in words: the text of the hooks' own errors, cattrs' otherwise."""
+    if isinstance(error, TypeError | ValueError | BlockxError) and str(error):
+        return str(error)
+    return cattrs.v.format_exception(error, _type)
+
+
+def _failure_code(value: object) -> FailureCode:
+    if type(value) is not str:
+        raise TypeError(f"error_code: expected a string, got {type(value).__name__}")
+    try:
+        return FailureCode(value)
+    except ValueError:
+        raise ValueError(f"error_code {value!r} is not a failure code") from None
 
 
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     for primitive in (str, int, bytes, bool):
         converter.register_structure_hook(primitive, _strict(primitive))
-    for per_call in (CallRequest, CallResult):
-        converter.register_structure_hook(per_call, _flat_hook(per_call))
+    converter.register_structure_hook(CallRequest, _flat_hook(CallRequest))
+    converter.register_structure_hook(
+        CallOutcome, _flat_hook(CallOutcome, {"error_code": _failure_code})
+    )
     return converter
 
 
@@ -328,24 +294,25 @@ def encode_frame(message: Message, *, max_frame_bytes: int = MAX_FRAME_BYTES) ->
 
 
 def encode_run_calls_frame(
-    calls: Iterable[tuple[str, str, str, str, bytes, int | None]],
+    calls: Iterable[tuple[str, int, str, str, str, bytes, int | None]],
     *,
     max_frame_bytes: int = MAX_FRAME_BYTES,
 ) -> bytes:
-    """`encode_frame(RunCalls(calls=...))` from (call_id, task_id, epoch, function, args,
-    deadline_ms_from_now) tuples, byte for byte, without building a CallRequest per
-    call: this frame carries most of a worker's traffic."""
+    """`encode_frame(RunCalls(calls=...))` from (call_id, attempt, task_id, epoch, function,
+    args, deadline_ms_from_now) tuples, byte for byte, without building a CallRequest
+    per call: this frame carries most of a worker's traffic."""
     mapping = {
         "calls": [
             {
                 "call_id": call_id,
+                "attempt": attempt,
                 "task_id": task_id,
                 "epoch": epoch,
                 "function": function,
                 "args": args,
                 "deadline_ms_from_now": deadline,
             }
-            for call_id, task_id, epoch, function, args, deadline in calls
+            for call_id, attempt, task_id, epoch, function, args, deadline in calls
         ],
         TYPE_KEY: MESSAGE_TAGS[RunCalls],
     }
@@ -377,11 +344,10 @@ def decode_payload(payload: bytes | bytearray) -> Message:
     try:
         message: Message = _STRUCTURE[message_type](mapping, message_type)
     except cattrs.BaseValidationError as exc:
-        raise MalformedFrame(
-            reason="; ".join(cattrs.transform_error(exc)), message_type=tag
-        ) from exc
+        reasons = cattrs.transform_error(exc, format_exception=_reason)
+        raise MalformedFrame(reason="; ".join(reasons), message_type=tag) from exc
     except Exception as exc:
-        # Constructors validate (InvalidMessage) and cattrs may raise plain
+        # Constructors validate (Misuse) and cattrs may raise plain
         # errors on shapes it cannot walk; whatever it is, the frame is bad,
         # and bad input must reach the reader as a WireError, never a crash.
         raise MalformedFrame(reason=str(exc) or type(exc).__name__, message_type=tag) from exc
@@ -433,53 +399,3 @@ class FrameDecoder:
             raise StopIteration
         self._offset = end
         return decode_payload(buffer[start + HEADER_BYTES : end])
-
-
-# --- call arguments and values --------------------------------------------------------
-
-
-def encode_args(args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None) -> bytes:
-    """msgpack of a call's arguments: a list (positional), a map (keywords), or a
-    map of keywords with the positional list under `"*"` when there are both.
-    Raises TypeError / OverflowError (from msgpack) when an argument cannot be encoded."""
-    packed: bytes
-    if not kwargs:
-        packed = msgpack.packb(list(args))
-    elif not args:
-        packed = msgpack.packb(dict(kwargs))
-    else:
-        packed = msgpack.packb({POSITIONAL_KEY: list(args), **kwargs})
-    return packed
-
-
-def decode_args(data: bytes) -> tuple[list[Any], dict[str, Any]]:
-    """The positional and keyword arguments in `data`; `InvalidArguments` if malformed."""
-    try:
-        decoded = msgpack.unpackb(data, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise InvalidArguments(reason=f"not valid msgpack ({exc})") from exc
-    if isinstance(decoded, list):
-        return decoded, {}
-    if not isinstance(decoded, dict):
-        raise InvalidArguments(reason=f"a {type(decoded).__name__}, not a list or a map")
-    positional = decoded.pop(POSITIONAL_KEY, [])
-    if not isinstance(positional, list):
-        raise InvalidArguments(
-            reason=f"{POSITIONAL_KEY!r} holds a {type(positional).__name__}, not a list"
-        )
-    for key in decoded:
-        if not isinstance(key, str):
-            raise InvalidArguments(reason=f"keyword {key!r} is not a string")
-    return positional, decoded
-
-
-def encode_value(value: object) -> bytes:
-    """msgpack of a call's value. Raises TypeError / OverflowError (from msgpack)
-    when the value has no msgpack form."""
-    packed: bytes = msgpack.packb(value)
-    return packed
-
-
-def decode_value(data: bytes) -> Any:
-    """The value in `data` as msgpack gives it (tuples come back as lists)."""
-    return msgpack.unpackb(data, strict_map_key=False)

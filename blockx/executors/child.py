@@ -34,15 +34,21 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn, Protocol
 
-from blockx import _api
-from blockx._api import CallCancelled, RetryableError, SubcallFailed
 from blockx._process import rss_bytes, tune_gc
-from blockx.executors._errors import CodeUnavailable, InvalidArguments, WireError
+from blockx.calls import (
+    CallOutcome,
+    FailureCode,
+    InvalidArguments,
+    decode_args,
+    decode_value,
+    encode_args,
+    encode_value,
+)
+from blockx.executors._errors import CodeUnavailable, WireError
 from blockx.executors._wire import (
     PROTOCOL_VERSION,
     TOKEN_ENV,
     CallRequest,
-    CallResult,
     CallResults,
     CancelCall,
     CodeReply,
@@ -56,11 +62,13 @@ from blockx.executors._wire import (
     Subcall,
     SubcallResult,
     Welcome,
-    decode_args,
-    decode_value,
-    encode_args,
     encode_frames,
-    encode_value,
+)
+from blockx.function_api import (
+    CallCancelled,
+    RetryableError,
+    SubcallFailed,
+    bind_subcall_port,
 )
 from blockx.functions import (
     EpochModules,
@@ -70,7 +78,6 @@ from blockx.functions import (
     UnknownFunction,
     UnknownModule,
 )
-from blockx.phases import CallErrorCode
 
 EXIT_SHUTDOWN: Final = 0
 """Exited after a Shutdown message."""
@@ -172,6 +179,7 @@ class _Connection:
 
 
 _Queued = tuple[CallRequest, float | None]  # the request, its deadline on our monotonic clock
+_Attempt = tuple[str, int]  # (call id, attempt)
 
 
 class Executor:
@@ -201,13 +209,14 @@ class Executor:
         self._calls_served = 0  # written by the main thread only
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[_Queued] = collections.deque()
-        self._running: list[str] = []  # call ids; the innermost (nested) call is last
-        self._cancelled: set[str] = set()  # running calls the worker cancelled
+        # (call id, attempt) of the running calls; the innermost (nested) call is last.
+        self._running: list[_Attempt] = []
+        self._cancelled: set[_Attempt] = set()  # running attempts the worker cancelled
         self._pending_subcalls: set[str] = set()
         self._subcall_results: dict[str, SubcallResult] = {}
         self._pending_code: set[str] = set()
         self._code_replies: dict[str, CodeReply] = {}
-        self._outbox: list[CallResult] = []
+        self._outbox: list[CallOutcome] = []
         self._outbox_bytes = 0
         self._outbox_since = 0.0
         self._shutdown = False
@@ -218,7 +227,7 @@ class Executor:
 
     def serve(self) -> NoReturn:
         """Run on the main thread until Shutdown or end of file."""
-        _api.bind_subcall_port(self)
+        bind_subcall_port(self)
         for target, name in ((self._read_loop, "reader"), (self._tick_loop, "ticker")):
             threading.Thread(target=self._guarded, args=(target,), name=name, daemon=True).start()
         while True:
@@ -278,7 +287,7 @@ class Executor:
                 with cond:
                     self._queue.extend(queued)
                     cond.notify()
-            case SubcallResult(subcall_id=subcall_id):
+            case SubcallResult(outcome=CallOutcome(call_id=subcall_id)):
                 with cond:
                     if subcall_id in self._pending_subcalls:  # else: its caller gave up
                         self._pending_subcalls.discard(subcall_id)
@@ -290,8 +299,8 @@ class Executor:
                         self._pending_code.discard(request_id)
                         self._code_replies[request_id] = message
                         cond.notify()
-            case CancelCall(call_id=call_id):
-                self._cancel(call_id)
+            case CancelCall(call_id=call_id, attempt=attempt):
+                self._cancel((call_id, attempt))
             case Shutdown():
                 with cond:
                     self._shutdown = True
@@ -300,23 +309,24 @@ class Executor:
                 _complain(f"the worker sent {type(message).__name__}, which it never may here")
                 _exit(EXIT_PROTOCOL_ERROR)
 
-    def _cancel(self, call_id: str) -> None:
+    def _cancel(self, attempt: _Attempt) -> None:
         with self._cond:
             for index, (request, _deadline) in enumerate(self._queue):
-                if request.call_id == call_id:
+                if (request.call_id, request.attempt) == attempt:
                     del self._queue[index]
                     break
             else:
-                if call_id in self._running:
-                    self._cancelled.add(call_id)  # seen when it next waits on a subcall
+                if attempt in self._running:
+                    self._cancelled.add(attempt)  # seen when it next waits on a subcall
                     self._cond.notify()
                 return  # running, finished or unknown: its own result will tell
         self._connection.send(
             CallResults(
                 results=(
-                    CallResult.failure(
-                        call_id=call_id,
-                        error_code=CallErrorCode.CALL_CANCELLED,
+                    CallOutcome.failure(
+                        call_id=attempt[0],
+                        attempt=attempt[1],
+                        error_code=FailureCode.CALL_CANCELLED,
                         error_message="cancelled by the worker before it started",
                         retryable=False,
                     ),
@@ -326,7 +336,9 @@ class Executor:
 
     # --- the main loop ------------------------------------------------------------
 
-    def _next_work(self, subcall_id: str | None, caller_id: str | None) -> _Queued | SubcallResult:
+    def _next_work(
+        self, subcall_id: str | None, caller: _Attempt | None
+    ) -> _Queued | SubcallResult:
         """The next call to run, or (when `subcall_id` is given) that subcall's result
         as soon as it arrives. Sends finished results before it sleeps."""
         cond = self._cond
@@ -338,16 +350,17 @@ class Executor:
                         if result is not None:
                             self._progress_at = time.monotonic()
                             return result
-                        if caller_id in self._cancelled:
+                        if caller in self._cancelled:
+                            assert caller is not None
                             self._pending_subcalls.discard(subcall_id)
-                            raise CallCancelled(call_id=caller_id)
+                            raise CallCancelled(call_id=caller[0])
                     if self._shutdown:
                         if subcall_id is None:
                             break  # nothing is running any more: time to go
                         # else a running call waits: let it finish, start nothing new
                     elif self._queue:
                         queued = self._queue.popleft()
-                        self._running.append(queued[0].call_id)
+                        self._running.append((queued[0].call_id, queued[0].attempt))
                         self._progress_at = time.monotonic()
                         return queued
                     if self._outbox:
@@ -363,10 +376,10 @@ class Executor:
     def _run(self, request: CallRequest, deadline_at: float | None) -> None:
         result = self._execute(request, deadline_at)
         self._calls_served += 1
-        size = len(result.value) if result.value is not None else len(result.error_message or "")
+        size = len(result.value) + len(result.error_message)
         with self._cond:
             self._running.pop()
-            self._cancelled.discard(request.call_id)
+            self._cancelled.discard((request.call_id, request.attempt))
             if not self._outbox:
                 self._outbox_since = time.monotonic()
             self._outbox.append(result)
@@ -381,58 +394,58 @@ class Executor:
         if results:
             self._connection.send(CallResults(results=tuple(results)))
 
-    def _execute(self, request: CallRequest, deadline_at: float | None) -> CallResult:
-        call_id = request.call_id
-
-        def failed(code: CallErrorCode, message: str, *, retryable: bool = False) -> CallResult:
-            return CallResult.failure(
-                call_id=call_id, error_code=code, error_message=message, retryable=retryable
+    def _execute(self, request: CallRequest, deadline_at: float | None) -> CallOutcome:
+        def failed(code: FailureCode, message: str, *, retryable: bool = False) -> CallOutcome:
+            return CallOutcome.failure(
+                call_id=request.call_id,
+                attempt=request.attempt,
+                error_code=code,
+                error_message=message,
+                retryable=retryable,
             )
 
         if deadline_at is not None and time.monotonic() >= deadline_at:
             return failed(
-                CallErrorCode.DEADLINE_EXCEEDED,
+                FailureCode.DEADLINE_EXCEEDED,
                 "the deadline passed while the call was queued; it never started",
                 retryable=True,
             )
         try:
             function = self._resolve(request.epoch, request.function)
         except _NO_CALLABLE as exc:
-            return failed(CallErrorCode.UNKNOWN_FUNCTION, str(exc))
+            return failed(FailureCode.UNKNOWN_FUNCTION, str(exc))
         except CodeUnavailable as exc:
-            return failed(CallErrorCode.CODE_UNAVAILABLE, str(exc), retryable=True)
+            return failed(FailureCode.CODE_UNAVAILABLE, str(exc), retryable=True)
         except FunctionCodeError as exc:  # the module does not compile or its import raised
-            return failed(CallErrorCode.CALL_RAISED, str(exc))
+            return failed(FailureCode.CALL_RAISED, str(exc))
         try:
             args, kwargs = decode_args(request.args)
         except InvalidArguments as exc:
-            return failed(CallErrorCode.INVALID_ARGS, str(exc))
+            return failed(FailureCode.INVALID_ARGS, str(exc))
         try:
             value = function(*args, **kwargs)
         except RetryableError as exc:
-            return failed(CallErrorCode.CALL_RAISED_RETRYABLE, _describe(exc), retryable=True)
+            return failed(FailureCode.CALL_RAISED_RETRYABLE, _describe(exc), retryable=True)
         except SubcallFailed as exc:
-            code = (
-                CallErrorCode.CALL_RAISED_RETRYABLE if exc.retryable else CallErrorCode.CALL_RAISED
-            )
+            code = FailureCode.CALL_RAISED_RETRYABLE if exc.retryable else FailureCode.CALL_RAISED
             return failed(code, _describe(exc), retryable=exc.retryable)
         except CallCancelled as exc:
-            return failed(CallErrorCode.CALL_CANCELLED, str(exc))
+            return failed(FailureCode.CALL_CANCELLED, str(exc))
         except BaseException as exc:  # function code may raise anything, SystemExit included
-            return failed(CallErrorCode.CALL_RAISED, _describe(exc))
+            return failed(FailureCode.CALL_RAISED, _describe(exc))
         try:
             packed = encode_value(value)
         except (TypeError, ValueError, OverflowError) as exc:
             return failed(
-                CallErrorCode.RESULT_NOT_SERIALIZABLE,
+                FailureCode.RESULT_NOT_SERIALIZABLE,
                 f"the {type(value).__name__} returned has no msgpack form: {exc}",
             )
         if len(packed) > self._max_result_bytes:
             return failed(
-                CallErrorCode.RESULT_TOO_LARGE,
+                FailureCode.RESULT_TOO_LARGE,
                 f"the result takes {len(packed)} bytes; the limit is {self._max_result_bytes}",
             )
-        return CallResult.success(call_id=call_id, value=packed)
+        return CallOutcome.success(call_id=request.call_id, attempt=request.attempt, value=packed)
 
     def _resolve(self, epoch: str, function: str) -> Callable[..., object]:
         epochs = self._epochs
@@ -454,13 +467,13 @@ class Executor:
 
     def subcall(self, function: str, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
         """`blockx.subcall`: runs other calls of this executor until the result is in."""
-        caller_id = self._running[-1]
+        caller = self._running[-1]
         try:
             payload = encode_args(args, kwargs)
         except (TypeError, ValueError, OverflowError) as exc:
             raise SubcallFailed(
                 function=function,
-                error_code=CallErrorCode.INVALID_ARGS,
+                error_code=FailureCode.INVALID_ARGS,
                 error_message=f"the arguments have no msgpack form: {exc}",
                 retryable=False,
             ) from exc
@@ -469,22 +482,26 @@ class Executor:
             self._pending_subcalls.add(subcall_id)
         self._connection.send(
             Subcall(
-                subcall_id=subcall_id, parent_call_id=caller_id, function=function, args=payload
+                subcall_id=subcall_id,
+                parent_call_id=caller[0],
+                parent_attempt=caller[1],
+                function=function,
+                args=payload,
             )
         )
         while True:
-            item = self._next_work(subcall_id, caller_id)
+            item = self._next_work(subcall_id, caller)
             if isinstance(item, SubcallResult):
                 break
             self._run(*item)
-        if item.ok:
-            assert item.value is not None  # SubcallResult checks this on construction
-            return decode_value(item.value)
+        outcome = item.outcome
+        if outcome.error_code is None:
+            return decode_value(outcome.value)
         raise SubcallFailed(
             function=function,
-            error_code=item.error_code or "",
-            error_message=item.error_message or "",
-            retryable=item.retryable,
+            error_code=outcome.error_code,
+            error_message=outcome.error_message,
+            retryable=outcome.retryable,
         )
 
     def _fetch_code(self, epoch: str, module: str) -> str:
@@ -509,7 +526,7 @@ class Executor:
 
     def _send_heartbeat(self, now: float) -> None:
         with self._cond:
-            running = self._running[-1] if self._running else None
+            running = self._running[-1][0] if self._running else None
             age_s = 0.0 if self._idle else now - self._progress_at
         self._connection.send(
             Heartbeat(

@@ -7,7 +7,7 @@ view half-changed: a refused call changes nothing.
 
 from __future__ import annotations
 
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, InvalidValue
 
 
 class FunctionCodeError(BlockxError):
@@ -170,11 +170,5 @@ class SourceUnavailable(FunctionCodeError):
         super().__init__(f"function code source {source} is unavailable: {reason}")
 
 
-class InvalidCodeViewConfig(FunctionCodeError):
+class InvalidCodeViewConfig(FunctionCodeError, InvalidValue):
     """A function-code setting is out of range or inconsistent with another."""
-
-    def __init__(self, *, field: str, value: object, allowed: str) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{field}={value!r} is invalid: {allowed}")

@@ -1,9 +1,10 @@
-"""The code refresher: the Trio task that keeps a `FunctionCodeView` fed from a source.
+"""The code refresher: the Trio task that polls a function source for new snapshots.
 
-Owns polling the source, observing new snapshots, and purging expired ones.
-Must never let a source failure end the task: it logs, keeps the last good
-snapshot, and tries again on the next tick. Source calls block, so they run
-in a thread.
+Owns polling the source and loading the snapshot of each new current epoch;
+it hands every snapshot to `deliver` (the owner of the worker's
+`FunctionCodeView` observes it). It never touches the view itself. It must
+never let a source failure end the task: it logs, and tries again on the next
+tick. Source calls block, so they run in a thread.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import trio
 
 from blockx.errors import BlockxError
 from blockx.functions._errors import InvalidCodeViewConfig
+from blockx.functions._snapshot import FunctionSnapshot
 from blockx.functions._sources import FunctionSource
-from blockx.functions._view import FunctionCodeView
 
 logger = logging.getLogger("blockx.functions")
 
@@ -25,28 +26,29 @@ T = TypeVar("T")
 
 
 async def run_code_refresher(
-    view: FunctionCodeView,
     source: FunctionSource,
+    deliver: Callable[[FunctionSnapshot], None],
     *,
     interval_s: float,
-    clock_ms: Callable[[], int],
     use_thread: bool = True,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[FunctionSnapshot] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Poll `source` every `interval_s`, observe what is current, purge, forever.
+    """Poll `source` every `interval_s` forever; `deliver` each new current snapshot.
 
-    `task_status.started(epoch)` is called after the first successful load, so
-    `await nursery.start(run_code_refresher, ...)` returns once there is code
-    to pin. `use_thread=False` runs the source's calls on the Trio thread: only
-    for in-memory sources, where it keeps virtual-clock tests exact.
+    `task_status.started(snapshot)` hands over the first snapshot loaded (it is
+    not delivered), so `await nursery.start(run_code_refresher, ...)` returns
+    once there is code to pin. `use_thread=False` runs the source's calls on
+    the Trio thread: only for in-memory sources, where it keeps virtual-clock
+    tests exact.
     """
-    if not interval_s > 0:
-        raise InvalidCodeViewConfig(field="interval_s", value=interval_s, allowed="must be > 0")
-    started = False
+    InvalidCodeViewConfig.check(
+        interval_s > 0, field="interval_s", value=interval_s, allowed="must be > 0"
+    )
+    current: str | None = None
     failing = False
     while True:
         try:
-            changed = await _refresh_once(view, source, clock_ms, use_thread=use_thread)
+            snapshot = await _load_if_new(source, current, use_thread=use_thread)
         except BlockxError as error:
             # The first failure of a run is a warning; repeats would flood the log.
             level = logging.DEBUG if failing else logging.WARNING
@@ -54,7 +56,7 @@ async def run_code_refresher(
                 level,
                 "function code refresh from %r failed; keeping epoch %s: %s",
                 source,
-                view.current_epoch,
+                current,
                 error,
             )
             failing = True
@@ -62,32 +64,23 @@ async def run_code_refresher(
             if failing:
                 logger.info("function code refresh from %r works again", source)
                 failing = False
-            if changed:
-                logger.info("function code epoch %s is current", view.current_epoch)
-            if not started and view.current_epoch is not None:
-                task_status.started(view.current_epoch)
-                started = True
-        for epoch in view.purge(clock_ms()):
-            logger.info("function code epoch %s purged", epoch)
+            if snapshot is not None:
+                logger.info("function code epoch %s is current", snapshot.epoch)
+                if current is None:
+                    task_status.started(snapshot)
+                else:
+                    deliver(snapshot)
+                current = snapshot.epoch
         await trio.sleep(interval_s)
 
 
-async def _refresh_once(
-    view: FunctionCodeView,
-    source: FunctionSource,
-    clock_ms: Callable[[], int],
-    *,
-    use_thread: bool,
-) -> bool:
+async def _load_if_new(
+    source: FunctionSource, current: str | None, *, use_thread: bool
+) -> FunctionSnapshot | None:
     epoch = await _call(source.current_epoch, use_thread=use_thread)
-    if epoch == view.current_epoch:
-        return False
-    snapshot = (
-        view.snapshot(epoch)
-        if view.has_epoch(epoch)
-        else await _call(lambda: source.load(epoch), use_thread=use_thread)
-    )
-    return view.observe(snapshot, clock_ms())
+    if epoch == current:
+        return None
+    return await _call(lambda: source.load(epoch), use_thread=use_thread)
 
 
 async def _call(fn: Callable[[], T], *, use_thread: bool) -> T:

@@ -39,14 +39,16 @@ RECENT_CHANGES = 64
 class CodeViewConfig:
     """`maxTaskTimeoutMs` and `functionSnapshotRetentionMs` (0 = max task timeout + 10 s)."""
 
-    max_task_timeout_ms: int = 28_800_000
-    retention_ms: int = 0
+    max_task_timeout_ms: int
+    retention_ms: int
 
     def __attrs_post_init__(self) -> None:
-        if self.max_task_timeout_ms <= 0:
-            raise InvalidCodeViewConfig(
-                field="maxTaskTimeoutMs", value=self.max_task_timeout_ms, allowed="must be > 0"
-            )
+        InvalidCodeViewConfig.check(
+            self.max_task_timeout_ms > 0,
+            field="maxTaskTimeoutMs",
+            value=self.max_task_timeout_ms,
+            allowed="must be > 0",
+        )
         if self.retention_ms != 0 and self.retention_ms < self.max_task_timeout_ms:
             raise InvalidCodeViewConfig(
                 field="functionSnapshotRetentionMs",
@@ -102,8 +104,8 @@ class _EpochRecord:
 class FunctionCodeView:
     """The worker's view of function code. Driven by the code refresher and task actors."""
 
-    def __init__(self, config: CodeViewConfig | None = None) -> None:
-        self.config = config if config is not None else CodeViewConfig()
+    def __init__(self, config: CodeViewConfig) -> None:
+        self.config = config
         self._epochs: dict[str, _EpochRecord] = {}
         self._current: str | None = None
         self._pins: dict[str, str] = {}

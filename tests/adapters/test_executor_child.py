@@ -18,12 +18,17 @@ from typing import Any
 
 import trio
 
+from blockx.calls import (
+    CallOutcome,
+    FailureCode,
+    decode_args,
+    decode_value,
+    encode_args,
+)
 from blockx.executors import (
     PROTOCOL_VERSION,
     TOKEN_ENV,
-    CallErrorCode,
     CallRequest,
-    CallResult,
     CallResults,
     CancelCall,
     CodeReply,
@@ -37,9 +42,6 @@ from blockx.executors import (
     Subcall,
     SubcallResult,
     Welcome,
-    decode_args,
-    decode_value,
-    encode_args,
     encode_frames,
 )
 from blockx.executors.child import (
@@ -104,9 +106,12 @@ def catches_subcall_failure():
 """
 
 
-def call(call_id: str, function: str, *args: Any, deadline_ms: int | None = None) -> CallRequest:
+def call(
+    call_id: str, function: str, *args: Any, deadline_ms: int | None = None, attempt: int = 1
+) -> CallRequest:
     return CallRequest(
         call_id=call_id,
+        attempt=attempt,
         task_id="task-1",
         epoch=EPOCH,
         function=function,
@@ -185,7 +190,7 @@ class FakeWorker:
             frames.append(message)
         return frames
 
-    async def results_by_id(self, count: int) -> dict[str, CallResult]:
+    async def results_by_id(self, count: int) -> dict[str, CallOutcome]:
         return {r.call_id: r for f in await self.results(count) for r in f.results}
 
 
@@ -244,8 +249,8 @@ async def wait_exit(process: trio.Process, seconds: float = 3.0) -> int:
         return await process.wait()
 
 
-def values(results: Sequence[CallResult]) -> list[Any]:
-    return [decode_value(r.value) if r.value is not None else None for r in results]
+def values(results: Sequence[CallOutcome]) -> list[Any]:
+    return [decode_value(r.value) if r.ok else None for r in results]
 
 
 async def test_hello_then_heartbeats_report_an_idle_executor() -> None:
@@ -266,7 +271,7 @@ async def test_a_batch_runs_in_order_and_its_results_come_back_batched() -> None
             await worker.send(RunCalls(calls=tuple(calls)))
             frames = await worker.results(50)
             results = [r for f in frames for r in f.results]
-            assert [r.call_id for r in results] == [c.call_id for c in calls]
+            assert [(r.call_id, r.attempt) for r in results] == [(c.call_id, 1) for c in calls]
             assert values(results) == [i + 1 for i in range(50)]
             assert all(r.ok and r.error_code is None for r in results)
             assert len(frames) <= 5  # the queue stayed full, so results were batched
@@ -283,7 +288,12 @@ async def test_every_outcome_has_its_stable_code_and_retryability() -> None:
         async with executor_child(max_result_bytes=1_000) as worker:
             worker.code_errors[(EPOCH, "flaky_source.__init__")] = "redis is down"
             bad_args = CallRequest(
-                call_id="bad-args", task_id="t", epoch=EPOCH, function="demo.add", args=b"\xc1"
+                call_id="bad-args",
+                attempt=1,
+                task_id="t",
+                epoch=EPOCH,
+                function="demo.add",
+                args=b"\xc1",
             )
             batch = [
                 call("raised", "demo.divide", 1, 0),
@@ -296,52 +306,57 @@ async def test_every_outcome_has_its_stable_code_and_retryability() -> None:
                 bad_args,
                 call("code-unavailable", "flaky_source.f"),
                 call("expired", "demo.add", 1, 2, deadline_ms=0),
-                call("fine", "demo.big", 10),
+                call("fine", "demo.big", 10, attempt=3),
             ]
             await worker.send(RunCalls(calls=tuple(batch)))
             results = await worker.results_by_id(len(batch))
 
     expected = {
-        "raised": (CallErrorCode.CALL_RAISED, False),
-        "retryable": (CallErrorCode.CALL_RAISED_RETRYABLE, True),
-        "no-function": (CallErrorCode.UNKNOWN_FUNCTION, False),
-        "no-module": (CallErrorCode.UNKNOWN_FUNCTION, False),
-        "no-dot": (CallErrorCode.UNKNOWN_FUNCTION, False),
-        "unserializable": (CallErrorCode.RESULT_NOT_SERIALIZABLE, False),
-        "too-large": (CallErrorCode.RESULT_TOO_LARGE, False),
-        "bad-args": (CallErrorCode.INVALID_ARGS, False),
-        "code-unavailable": (CallErrorCode.CODE_UNAVAILABLE, True),
-        "expired": (CallErrorCode.DEADLINE_EXCEEDED, True),
+        "raised": (FailureCode.CALL_RAISED, False),
+        "retryable": (FailureCode.CALL_RAISED_RETRYABLE, True),
+        "no-function": (FailureCode.UNKNOWN_FUNCTION, False),
+        "no-module": (FailureCode.UNKNOWN_FUNCTION, False),
+        "no-dot": (FailureCode.UNKNOWN_FUNCTION, False),
+        "unserializable": (FailureCode.RESULT_NOT_SERIALIZABLE, False),
+        "too-large": (FailureCode.RESULT_TOO_LARGE, False),
+        "bad-args": (FailureCode.INVALID_ARGS, False),
+        "code-unavailable": (FailureCode.CODE_UNAVAILABLE, True),
+        "expired": (FailureCode.DEADLINE_EXCEEDED, True),
     }
     got = {
         call_id: (r.error_code, r.retryable) for call_id, r in results.items() if call_id != "fine"
     }
     assert got == expected
-    assert all(not results[c].ok and results[c].value is None for c in expected)
-    assert results["fine"].ok
-    assert decode_value(results["fine"].value or b"") == "x" * 10
-    message = results["raised"].error_message or ""
+    assert all(not results[c].ok and results[c].value == b"" for c in expected)
+    assert {r.attempt for c, r in results.items() if c != "fine"} == {1}
+    assert (results["fine"].ok, results["fine"].attempt) == (True, 3)
+    assert decode_value(results["fine"].value) == "x" * 10
+    message = results["raised"].error_message
     assert message.startswith("ZeroDivisionError: division by zero")
     assert "in divide" in message  # the traceback of function code, not the executor's
-    assert "try again later" in (results["retryable"].error_message or "")
-    assert "missing" in (results["no-function"].error_message or "")
-    assert "2003 bytes; the limit is 1000" in (results["too-large"].error_message or "")
-    assert "redis is down" in (results["code-unavailable"].error_message or "")
+    assert "try again later" in results["retryable"].error_message
+    assert "missing" in results["no-function"].error_message
+    assert "2003 bytes; the limit is 1000" in results["too-large"].error_message
+    assert "redis is down" in results["code-unavailable"].error_message
 
 
 async def test_a_subcall_round_trip_while_the_executor_keeps_running_calls() -> None:
     with trio.fail_after(10):
         async with executor_child() as worker:
-            await worker.send(RunCalls(calls=(call("p", "demo.parent", 4),)))
+            await worker.send(RunCalls(calls=(call("p", "demo.parent", 4, attempt=2),)))
             subcall = await worker.receive()
             assert isinstance(subcall, Subcall)
-            assert (subcall.parent_call_id, subcall.function) == ("p", "demo.add")
+            assert (subcall.parent_call_id, subcall.parent_attempt, subcall.function) == (
+                "p",
+                2,
+                "demo.add",
+            )
             assert decode_args(subcall.args) == ([4, 1], {})
 
             # While "p" waits, the executor runs what else it is given.
             await worker.send(RunCalls(calls=(call("other", "demo.add", 2, 3),)))
             (other,) = (await worker.results(1))[0].results
-            assert (other.call_id, decode_value(other.value or b"")) == ("other", 5)
+            assert (other.call_id, other.attempt, decode_value(other.value)) == ("other", 1, 5)
 
             # Waiting on a subcall is no stall, however long it takes.
             await trio.sleep(0.3)
@@ -350,9 +365,15 @@ async def test_a_subcall_round_trip_while_the_executor_keeps_running_calls() -> 
                 beat = await worker.heartbeat()
             assert beat.loop_progress_age_ms < 100
 
-            await worker.send(SubcallResult(subcall_id=subcall.subcall_id, ok=True, value=b"\x05"))
+            await worker.send(
+                SubcallResult(
+                    outcome=CallOutcome.success(
+                        call_id=subcall.subcall_id, attempt=1, value=b"\x05"
+                    )
+                )
+            )
             (parent,) = (await worker.results(1))[0].results
-            assert (parent.call_id, decode_value(parent.value or b"")) == ("p", 50)
+            assert (parent.call_id, parent.attempt, decode_value(parent.value)) == ("p", 2, 50)
 
 
 async def test_a_failed_subcall_fails_its_caller_with_the_same_retryability() -> None:
@@ -371,18 +392,20 @@ async def test_a_failed_subcall_fails_its_caller_with_the_same_retryability() ->
                 assert isinstance(subcall, Subcall)
                 await worker.send(
                     SubcallResult(
-                        subcall_id=subcall.subcall_id,
-                        ok=False,
-                        error_code="EXECUTOR_LOST",
-                        error_message="its executor died",
-                        retryable=True,
+                        outcome=CallOutcome.failure(
+                            call_id=subcall.subcall_id,
+                            attempt=1,
+                            error_code=FailureCode.EXECUTOR_LOST,
+                            error_message="its executor died",
+                            retryable=True,
+                        )
                     )
                 )
             results = await worker.results_by_id(2)
     failed = results["lets-it-fail"]
-    assert (failed.error_code, failed.retryable) == (CallErrorCode.CALL_RAISED_RETRYABLE, True)
-    assert "EXECUTOR_LOST: its executor died" in (failed.error_message or "")
-    assert decode_value(results["catches"].value or b"") == ["EXECUTOR_LOST", True]
+    assert (failed.error_code, failed.retryable) == (FailureCode.CALL_RAISED_RETRYABLE, True)
+    assert "EXECUTOR_LOST: its executor died" in failed.error_message
+    assert decode_value(results["catches"].value) == ["EXECUTOR_LOST", True]
 
 
 async def test_cancel_drops_a_queued_call_and_ends_a_subcall_wait() -> None:
@@ -392,31 +415,59 @@ async def test_cancel_drops_a_queued_call_and_ends_a_subcall_wait() -> None:
                 RunCalls(
                     calls=(call("busy", "demo.sleepy", 0.3), call("queued", "demo.add", 1, 2))
                 ),
-                CancelCall(call_id="queued"),
+                CancelCall(call_id="queued", attempt=1),
             )
             cancelled, busy = await worker.results(2)
-            assert [(r.call_id, r.error_code) for r in cancelled.results] == [
-                ("queued", CallErrorCode.CALL_CANCELLED)
+            assert [(r.call_id, r.attempt, r.error_code) for r in cancelled.results] == [
+                ("queued", 1, FailureCode.CALL_CANCELLED)
             ]
             assert [(r.call_id, r.ok) for r in busy.results] == [("busy", True)]
 
             await worker.send(RunCalls(calls=(call("waiting", "demo.parent", 1),)))
             subcall = await worker.receive()
             assert isinstance(subcall, Subcall)
-            await worker.send(CancelCall(call_id="waiting"))
+            await worker.send(CancelCall(call_id="waiting", attempt=1))
             (waiting,) = (await worker.results(1))[0].results
-            assert (waiting.call_id, waiting.error_code, waiting.retryable) == (
+            assert (waiting.call_id, waiting.attempt, waiting.error_code, waiting.retryable) == (
                 "waiting",
-                CallErrorCode.CALL_CANCELLED,
+                1,
+                FailureCode.CALL_CANCELLED,
                 False,
             )
             # A late answer to the abandoned subcall is dropped; the executor carries on.
             await worker.send(
-                SubcallResult(subcall_id=subcall.subcall_id, ok=True, value=b"\x02"),
+                SubcallResult(
+                    outcome=CallOutcome.success(
+                        call_id=subcall.subcall_id, attempt=1, value=b"\x02"
+                    )
+                ),
                 RunCalls(calls=(call("after", "demo.add", 1, 1),)),
             )
             (after,) = (await worker.results(1))[0].results
-            assert (after.call_id, decode_value(after.value or b"")) == ("after", 2)
+            assert (after.call_id, decode_value(after.value)) == ("after", 2)
+
+
+async def test_cancel_names_one_attempt_of_a_call() -> None:
+    with trio.fail_after(10):
+        async with executor_child() as worker:
+            await worker.send(
+                RunCalls(
+                    calls=(
+                        call("busy", "demo.sleepy", 0.3),
+                        call("c", "demo.add", 1, 2, attempt=2),
+                        call("c", "demo.add", 2, 2, attempt=3),
+                    )
+                ),
+                CancelCall(call_id="c", attempt=1),  # no such attempt: nothing happens
+                CancelCall(call_id="c", attempt=3),
+            )
+            results = [r for f in await worker.results(3) for r in f.results]
+    assert [(r.call_id, r.attempt, r.error_code) for r in results] == [
+        ("c", 3, FailureCode.CALL_CANCELLED),
+        ("busy", 1, None),
+        ("c", 2, None),
+    ]
+    assert values(results) == [None, "slept", 3]
 
 
 async def test_a_spinning_call_shows_a_growing_loop_age_and_end_of_file_ends_it() -> None:
@@ -447,7 +498,7 @@ async def test_shutdown_finishes_the_running_call_starts_nothing_new_and_exits()
                 pass
             await worker.send(Shutdown(), RunCalls(calls=(call("never", "demo.add", 1, 1),)))
             (last,) = (await worker.results(1))[0].results
-            assert (last.call_id, decode_value(last.value or b"")) == ("last", "slept")
+            assert (last.call_id, decode_value(last.value)) == ("last", "slept")
             rest: list[Message] = []
             while (message := await worker.receive_any()) is not None:
                 rest.append(message)  # heartbeats until the executor closes its end
@@ -475,6 +526,7 @@ async def test_each_epoch_runs_its_own_code() -> None:
             old = call("old", "demo.add", 5, 3)
             new = CallRequest(
                 call_id="new",
+                attempt=1,
                 task_id="t",
                 epoch="e2",
                 function="demo.add",
@@ -482,7 +534,7 @@ async def test_each_epoch_runs_its_own_code() -> None:
             )
             await worker.send(RunCalls(calls=(old, new)))
             results = await worker.results_by_id(2)
-    assert {k: decode_value(r.value or b"") for k, r in results.items()} == {"old": 8, "new": 2}
+    assert {k: decode_value(r.value) for k, r in results.items()} == {"old": 8, "new": 2}
 
 
 async def test_the_executor_refuses_to_start_without_a_token() -> None:

@@ -16,12 +16,14 @@ import pytest
 import trio
 import trio.testing
 
+from blockx.config import default_config
 from blockx.functions import (
     ChangeKind,
     CodeViewConfig,
     DirectorySource,
     EpochModules,
     FunctionCodeView,
+    FunctionSnapshot,
     InvalidCodeViewConfig,
     InvalidModuleName,
     MemorySource,
@@ -154,17 +156,42 @@ def test_memory_source_can_play_an_outage() -> None:
 # --- run_code_refresher --------------------------------------------------------------------
 
 
+class Delivered:
+    """The refresher's `deliver`: records when each snapshot came and, as the slot table
+    does, has the worker's `FunctionCodeView` observe it."""
+
+    def __init__(self, view: FunctionCodeView) -> None:
+        self.view = view
+        self.snapshots: list[tuple[int, FunctionSnapshot]] = []
+
+    def __call__(self, snapshot: FunctionSnapshot) -> None:
+        self.snapshots.append((clock_ms(), snapshot))
+        self.view.observe(snapshot, clock_ms())
+
+    @property
+    def epochs(self) -> list[tuple[int, str]]:
+        return [(at_ms, snapshot.epoch) for at_ms, snapshot in self.snapshots]
+
+
 def refresher(
-    view: FunctionCodeView, source: MemorySource, interval_s: float = 1.0
+    deliver: Delivered, source: MemorySource, interval_s: float = 1.0
 ) -> Callable[..., Awaitable[object]]:
     return functools.partial(
         run_code_refresher,
-        view,
         source,
+        deliver,
         interval_s=interval_s,
-        clock_ms=clock_ms,
         use_thread=False,
     )
+
+
+async def start_refresher(
+    nursery: trio.Nursery, deliver: Delivered, source: MemorySource
+) -> FunctionSnapshot:
+    """Start the refresher; its first snapshot is handed over (not delivered) and observed."""
+    first: FunctionSnapshot = await nursery.start(refresher(deliver, source))
+    deliver.view.observe(first, clock_ms())
+    return first
 
 
 async def test_refresher_follows_changes_and_keeps_pinned_code_until_retention(
@@ -173,19 +200,26 @@ async def test_refresher_follows_changes_and_keeps_pinned_code_until_retention(
     source = MemorySource()
     old = source.publish({"demo": V1})
     # Retention: 5 000 + 10 000 ms.
-    view = FunctionCodeView(CodeViewConfig(max_task_timeout_ms=5_000))
+    view = FunctionCodeView(CodeViewConfig(max_task_timeout_ms=5_000, retention_ms=0))
+    deliver = Delivered(view)
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            assert await nursery.start(refresher(view, source)) == old
+            first = await start_refresher(nursery, deliver, source)
+            assert first.epoch == old
+            assert first.modules == {"demo": V1}
             assert trio.current_time() == 0
+            assert deliver.snapshots == []  # the first snapshot is handed over, not delivered
             assert view.pin("task-1", clock_ms()) == old
 
             new = source.publish({"demo": V2})
             await trio.sleep_until(0.5)
+            assert deliver.snapshots == []
             assert view.current_epoch == old
 
             await trio.sleep_until(1.5)  # polled at 1.0
+            assert deliver.epochs == [(1_000, new)]
+            assert deliver.snapshots[0][1].modules == {"demo": V2}
             assert view.current_epoch == new
             assert ViewChange(at_ms=1_000, kind=ChangeKind.SUPERSEDED, epoch=old) in view.recent
             # The running task still sees the code it started with.
@@ -195,8 +229,13 @@ async def test_refresher_follows_changes_and_keeps_pinned_code_until_retention(
             view.unpin("task-1", clock_ms())
 
             await trio.sleep_until(15.5)
+            # The epoch stays current: polls at 2 .. 15 deliver nothing again.
+            assert deliver.epochs == [(1_000, new)]
+            # The owner of the view purges: not before superseded + retention = 16 000.
+            assert view.purge(15_999) == []
             assert view.has_epoch(old)
-            await trio.sleep_until(16.5)  # purged at 16.0 = superseded + retention
+            await trio.sleep_until(16.0)
+            assert view.purge(clock_ms()) == [old]
             assert not view.has_epoch(old)
             assert ViewChange(at_ms=16_000, kind=ChangeKind.PURGED, epoch=old) in view.recent
 
@@ -210,7 +249,8 @@ async def test_refresher_starts_after_the_first_good_load_and_survives_outages(
     caplog.set_level(logging.DEBUG, logger="blockx.functions")
     source = MemorySource()
     source.unavailable = True
-    view = FunctionCodeView()
+    view = FunctionCodeView(default_config().code_view_config())
+    deliver = Delivered(view)
 
     async def recover_at_3_5() -> None:
         await trio.sleep_until(3.5)
@@ -220,19 +260,22 @@ async def test_refresher_starts_after_the_first_good_load_and_survives_outages(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(recover_at_3_5)
-            first = await nursery.start(refresher(view, source))
+            first = await start_refresher(nursery, deliver, source)
             assert trio.current_time() == 4.0  # polls at 0, 1, 2, 3 failed
-            assert first == view.current_epoch
+            assert first.epoch == content_epoch({"demo": V1})
+            assert first.epoch == view.current_epoch
 
-            # Outage after success: the last good snapshot stays current.
+            # Outage after success: nothing is delivered, the last good snapshot stays current.
             source.unavailable = True
             second = source.publish({"demo": V2})
             await trio.sleep_until(8.5)
-            assert view.current_epoch == first
-            assert view.pin("task-1", clock_ms()) == first
+            assert deliver.snapshots == []
+            assert view.current_epoch == first.epoch
+            assert view.pin("task-1", clock_ms()) == first.epoch
 
             source.unavailable = False
             await trio.sleep_until(9.5)  # polled at 9.0
+            assert deliver.epochs == [(9_000, second)]
             assert view.current_epoch == second
             nursery.cancel_scope.cancel()
 
@@ -244,27 +287,27 @@ async def test_refresher_starts_after_the_first_good_load_and_survives_outages(
 
 
 async def test_refresher_rejects_a_non_positive_interval() -> None:
+    delivered: list[FunctionSnapshot] = []
     with trio.fail_after(5), pytest.raises(InvalidCodeViewConfig) as caught:
-        await run_code_refresher(
-            FunctionCodeView(), MemorySource(), interval_s=0, clock_ms=lambda: 0
-        )
+        await run_code_refresher(MemorySource(), delivered.append, interval_s=0)
     assert caught.value.field == "interval_s"
+    assert delivered == []
 
 
 async def test_refresher_reads_a_directory_in_a_thread(tmp_path: Path) -> None:
     write(tmp_path, "demo.py", V1)
-    view = FunctionCodeView()
+    delivered: list[FunctionSnapshot] = []
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            epoch = await nursery.start(
+            first = await nursery.start(
                 functools.partial(
                     run_code_refresher,
-                    view,
                     DirectorySource(tmp_path),
+                    delivered.append,
                     interval_s=0.05,
-                    clock_ms=clock_ms,
                 )
             )
-            assert epoch == content_epoch({"demo": V1})
-            assert view.module_source(epoch, "demo") == V1
+            assert first.epoch == content_epoch({"demo": V1})
+            assert first.source_of("demo") == V1
             nursery.cancel_scope.cancel()
+    assert delivered == []  # the directory never changed

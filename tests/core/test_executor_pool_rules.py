@@ -3,12 +3,15 @@ window, configuration checks, and the function-code API outside an executor."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import attrs
 import pytest
 
 import blockx
-from blockx.errors import BlockxError
+from blockx.config import default_config
+from blockx.errors import BlockxError, InvalidValue
 from blockx.executors import (
     DownReason,
     ExecutorPoolConfig,
@@ -112,7 +115,7 @@ def test_zero_max_restarts_always_backs_off() -> None:
 
 
 def test_defaults_follow_the_seed() -> None:
-    config = ExecutorPoolConfig()
+    config = default_config().executor.pool_config()
     assert config.executor_count == 8
     assert config.restart_enabled is True
     assert (
@@ -121,6 +124,7 @@ def test_defaults_follow_the_seed() -> None:
         config.restart_window_ms,
         config.restart_backoff_ms,
     ) == (1_000, 10, 60_000, 30_000)
+    assert (config.python_executable, config.runtime_dir_parent) == (sys.executable, None)
 
 
 @pytest.mark.parametrize(
@@ -140,15 +144,20 @@ def test_defaults_follow_the_seed() -> None:
         ({"max_result_bytes": 0}, "executorMaxResultBytes"),
         ({"max_result_bytes": MAX_RESULT_BYTES_LIMIT + 1}, "executorMaxResultBytes"),
         ({"send_queue_frames": 0}, "executorSendQueueFrames"),
-        ({"event_buffer": 0}, "executorEventBuffer"),
         ({"python_executable": ""}, "executorPython"),
     ],
 )
 def test_invalid_settings_name_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidPoolConfig) as caught:
-        ExecutorPoolConfig(**overrides)
+        attrs.evolve(default_config().executor.pool_config(), **overrides)
     assert caught.value.field == field
     assert field in str(caught.value)
+    assert isinstance(caught.value, InvalidValue)
+
+
+def test_every_setting_must_be_given() -> None:
+    with pytest.raises(TypeError):
+        ExecutorPoolConfig()  # type: ignore[call-arg]  # the defaults live in blockx.config
 
 
 def test_subcall_outside_an_executor_is_a_typed_error() -> None:

@@ -11,11 +11,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from blockx.calls import (
+    CallOutcome,
+    FailureCode,
+    InvalidArguments,
+    decode_args,
+    decode_value,
+    encode_args,
+    encode_value,
+)
+from blockx.errors import Misuse
 from blockx.executors import (
     MAX_FRAME_BYTES,
-    CallErrorCode,
+    PROTOCOL_VERSION,
     CallRequest,
-    CallResult,
     CallResults,
     CancelCall,
     CodeReply,
@@ -24,8 +33,6 @@ from blockx.executors import (
     FrameTooLarge,
     Heartbeat,
     Hello,
-    InvalidArguments,
-    InvalidMessage,
     MalformedFrame,
     Message,
     RunCalls,
@@ -35,15 +42,11 @@ from blockx.executors import (
     UnknownMessageType,
     Welcome,
     WireError,
-    decode_args,
     decode_payload,
-    decode_value,
-    encode_args,
     encode_frame,
     encode_frames,
     encode_payload,
     encode_run_calls_frame,
-    encode_value,
 )
 from blockx.executors._wire import MESSAGE_TAGS
 
@@ -51,11 +54,12 @@ ids = st.text(max_size=24)
 counts = st.integers(min_value=0, max_value=2**63 - 1)
 blobs = st.binary(max_size=64)
 maybe_text = st.none() | st.text(max_size=40)
-error_codes = st.sampled_from(list(CallErrorCode)) | st.text(min_size=1, max_size=24)
+error_codes = st.sampled_from(list(FailureCode))
 
 call_requests = st.builds(
     CallRequest,
     call_id=ids,
+    attempt=counts,
     task_id=ids,
     epoch=ids,
     function=ids,
@@ -63,27 +67,23 @@ call_requests = st.builds(
     deadline_ms_from_now=st.none() | counts,
 )
 
-
-def _outcomes(make: Any) -> st.SearchStrategy[Any]:
-    succeeded = st.builds(
-        lambda i, v: make(i, ok=True, value=v, error_message=None, retryable=False), ids, blobs
-    )
-    failed = st.builds(
-        lambda i, code, message, retryable: make(
-            i, ok=False, error_code=code, error_message=message, retryable=retryable
-        ),
-        ids,
-        error_codes,
-        maybe_text,
-        st.booleans(),
-    )
-    return succeeded | failed
-
-
-call_results: st.SearchStrategy[CallResult] = _outcomes(lambda i, **kw: CallResult(call_id=i, **kw))
-subcall_results: st.SearchStrategy[SubcallResult] = _outcomes(
-    lambda i, **kw: SubcallResult(subcall_id=i, **kw)
+succeeded = st.builds(
+    lambda i, attempt, v: CallOutcome.success(call_id=i, attempt=attempt, value=v),
+    ids,
+    counts,
+    st.binary(min_size=1, max_size=64),  # a value is at least one msgpack byte
 )
+failed = st.builds(
+    lambda i, attempt, code, message, retryable: CallOutcome.failure(
+        call_id=i, attempt=attempt, error_code=code, error_message=message, retryable=retryable
+    ),
+    ids,
+    counts,
+    error_codes,
+    st.text(max_size=40),
+    st.booleans(),
+)
+outcomes: st.SearchStrategy[CallOutcome] = succeeded | failed
 
 STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     Hello: st.builds(Hello, executor_id=ids, pid=counts, token=ids, protocol_version=counts),
@@ -96,12 +96,19 @@ STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         calls_served=counts,
     ),
     RunCalls: st.builds(RunCalls, calls=st.lists(call_requests, max_size=5).map(tuple)),
-    CallResults: st.builds(CallResults, results=st.lists(call_results, max_size=5).map(tuple)),
-    CancelCall: st.builds(CancelCall, call_id=ids),
+    CallResults: st.builds(CallResults, results=st.lists(outcomes, max_size=5).map(tuple)),
+    CancelCall: st.builds(CancelCall, call_id=ids, attempt=counts),
     CodeRequest: st.builds(CodeRequest, request_id=ids, epoch=ids, module=ids),
     CodeReply: st.builds(CodeReply, request_id=ids, source=maybe_text, error=maybe_text),
-    Subcall: st.builds(Subcall, subcall_id=ids, parent_call_id=ids, function=ids, args=blobs),
-    SubcallResult: subcall_results,
+    Subcall: st.builds(
+        Subcall,
+        subcall_id=ids,
+        parent_call_id=ids,
+        parent_attempt=counts,
+        function=ids,
+        args=blobs,
+    ),
+    SubcallResult: st.builds(SubcallResult, outcome=outcomes),
     Shutdown: st.just(Shutdown()),
 }
 messages: st.SearchStrategy[Message] = st.one_of(*STRATEGIES.values())
@@ -188,14 +195,14 @@ def test_any_map_with_a_known_tag_decodes_or_names_the_problem(data: st.DataObje
 
 
 def test_a_partial_frame_waits_for_the_rest() -> None:
-    frame = encode_frame(CancelCall(call_id="c1"))
+    frame = encode_frame(CancelCall(call_id="c1", attempt=1))
     decoder = FrameDecoder()
     decoder.feed(frame[:2])
     assert decode_all(decoder) == []
     decoder.feed(frame[2:-1])
     assert decode_all(decoder) == []
     decoder.feed(frame[-1:])
-    assert decode_all(decoder) == [CancelCall(call_id="c1")]
+    assert decode_all(decoder) == [CancelCall(call_id="c1", attempt=1)]
 
 
 def test_an_oversized_length_is_fatal_and_names_both_sizes() -> None:
@@ -208,7 +215,9 @@ def test_an_oversized_length_is_fatal_and_names_both_sizes() -> None:
 
 
 def test_encoding_refuses_a_frame_the_peer_would_refuse() -> None:
-    call = CallRequest(call_id="c", task_id="t", epoch="e", function="m.f", args=b"x" * 200)
+    call = CallRequest(
+        call_id="c", attempt=1, task_id="t", epoch="e", function="m.f", args=b"x" * 200
+    )
     with pytest.raises(FrameTooLarge) as caught:
         encode_frame(RunCalls(calls=(call,)), max_frame_bytes=100)
     assert caught.value.max_frame_bytes == 100
@@ -218,10 +227,10 @@ def test_encoding_refuses_a_frame_the_peer_would_refuse() -> None:
 
 def test_a_bad_frame_is_consumed_and_the_next_one_still_decodes() -> None:
     decoder = FrameDecoder()
-    decoder.feed(frame_of(b"\xc1") + encode_frame(CancelCall(call_id="c2")))
+    decoder.feed(frame_of(b"\xc1") + encode_frame(CancelCall(call_id="c2", attempt=1)))
     with pytest.raises(MalformedFrame, match="not valid msgpack"):
         next(decoder)
-    assert decode_all(decoder) == [CancelCall(call_id="c2")]
+    assert decode_all(decoder) == [CancelCall(call_id="c2", attempt=1)]
 
 
 @pytest.mark.parametrize(
@@ -231,9 +240,26 @@ def test_a_bad_frame_is_consumed_and_the_next_one_still_decodes() -> None:
         (b"\xc1", "not valid msgpack"),
         (msgpack.packb([1, 2]), "payload is a list, not a map"),
         (msgpack.packb({"call_id": "c"}), "map has no 'type' key"),
-        (msgpack.packb({"type": "cancel_call", "call_id": 7}), "expected str @ $.call_id"),
-        (msgpack.packb({"type": "cancel_call"}), "required field missing @ $.call_id"),
-        (msgpack.packb({"type": "cancel_call", "call_id": "c", "x": 1}), "extra fields found (x)"),
+        (
+            msgpack.packb({"type": "cancel_call", "call_id": 7, "attempt": 1}),
+            "expected str, got int @ $.call_id",
+        ),
+        (
+            msgpack.packb({"type": "cancel_call", "attempt": 1}),
+            "required field missing @ $.call_id",
+        ),
+        (
+            msgpack.packb({"type": "cancel_call", "call_id": "c"}),
+            "required field missing @ $.attempt",
+        ),
+        (
+            msgpack.packb({"type": "cancel_call", "call_id": "c", "attempt": True}),
+            "expected int, got bool @ $.attempt",
+        ),
+        (
+            msgpack.packb({"type": "cancel_call", "call_id": "c", "attempt": 1, "x": 1}),
+            "extra fields found (x)",
+        ),
         (
             msgpack.packb(
                 {
@@ -241,14 +267,42 @@ def test_a_bad_frame_is_consumed_and_the_next_one_still_decodes() -> None:
                     "executor_id": "e",
                     "pid": True,
                     "token": "t",
-                    "protocol_version": 1,
+                    "protocol_version": PROTOCOL_VERSION,
                 }
             ),
-            "expected int @ $.pid",
+            "expected int, got bool @ $.pid",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "type": "call_results",
+                    "results": [
+                        {"call_id": "c", "attempt": 1, "ok": True, "error_code": "CALL_RAISED"}
+                    ],
+                }
+            ),
+            "call outcome 'c': ok=True with error_code=<FailureCode.CALL_RAISED: 'CALL_RAISED'>",
+        ),
+        (
+            msgpack.packb(
+                {"type": "subcall_result", "outcome": {"call_id": "c", "attempt": 1, "ok": False}}
+            ),
+            "call outcome 'c': ok=False with error_code=None and 0 value bytes (a success has "
+            "a value and no code, a failure a code and no value) @ $.outcome",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "type": "call_results",
+                    "results": [{"call_id": "c", "attempt": 1, "ok": False, "error_code": "NOPE"}],
+                }
+            ),
+            "error_code 'NOPE' is not a failure code @ $.results[0]",
         ),
         (
             msgpack.packb({"type": "call_results", "results": [{"call_id": "c", "ok": True}]}),
-            "ok=True needs a value",
+            "CallOutcome: keys ['call_id', 'ok'] do not match ['attempt', 'call_id', "
+            "'error_code', 'error_message', 'ok', 'retryable', 'value'] @ $.results[0]",
         ),
         (
             msgpack.packb({"type": "run_calls", "calls": "none"}),
@@ -271,31 +325,43 @@ def test_an_unknown_type_tag_lists_the_known_ones() -> None:
 
 
 def test_the_payload_is_a_map_with_the_type_tag() -> None:
-    payload = encode_payload(CancelCall(call_id="c9"))
-    assert msgpack.unpackb(payload) == {"type": "cancel_call", "call_id": "c9"}
+    payload = encode_payload(CancelCall(call_id="c9", attempt=2))
+    assert msgpack.unpackb(payload) == {"type": "cancel_call", "call_id": "c9", "attempt": 2}
 
 
-@pytest.mark.parametrize("make", [CallResult, SubcallResult])
-def test_outcomes_refuse_contradicting_fields(make: Any) -> None:
-    key = "call_id" if make is CallResult else "subcall_id"
-    with pytest.raises(InvalidMessage, match="ok=True needs a value"):
-        make(**{key: "x"}, ok=True)
-    with pytest.raises(InvalidMessage, match="ok=True needs a value and no error_code"):
-        make(**{key: "x"}, ok=True, value=b"\x01", error_code="CALL_RAISED")
-    with pytest.raises(InvalidMessage, match="ok=False needs an error_code"):
-        make(**{key: "x"}, ok=False)
-    with pytest.raises(InvalidMessage, match="and no value"):
-        make(**{key: "x"}, ok=False, value=b"\x01", error_code="CALL_RAISED")
+def test_an_outcome_refuses_contradicting_fields() -> None:
+    with pytest.raises(Misuse, match=r"ok=True with error_code=.*CALL_RAISED.* and 1 value bytes"):
+        CallOutcome(
+            call_id="x", attempt=1, ok=True, value=b"\x01", error_code=FailureCode.CALL_RAISED
+        )
+    with pytest.raises(Misuse, match="ok=True with error_code=None and 0 value bytes"):
+        CallOutcome(call_id="x", attempt=1, ok=True)
+    with pytest.raises(Misuse, match="ok=False with error_code=None and 0 value bytes"):
+        CallOutcome(call_id="x", attempt=1, ok=False)
+    with pytest.raises(Misuse, match=r"ok=False with error_code=.*CALL_RAISED.* and 1 value bytes"):
+        CallOutcome(
+            call_id="x",
+            attempt=1,
+            ok=False,
+            value=b"\x01",
+            error_code=FailureCode.CALL_RAISED,
+            error_message="boom",
+        )
 
 
 def test_result_constructors() -> None:
-    assert CallResult.success(call_id="a", value=b"\x01") == CallResult(
-        call_id="a", ok=True, value=b"\x01"
+    assert CallOutcome.success(call_id="a", attempt=2, value=b"\x01") == CallOutcome(
+        call_id="a", attempt=2, ok=True, value=b"\x01"
     )
-    failure = CallResult.failure(
-        call_id="a", error_code=CallErrorCode.CALL_RAISED, error_message="boom", retryable=False
+    failure = CallOutcome.failure(
+        call_id="a",
+        attempt=2,
+        error_code=FailureCode.CALL_RAISED,
+        error_message="boom",
+        retryable=False,
     )
-    assert (failure.ok, failure.error_code, failure.value) == (False, "CALL_RAISED", None)
+    assert (failure.ok, failure.error_code, failure.value) == (False, "CALL_RAISED", b"")
+    assert (failure.call_id, failure.attempt, failure.error_message) == ("a", 2, "boom")
 
 
 # --- call arguments and values -------------------------------------------------------
@@ -359,14 +425,14 @@ def test_the_run_calls_fast_path_is_byte_identical_to_the_generic_encoder(
 ) -> None:
     generic = encode_frame(RunCalls(calls=tuple(requests)))
     fast = encode_run_calls_frame(
-        (r.call_id, r.task_id, r.epoch, r.function, r.args, r.deadline_ms_from_now)
+        (r.call_id, r.attempt, r.task_id, r.epoch, r.function, r.args, r.deadline_ms_from_now)
         for r in requests
     )
     assert fast == generic
 
 
 def test_the_run_calls_fast_path_refuses_an_oversized_frame() -> None:
-    call = ("c", "t", "e", "m.f", b"x" * 100, None)
+    call = ("c", 1, "t", "e", "m.f", b"x" * 100, None)
     with pytest.raises(FrameTooLarge) as exc:
         encode_run_calls_frame([call], max_frame_bytes=64)
     assert exc.value.max_frame_bytes == 64

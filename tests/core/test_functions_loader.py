@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from blockx.config import default_config
 from blockx.functions import (
     EpochModules,
     FunctionCodeSyntaxError,
@@ -44,7 +45,7 @@ class CountingFetch:
     """Answers from a view (as the worker does) and records every request."""
 
     def __init__(self, *snapshots: FunctionSnapshot) -> None:
-        self.view = FunctionCodeView()
+        self.view = FunctionCodeView(default_config().code_view_config())
         for now_ms, snapshot in enumerate(snapshots):
             self.view.observe(snapshot, now_ms=now_ms)
         self.requests: list[tuple[str, str]] = []

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from blockx.config import default_config
 from blockx.functions import (
     ChangeKind,
     CodeViewConfig,
@@ -57,7 +58,7 @@ def make_view() -> Iterator[ViewFactory]:
 
 def test_retention_zero_means_max_task_timeout_plus_ten_seconds() -> None:
     assert CONFIG.effective_retention_ms == 15_000
-    assert CodeViewConfig().effective_retention_ms == 28_800_000 + 10_000
+    assert default_config().code_view_config().effective_retention_ms == 28_800_000 + 10_000
 
 
 def test_retention_equal_to_max_task_timeout_is_allowed() -> None:
@@ -76,7 +77,7 @@ def test_retention_below_max_task_timeout_is_refused_naming_the_field(retention_
 
 def test_max_task_timeout_must_be_positive() -> None:
     with pytest.raises(InvalidCodeViewConfig) as caught:
-        CodeViewConfig(max_task_timeout_ms=0)
+        CodeViewConfig(max_task_timeout_ms=0, retention_ms=0)
     assert caught.value.field == "maxTaskTimeoutMs"
 
 

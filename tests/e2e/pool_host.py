@@ -7,28 +7,36 @@ Usage: python tests/e2e/pool_host.py EXECUTOR_COUNT
 from __future__ import annotations
 
 import json
+import math
 import sys
 
+import attrs
 import trio
 
-from blockx.executors import ExecutorPoolConfig, ExecutorPoolManager, ExecutorUp
+from blockx._clock import WorkerClock
+from blockx.config import default_config
+from blockx.executors import ExecutorPoolManager, ExecutorUp, PoolEvent
 
 
 async def host(executor_count: int) -> None:
-    pool = ExecutorPoolManager(
-        ExecutorPoolConfig(executor_count=executor_count, heartbeat_interval_ms=50)
+    config = attrs.evolve(
+        default_config().executor.pool_config(),
+        executor_count=executor_count,
+        heartbeat_interval_ms=50,
     )
+    send, events = trio.open_memory_channel[PoolEvent](math.inf)
+    pool = ExecutorPoolManager(config, send, WorkerClock())
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         pids: dict[str, int] = {}
-        async for event in pool.events:
+        async for event in events:
             if isinstance(event, ExecutorUp):
                 pids[event.executor_id] = event.pid
                 if len(pids) == executor_count:
                     break
         report = {"pids": sorted(pids.values()), "runtime_dir": pool.runtime_dir}
         print(json.dumps(report), flush=True)
-        async for _ in pool.events:
+        async for _ in events:
             pass  # until killed
 
 

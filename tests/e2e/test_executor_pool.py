@@ -20,10 +20,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import pytest
 import trio
 
+from blockx._clock import WorkerClock
+from blockx.calls import decode_value, encode_args
+from blockx.config import default_config
 from blockx.executors import (
+    PROTOCOL_VERSION,
     CallRequest,
     CallResults,
     CodeReply,
@@ -41,8 +46,6 @@ from blockx.executors import (
     PoolEvent,
     RunCalls,
     UnknownExecutor,
-    decode_value,
-    encode_args,
     encode_frame,
 )
 from tests.e2e.processes import alive
@@ -65,20 +68,52 @@ E = TypeVar("E", ExecutorUp, ExecutorDown, ExecutorMessage)
 
 def call(call_id: str, function: str, *args: object) -> CallRequest:
     return CallRequest(
-        call_id=call_id, task_id="t", epoch="e1", function=function, args=encode_args(args)
+        call_id=call_id,
+        attempt=1,
+        task_id="t",
+        epoch="e1",
+        function=function,
+        args=encode_args(args),
     )
+
+
+def pool_config(**overrides: Any) -> ExecutorPoolConfig:
+    return attrs.evolve(default_config().executor.pool_config(), **{**FAST, **overrides})
+
+
+def new_pool(
+    **overrides: Any,
+) -> tuple[ExecutorPoolManager, trio.MemoryReceiveChannel[PoolEvent]]:
+    """A pool manager and the receiving end of the channel its events go to."""
+    send, receive = trio.open_memory_channel[PoolEvent](math.inf)
+    return ExecutorPoolManager(pool_config(**overrides), send, WorkerClock()), receive
+
+
+async def run_pool(
+    pool: ExecutorPoolManager,
+    returned: trio.Event,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """`pool.run`, and `returned` set once it has returned."""
+    await pool.run(task_status=task_status)
+    returned.set()
 
 
 class Dispatcher:
     """Plays the dispatcher: answers CodeRequests, hands the test every other event."""
 
-    def __init__(self, pool: ExecutorPoolManager) -> None:
+    def __init__(
+        self, pool: ExecutorPoolManager, events: trio.MemoryReceiveChannel[PoolEvent]
+    ) -> None:
         self.pool = pool
+        self.events = events
+        self.pool_returned = trio.Event()
         self.seen: list[PoolEvent] = []
         self._send, self._receive = trio.open_memory_channel[PoolEvent](math.inf)
 
     async def pump(self) -> None:
-        async for event in self.pool.events:
+        async for event in self.events:
             if isinstance(event, ExecutorMessage):
                 message = event.message
                 if isinstance(message, CodeRequest):
@@ -105,11 +140,11 @@ class Dispatcher:
 
 @asynccontextmanager
 async def running_pool(**overrides: Any) -> AsyncIterator[tuple[ExecutorPoolManager, Dispatcher]]:
-    pool = ExecutorPoolManager(ExecutorPoolConfig(**{**FAST, **overrides}))
+    pool, events = new_pool(**overrides)
+    dispatcher = Dispatcher(pool, events)
     started: list[int] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        dispatcher = Dispatcher(pool)
+        await nursery.start(run_pool, pool, dispatcher.pool_returned)
         nursery.start_soon(dispatcher.pump)
         try:
             yield pool, dispatcher
@@ -117,6 +152,9 @@ async def running_pool(**overrides: Any) -> AsyncIterator[tuple[ExecutorPoolMana
             started = [e.pid for e in dispatcher.seen if isinstance(e, ExecutorUp)]
             with trio.CancelScope(shield=True), trio.fail_after(10):
                 await pool.stop()
+            # The pool is done once stop() returns: nothing is left to send an event.
+            assert dispatcher.pool_returned.is_set()
+            nursery.cancel_scope.cancel()  # the pump: the events channel is never closed
     # Every process the pool ever started is dead and reaped: not even a zombie.
     assert [pid for pid in started if Path(f"/proc/{pid}").exists()] == []
     assert pool.runtime_dir is not None
@@ -151,7 +189,7 @@ async def test_executors_become_ready_and_serve_calls() -> None:
             message = (await dispatcher.expect(ExecutorMessage, "executor-1")).message
             assert isinstance(message, CallResults)
             (result,) = message.results
-            assert (result.call_id, decode_value(result.value or b"")) == ("c1", 5)
+            assert (result.call_id, result.attempt, decode_value(result.value)) == ("c1", 1, 5)
             views = {v.executor_id: v for v in pool.snapshot()}
             assert views["executor-1"].calls_served == 1
             with trio.fail_after(2):
@@ -231,19 +269,18 @@ async def test_an_executor_spinning_in_a_call_is_wedged_killed_and_replaced() ->
 
 
 async def test_a_dispatcher_that_reads_slowly_does_not_make_executors_look_lost() -> None:
-    config = ExecutorPoolConfig(**{**FAST, "executor_count": 2, "event_buffer": 1})
-    pool = ExecutorPoolManager(config)
+    pool, receive = new_pool(executor_count=2)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             await pool.first_healthy.wait()
             # Nobody reads events for longer than the heartbeat timeout (1 s): the
-            # readers wait on the dispatcher, and the executors' heartbeats pile up.
+            # executors' heartbeats pile up in the dispatcher's inbox.
             await trio.sleep(1.5)
             assert [v.restarts for v in pool.snapshot()] == [0, 0]
             events = []
             with trio.move_on_after(0.5):
-                async for event in pool.events:
+                async for event in receive:
                     events.append(event)
             assert sum(isinstance(e, ExecutorUp) for e in events) == 2
             assert not any(isinstance(e, ExecutorDown) for e in events)
@@ -317,16 +354,16 @@ async def test_stop_is_polite_then_kills_and_leaves_no_process() -> None:
                     os.waitpid(pid, os.WNOHANG)  # already reaped by the pool
             assert {v.state for v in pool.snapshot()} == {ExecutorState.STOPPED}
             assert not any(isinstance(e, ExecutorDown) for e in dispatcher.seen)
-            with pytest.raises(trio.EndOfChannel):
-                await pool.events.receive()
+            # The pool has finished: nothing of it is left to send another event.
+            assert dispatcher.pool_returned.is_set()
 
 
 async def test_cancelling_the_pool_kills_and_reaps_everything() -> None:
-    pool = ExecutorPoolManager(ExecutorPoolConfig(**{**FAST, "executor_count": 2}))
+    pool, events = new_pool(executor_count=2)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
-            dispatcher = Dispatcher(pool)
+            dispatcher = Dispatcher(pool, events)
             nursery.start_soon(dispatcher.pump)
             pids = await all_up(dispatcher, 2)
             nursery.cancel_scope.cancel()
@@ -336,14 +373,35 @@ async def test_cancelling_the_pool_kills_and_reaps_everything() -> None:
 
 
 @pytest.mark.parametrize(
-    ("executor_id", "token", "logged"),
+    ("executor_id", "token", "protocol_version", "logged"),
     [
-        ("executor-0", "guess", "executor_id='executor-0' pid={pid}: wrong token"),
-        ("executor-7", "guess", "executor_id='executor-7' pid={pid}: no such executor"),
+        (
+            "executor-0",
+            "guess",
+            PROTOCOL_VERSION,
+            "executor_id='executor-0' pid={pid}: wrong token",
+        ),
+        (
+            "executor-7",
+            "guess",
+            PROTOCOL_VERSION,
+            "executor_id='executor-7' pid={pid}: no such executor",
+        ),
+        (
+            "executor-0",
+            "guess",
+            1,
+            f"executor_id='executor-0' pid={{pid}} speaks protocol 1, "
+            f"this worker {PROTOCOL_VERSION}",
+        ),
     ],
 )
 async def test_a_connection_that_fails_authentication_is_refused(
-    executor_id: str, token: str, logged: str, caplog: pytest.LogCaptureFixture
+    executor_id: str,
+    token: str,
+    protocol_version: int,
+    logged: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with trio.fail_after(20):
         async with running_pool(executor_count=1) as (pool, dispatcher):
@@ -351,7 +409,12 @@ async def test_a_connection_that_fails_authentication_is_refused(
             assert pool.runtime_dir is not None
             assert os.stat(pool.runtime_dir).st_mode & 0o777 == 0o700
             stream = await trio.open_unix_socket(os.path.join(pool.runtime_dir, "executors.sock"))
-            hello = Hello(executor_id=executor_id, pid=os.getpid(), token=token, protocol_version=1)
+            hello = Hello(
+                executor_id=executor_id,
+                pid=os.getpid(),
+                token=token,
+                protocol_version=protocol_version,
+            )
             await stream.send_all(encode_frame(hello))
             assert await stream.receive_some(100) == b""  # closed without a word
             await stream.aclose()

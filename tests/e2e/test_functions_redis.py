@@ -23,8 +23,10 @@ import pytest
 import redis
 import trio
 
+from blockx.config import default_config
 from blockx.functions import (
     FunctionCodeView,
+    FunctionSnapshot,
     NothingPublished,
     RedisSource,
     SourceUnavailable,
@@ -243,11 +245,18 @@ async def test_refresher_follows_redis_and_survives_its_outage(
     caplog.set_level(logging.WARNING, logger="blockx.functions")
     directory = write_modules(tmp_path / "functions", V1)
     old = publish(directory, redis_server.url)
-    view = FunctionCodeView()
+    view = FunctionCodeView(default_config().code_view_config())
     source = RedisSource(redis_server.url, timeout_s=1.0)
 
     def clock_ms() -> int:
         return round(trio.current_time() * 1000)
+
+    delivered: list[FunctionSnapshot] = []
+
+    def deliver(snapshot: FunctionSnapshot) -> None:
+        # As the slot table does with what the refresher delivers.
+        delivered.append(snapshot)
+        view.observe(snapshot, clock_ms())
 
     async def poll_until(condition_holds: Callable[[], bool]) -> None:
         while not condition_holds():
@@ -256,18 +265,19 @@ async def test_refresher_follows_redis_and_survives_its_outage(
     try:
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                started = await nursery.start(
-                    functools.partial(
-                        run_code_refresher, view, source, interval_s=0.05, clock_ms=clock_ms
-                    )
+                started: FunctionSnapshot = await nursery.start(
+                    functools.partial(run_code_refresher, source, deliver, interval_s=0.05)
                 )
-                assert started == old
+                assert started.epoch == old
+                assert started.modules == V1
+                view.observe(started, clock_ms())
                 assert view.pin("task-1", clock_ms()) == old
 
                 write_modules(directory, V2)
                 await trio.run_process(publish_command(directory, redis_server.url))
                 new = content_epoch(V2)
                 await poll_until(lambda: view.current_epoch == new)
+                assert [snapshot.epoch for snapshot in delivered] == [new]
 
                 # The task pinned before the change still reads the code it started with.
                 assert view.pinned_epoch("task-1") == old
@@ -277,6 +287,7 @@ async def test_refresher_follows_redis_and_survives_its_outage(
                 redis_server.stop()
                 await poll_until(lambda: bool(caplog.records))
                 assert view.current_epoch == new
+                assert [snapshot.epoch for snapshot in delivered] == [new]
                 assert "keeping epoch" in caplog.records[0].getMessage()
                 nursery.cancel_scope.cancel()
     finally:

@@ -1,59 +1,11 @@
-"""The phases of a task: the call-dispatch core (pure), and later builders and writers.
+"""The phases of a task that builders and plugins fill in.
 
-The dispatch core imports only the standard library and attrs; it never reads
-a clock, draws a random number or does IO.
+`builders/` turn a task's payload into calls; `plugins/` store the outputs of
+the calls (the third phase, Plugin). What both share lives here: the
+name -> implementation registry, the phase error, and reading the JSON a task
+hands them. The calls phase itself is the dispatch core (`blockx.dispatch`).
 """
 
-from blockx.phases._dispatch import DispatchCore
-from blockx.phases._dispatch_types import (
-    CallDispatch,
-    CallErrorCode,
-    CallFailure,
-    CallOutcome,
-    CallPhaseOutcome,
-    CallPhaseStats,
-    CallPolicy,
-    CallResultsArrived,
-    CallsAdded,
-    CallSpec,
-    CancelCalls,
-    ClockTicked,
-    DeliverSubcallResult,
-    DispatchCommand,
-    DispatchEvent,
-    DispatchMisuse,
-    ExecutorJoined,
-    ExecutorLeft,
-    FinishCallPhase,
-    RunCalls,
-    SubcallRequested,
-    TaskCancelled,
-    TaskOpened,
-)
+from blockx.phases._registry import DuplicateName, PhaseFailed, Registry, UnknownName
 
-__all__ = [
-    "CallDispatch",
-    "CallErrorCode",
-    "CallFailure",
-    "CallOutcome",
-    "CallPhaseOutcome",
-    "CallPhaseStats",
-    "CallPolicy",
-    "CallResultsArrived",
-    "CallSpec",
-    "CallsAdded",
-    "CancelCalls",
-    "ClockTicked",
-    "DeliverSubcallResult",
-    "DispatchCommand",
-    "DispatchCore",
-    "DispatchEvent",
-    "DispatchMisuse",
-    "ExecutorJoined",
-    "ExecutorLeft",
-    "FinishCallPhase",
-    "RunCalls",
-    "SubcallRequested",
-    "TaskCancelled",
-    "TaskOpened",
-]
+__all__ = ["DuplicateName", "PhaseFailed", "Registry", "UnknownName"]

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from blockx.executors import decode_args
-from blockx.phases import CallSpec
+from blockx.calls import CallSpec, FailureCode, decode_args
+from blockx.phases import DuplicateName, UnknownName
 from blockx.phases.builders import (
     KNOWN_BUILDERS,
     Builder,
@@ -16,10 +16,8 @@ from blockx.phases.builders import (
     BuilderRegistry,
     BuildRequest,
     CallListBuilder,
-    DuplicatePlugin,
     PayloadBuilder,
     StaticBuilder,
-    UnknownPlugin,
     builder_registry,
 )
 from blockx.slots import FunctionCall
@@ -65,7 +63,7 @@ async def refusal(builder: Builder, build_request: BuildRequest) -> BuilderFaile
     with pytest.raises(BuilderFailed) as caught:
         await builder.build(build_request)
     error = caught.value
-    assert error.code == "BUILDER_FAILED"
+    assert error.code is FailureCode.BUILDER_FAILED
     assert error.retryable is False
     assert str(error) == error.message
     return error
@@ -401,8 +399,12 @@ async def test_payload_refuses_a_bad_config_naming_the_problem(
 
 
 def test_builder_failed_carries_code_and_retryable() -> None:
-    error = BuilderFailed(message="source busy", code="SOURCE_BUSY", retryable=True)
-    assert (error.code, error.message, error.retryable) == ("SOURCE_BUSY", "source busy", True)
+    error = BuilderFailed(message="source busy", code=FailureCode.IO_SCOPE_FAILED, retryable=True)
+    assert (error.code, error.message, error.retryable) == (
+        FailureCode.IO_SCOPE_FAILED,
+        "source busy",
+        True,
+    )
     assert str(error) == "source busy"
 
 
@@ -427,7 +429,7 @@ def test_every_known_builder_can_be_registered_under_its_own_name() -> None:
 
 
 def test_registry_refuses_an_unknown_builder_naming_it_and_the_known_ones() -> None:
-    with pytest.raises(UnknownPlugin) as caught:
+    with pytest.raises(UnknownName) as caught:
         builder_registry(["call_list", "dbscan"])
     assert caught.value.name == "dbscan"
     assert caught.value.known == KNOWN_BUILDERS
@@ -438,6 +440,6 @@ def test_registry_refuses_an_unknown_builder_naming_it_and_the_known_ones() -> N
 
 def test_registry_of_builder_instances_refuses_two_with_one_name() -> None:
     assert BuilderRegistry([StaticBuilder()]).names() == ("static",)
-    with pytest.raises(DuplicatePlugin) as caught:
+    with pytest.raises(DuplicateName) as caught:
         BuilderRegistry([StaticBuilder(), StaticBuilder()])
     assert str(caught.value) == "two builders are named 'static'; each name may be registered once"

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from blockx.phases.builders._call_list import CallListBuilder
+from blockx.phases._registry import select
+from blockx.phases.builders._call_list import CallListBuilder, call_list_calls
 from blockx.phases.builders._model import Builder, BuilderFailed, BuilderRegistry, BuildRequest
 from blockx.phases.builders._stubs import PayloadBuilder, StaticBuilder
-from blockx.phases.plugins._registry import DuplicatePlugin, UnknownPlugin, select_plugins
 
 _FACTORIES: Final[Mapping[str, Callable[[], Builder]]] = {
     "call_list": CallListBuilder,
@@ -27,8 +27,8 @@ KNOWN_BUILDERS: Final[tuple[str, ...]] = tuple(_FACTORIES)
 
 
 def builder_registry(names: Iterable[str]) -> BuilderRegistry:
-    """A registry of the named builders; `UnknownPlugin` if a name is not in `KNOWN_BUILDERS`."""
-    return BuilderRegistry(select_plugins(BuilderRegistry.kind, names, _FACTORIES))
+    """A registry of the named builders; `UnknownName` if a name is not in `KNOWN_BUILDERS`."""
+    return BuilderRegistry(select(BuilderRegistry.kind, names, _FACTORIES))
 
 
 __all__ = [
@@ -38,9 +38,8 @@ __all__ = [
     "BuilderFailed",
     "BuilderRegistry",
     "CallListBuilder",
-    "DuplicatePlugin",
     "PayloadBuilder",
     "StaticBuilder",
-    "UnknownPlugin",
     "builder_registry",
+    "call_list_calls",
 ]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from blockx.phases._dispatch_types import CallSpec
+from blockx.calls import CallSpec
+from blockx.errors import shown
 from blockx.phases.builders._json import (
     argument_list,
     check_keys,
@@ -18,7 +19,6 @@ from blockx.phases.builders._json import (
     json_type,
     parse_config,
     parse_json,
-    shown,
 )
 from blockx.phases.builders._model import BuilderFailed, BuildRequest
 

@@ -12,9 +12,9 @@ from typing import ClassVar, Protocol
 
 import attrs
 
-from blockx.phases._dispatch_types import CallSpec
-from blockx.phases.plugins._registry import PhaseFailed, PluginRegistry
-from blockx.slots import FailureCode, FunctionCall
+from blockx.calls import CallSpec, FailureCode
+from blockx.phases._registry import PhaseFailed, Registry
+from blockx.slots import FunctionCall
 
 
 @attrs.frozen(kw_only=True)
@@ -43,10 +43,10 @@ class BuilderFailed(PhaseFailed):
     A bad payload never succeeds when submitted again: not retryable by default.
     """
 
-    default_code: ClassVar[str] = FailureCode.BUILDER_FAILED.value
+    default_code: ClassVar[FailureCode] = FailureCode.BUILDER_FAILED
 
 
-class BuilderRegistry(PluginRegistry[Builder]):
+class BuilderRegistry(Registry[Builder]):
     """The builders of one worker, by name (immutable)."""
 
     kind: ClassVar[str] = "builder"

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from blockx.phases._dispatch_types import CallSpec
+from blockx.calls import CallSpec
+from blockx.errors import shown
 from blockx.phases.builders._json import (
     argument_list,
     encoded_args,
     function_ref,
     parse_config,
     parse_json,
-    shown,
 )
 from blockx.phases.builders._model import BuilderFailed, BuildRequest
 

@@ -1,7 +1,7 @@
-"""The `jsonl` writer: appends one JSON line per output to a file.
+"""The `jsonl` plugin: appends one JSON line per output to a file.
 
 Line: `{"task_id": ..., "index": i, "value": ...}`; bytes inside a value become
-`{"$bytes": <base64>}`. All or nothing per task as far as this writer can
+`{"$bytes": <base64>}`. All or nothing per task as far as this plugin can
 tell: every line is encoded before the file is touched, so an unencodable
 value writes nothing, and the batch goes out in one append then `fsync`.
 Everything runs in a worker thread so the Trio loop never blocks on encoding
@@ -18,12 +18,12 @@ from typing import Final
 
 import trio
 
+from blockx.errors import shown
 from blockx.phases.plugins._model import (
-    WriteRequest,
-    WriterFailed,
+    PluginFailed,
+    PluginRequest,
     decoded_output,
     parse_config,
-    shown,
 )
 from blockx.slots import PluginResult
 
@@ -49,7 +49,7 @@ def _json_ready(value: object) -> object:
 
 
 def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
-    """The lines for `outputs`, or `WriterFailed` naming the first output that has none."""
+    """The lines for `outputs`, or `PluginFailed` naming the first output that has none."""
     lines: list[str] = []
     for index, output in enumerate(outputs):
         value = decoded_output(NAME, index, output)
@@ -60,7 +60,7 @@ def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
                 separators=(",", ":"),
             )
         except (TypeError, ValueError, RecursionError) as error:
-            raise WriterFailed(
+            raise PluginFailed(
                 message=f"{NAME}: output {index} cannot be written as JSON ({error}); "
                 "nothing was written"
             ) from error
@@ -88,25 +88,25 @@ def _write_batch(path: str, task_id: str, outputs: Sequence[bytes]) -> None:
     try:
         append_durably(path, data)
     except OSError as error:
-        raise WriterFailed(
+        raise PluginFailed(
             message=f"{NAME}: cannot append to {path!r}: {error}", retryable=True
         ) from error
 
 
-class JsonlWriter:
+class JsonlPlugin:
     """Appends each task's outputs to the JSON-lines file named by `config_json.path`."""
 
     name: Final = NAME
 
-    async def write(self, request: WriteRequest) -> PluginResult:
+    async def run(self, request: PluginRequest) -> PluginResult:
         config = parse_config(NAME, request.handler.config_json, ("path",))
         path = config.get("path")
         if path is None:
-            raise WriterFailed(
+            raise PluginFailed(
                 message=f"{NAME}: config_json.path is required: the file to append lines to"
             )
         if not isinstance(path, str) or not path:
-            raise WriterFailed(
+            raise PluginFailed(
                 message=f"{NAME}: config_json.path must be a non-empty string, got {shown(path)}"
             )
         # Not abandoned on cancellation: a write that has started is let finish,

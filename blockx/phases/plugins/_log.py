@@ -1,4 +1,4 @@
-"""The `log` writer: one log line per task, through the stdlib logger `blockx.plugins.log`.
+"""The `log` plugin: one log line per task, through the stdlib logger `blockx.plugins.log`.
 
 It stores nothing; it shows how many outputs a task produced, their size, and
 a truncated preview of the first few values. A preview never fails the task.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from blockx.phases.plugins._model import WriteRequest, WriterFailed, decoded_output, parse_config
+from blockx.phases.plugins._model import PluginFailed, PluginRequest, decoded_output, parse_config
 from blockx.slots import PluginResult
 
 NAME: Final = "log"
@@ -20,12 +20,12 @@ PREVIEW_CHARS: Final = 200
 logger = logging.getLogger("blockx.plugins.log")
 
 
-def _preview(request: WriteRequest) -> str:
+def _preview(request: PluginRequest) -> str:
     shown: list[str] = []
     for index, output in enumerate(request.outputs[:PREVIEW_VALUES]):
         try:
             text = repr(decoded_output(NAME, index, output))
-        except WriterFailed:
+        except PluginFailed:
             text = f"<{len(output)} bytes that are not msgpack>"
         if len(text) > PREVIEW_CHARS:
             text = text[: PREVIEW_CHARS - 3] + "..."
@@ -35,12 +35,12 @@ def _preview(request: WriteRequest) -> str:
     return "[" + ", ".join(shown) + "]"
 
 
-class LogWriter:
+class LogPlugin:
     """Logs a summary of each task's outputs at INFO."""
 
     name: Final = NAME
 
-    async def write(self, request: WriteRequest) -> PluginResult:
+    async def run(self, request: PluginRequest) -> PluginResult:
         parse_config(NAME, request.handler.config_json, ())
         if logger.isEnabledFor(logging.INFO):
             logger.info(

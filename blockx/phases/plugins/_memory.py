@@ -1,11 +1,12 @@
-"""The `test` writer (development stub): keeps decoded outputs in memory.
+"""The `test` plugin (development stub): keeps decoded outputs in memory.
 
 The store is module-level on purpose, an exception to "no global mutable
 state": an end-to-end test reads what a task wrote through `test_outputs`
 without reaching into the worker's objects. It is bounded (the last
 `TEST_STORE_TASKS` tasks; the oldest is dropped) and touched only from the
 Trio thread. Config `{"fail": true, "message": ..., "retryable": ...,
-"code": ...}` makes the writer fail instead, to test failure handling, and
+"code": ...}` makes the plugin fail instead, to test failure handling (the
+code is one of `blockx.calls.FailureCode`), and
 `{"delay_ms": N}` makes it take N ms first, to try the phase IO timeout.
 """
 
@@ -16,24 +17,25 @@ from typing import Final
 
 import trio
 
+from blockx.calls import FailureCode
+from blockx.errors import shown
 from blockx.phases.plugins._model import (
-    WriteRequest,
-    WriterFailed,
+    PluginFailed,
+    PluginRequest,
     decoded_output,
     parse_config,
-    shown,
 )
-from blockx.slots import FailureCode, PluginResult
+from blockx.slots import PluginResult
 
 NAME: Final = "test"
 TEST_STORE_TASKS: Final = 1000
-DEFAULT_FAILURE: Final = "test writer configured to fail"
+DEFAULT_FAILURE: Final = "test plugin configured to fail"
 
 _stored: collections.OrderedDict[str, tuple[object, ...]] = collections.OrderedDict()
 
 
 def test_outputs(task_id: str) -> list[object] | None:
-    """The decoded outputs the `test` writer kept for `task_id`, or None.
+    """The decoded outputs the `test` plugin kept for `task_id`, or None.
 
     Import it under another name in a test module (pytest would collect a
     function named `test_*`).
@@ -45,7 +47,7 @@ def test_outputs(task_id: str) -> list[object] | None:
 def _flag(config: dict[str, object], key: str) -> bool:
     value = config.get(key, False)
     if not isinstance(value, bool):
-        raise WriterFailed(
+        raise PluginFailed(
             message=f"{NAME}: config_json.{key} must be true or false, got {shown(value)}"
         )
     return value
@@ -54,32 +56,44 @@ def _flag(config: dict[str, object], key: str) -> bool:
 def _text(config: dict[str, object], key: str, default: str) -> str:
     value = config.get(key, default)
     if not isinstance(value, str) or not value:
-        raise WriterFailed(
+        raise PluginFailed(
             message=f"{NAME}: config_json.{key} must be a non-empty string, got {shown(value)}"
         )
     return value
 
 
-class MemoryWriter:
+def _code(config: dict[str, object]) -> FailureCode:
+    value = _text(config, "code", FailureCode.PLUGIN_FAILED)
+    try:
+        return FailureCode(value)
+    except ValueError:
+        raise PluginFailed(
+            message=f"{NAME}: config_json.code must be a failure code such as "
+            f"{FailureCode.PLUGIN_FAILED.value}, got {shown(value)}"
+        ) from None
+
+
+class MemoryPlugin:
     """Keeps each task's decoded outputs in memory for `test_outputs` (development stub)."""
 
     name: Final = NAME
 
-    async def write(self, request: WriteRequest) -> PluginResult:
+    async def run(self, request: PluginRequest) -> PluginResult:
         config = parse_config(
             NAME, request.handler.config_json, ("fail", "message", "retryable", "code", "delay_ms")
         )
         delay_ms = config.get("delay_ms", 0)
         if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-            raise WriterFailed(
+            raise PluginFailed(
                 message=f"{NAME}: config_json.delay_ms must be an integer >= 0, "
                 f"got {shown(delay_ms)}"
             )
+        code = _code(config)
         await trio.sleep(delay_ms / 1000)
         if _flag(config, "fail"):
-            raise WriterFailed(
+            raise PluginFailed(
                 message=_text(config, "message", DEFAULT_FAILURE),
-                code=_text(config, "code", FailureCode.PLUGIN_FAILED.value),
+                code=code,
                 retryable=_flag(config, "retryable"),
             )
         values = tuple(

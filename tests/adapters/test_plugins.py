@@ -1,6 +1,6 @@
-"""The writer plugins under Trio: what each one stores, logs or refuses.
+"""The plugins under Trio: what each one stores, logs or refuses.
 
-The jsonl writer runs its IO in a real worker thread against `tmp_path`.
+The jsonl plugin runs its IO in a real worker thread against `tmp_path`.
 Every async test runs under `fail_after`.
 """
 
@@ -15,19 +15,18 @@ import msgpack  # type: ignore[import-untyped]  # ships no type information
 import pytest
 import trio
 
-from blockx.executors import encode_value
+from blockx.calls import FailureCode, encode_value
+from blockx.phases import DuplicateName, UnknownName
 from blockx.phases.plugins import (
-    KNOWN_WRITERS,
+    KNOWN_PLUGINS,
     TEST_STORE_TASKS,
-    DuplicatePlugin,
-    JsonlWriter,
-    LogWriter,
-    MemoryWriter,
-    UnknownPlugin,
-    WriteRequest,
-    WriterFailed,
-    WriterRegistry,
-    writer_registry,
+    JsonlPlugin,
+    LogPlugin,
+    MemoryPlugin,
+    PluginFailed,
+    PluginRegistry,
+    PluginRequest,
+    plugin_registry,
 )
 from blockx.phases.plugins import test_outputs as stored_outputs
 from blockx.slots import PluginResult, ResultHandler
@@ -37,12 +36,12 @@ TIMEOUT_S = 10
 
 def request(
     kind: str, outputs: list[object], *, config: object = None, task_id: str = "t1"
-) -> WriteRequest:
+) -> PluginRequest:
     """A request whose outputs are `outputs` msgpack-encoded; `config` is JSON unless a str."""
     config_json = (
         "" if config is None else config if isinstance(config, str) else json.dumps(config)
     )
-    return WriteRequest(
+    return PluginRequest(
         task_id=task_id,
         handler=ResultHandler(type=kind, config_json=config_json),
         outputs=tuple(encode_value(output) for output in outputs),
@@ -59,16 +58,16 @@ def lines_of(path: Path) -> list[object]:
 # --- log --------------------------------------------------------------------------------------
 
 
-async def test_log_writer_logs_one_line_with_count_size_and_first_values(
+async def test_log_plugin_logs_one_line_with_count_size_and_first_values(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="blockx.plugins.log")
     outputs: list[object] = [1, "abc", [1, 2], {"x": 1}]
-    write = request("log", outputs, task_id="task-log")
+    log_request = request("log", outputs, task_id="task-log")
     with trio.fail_after(TIMEOUT_S):
-        result = await LogWriter().write(write)
+        result = await LogPlugin().run(log_request)
     assert result == PluginResult(plugin_type="log", ok=True, records_written=4)
-    total_bytes = sum(len(output) for output in write.outputs)
+    total_bytes = sum(len(output) for output in log_request.outputs)
     assert total_bytes == 1 + 4 + 3 + 4
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         (
@@ -79,28 +78,28 @@ async def test_log_writer_logs_one_line_with_count_size_and_first_values(
     ]
 
 
-async def test_log_writer_truncates_a_long_value(caplog: pytest.LogCaptureFixture) -> None:
+async def test_log_plugin_truncates_a_long_value(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="blockx.plugins.log")
     with trio.fail_after(TIMEOUT_S):
-        await LogWriter().write(request("log", ["x" * 1000], task_id="task-long"))
+        await LogPlugin().run(request("log", ["x" * 1000], task_id="task-long"))
     (record,) = caplog.records
     shown = "'" + "x" * 196 + "..."
     assert record.getMessage() == f"task task-long: 1 outputs, 1003 bytes: [{shown}]"
 
 
-async def test_log_writer_of_no_outputs_logs_an_empty_preview(
+async def test_log_plugin_of_no_outputs_logs_an_empty_preview(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="blockx.plugins.log")
     with trio.fail_after(TIMEOUT_S):
-        result = await LogWriter().write(request("log", [], task_id="task-none"))
+        result = await LogPlugin().run(request("log", [], task_id="task-none"))
     assert result.records_written == 0
     assert [r.getMessage() for r in caplog.records] == ["task task-none: 0 outputs, 0 bytes: []"]
 
 
-async def test_log_writer_refuses_settings() -> None:
-    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
-        await LogWriter().write(request("log", [1], config={"level": "debug"}))
+async def test_log_plugin_refuses_settings() -> None:
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await LogPlugin().run(request("log", [1], config={"level": "debug"}))
     assert caught.value.message == "log: config_json takes no keys, got 'level'"
     assert caught.value.retryable is False
 
@@ -108,63 +107,79 @@ async def test_log_writer_refuses_settings() -> None:
 # --- test (in memory) -------------------------------------------------------------------------
 
 
-async def test_memory_writer_keeps_the_decoded_outputs_of_each_task() -> None:
+async def test_memory_plugin_keeps_the_decoded_outputs_of_each_task() -> None:
     with trio.fail_after(TIMEOUT_S):
-        first = await MemoryWriter().write(
+        first = await MemoryPlugin().run(
             request("test", [1, "two", {"three": [3]}, b"\x00"], task_id="mem-a")
         )
-        await MemoryWriter().write(request("test", [], task_id="mem-b"))
+        await MemoryPlugin().run(request("test", [], task_id="mem-b"))
     assert first == PluginResult(plugin_type="test", ok=True, records_written=4)
     assert stored_outputs("mem-a") == [1, "two", {"three": [3]}, b"\x00"]
     assert stored_outputs("mem-b") == []
     assert stored_outputs("mem-never-written") is None
 
 
-async def test_memory_writer_replaces_what_a_task_wrote_before() -> None:
+async def test_memory_plugin_replaces_what_a_task_wrote_before() -> None:
     with trio.fail_after(TIMEOUT_S):
-        await MemoryWriter().write(request("test", [1], task_id="mem-again"))
-        await MemoryWriter().write(request("test", [2, 3], task_id="mem-again"))
+        await MemoryPlugin().run(request("test", [1], task_id="mem-again"))
+        await MemoryPlugin().run(request("test", [2, 3], task_id="mem-again"))
     assert stored_outputs("mem-again") == [2, 3]
 
 
-async def test_memory_writer_keeps_only_the_most_recent_tasks() -> None:
-    writer = MemoryWriter()
+async def test_memory_plugin_keeps_only_the_most_recent_tasks() -> None:
+    plugin = MemoryPlugin()
     with trio.fail_after(TIMEOUT_S):
         for number in range(TEST_STORE_TASKS + 1):
-            await writer.write(request("test", [number], task_id=f"mem-bound-{number}"))
+            await plugin.run(request("test", [number], task_id=f"mem-bound-{number}"))
     assert stored_outputs("mem-bound-0") is None
     assert stored_outputs("mem-bound-1") == [1]
     assert stored_outputs(f"mem-bound-{TEST_STORE_TASKS}") == [TEST_STORE_TASKS]
 
 
-async def test_memory_writer_fails_as_configured_and_keeps_nothing() -> None:
+async def test_memory_plugin_fails_as_configured_and_keeps_nothing() -> None:
     config = {"fail": True, "message": "disk on fire", "retryable": True}
-    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
-        await MemoryWriter().write(request("test", [1], config=config, task_id="mem-fail"))
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await MemoryPlugin().run(request("test", [1], config=config, task_id="mem-fail"))
     error = caught.value
-    assert (error.code, error.message, error.retryable) == ("PLUGIN_FAILED", "disk on fire", True)
+    assert (error.code, error.message, error.retryable) == (
+        FailureCode.PLUGIN_FAILED,
+        "disk on fire",
+        True,
+    )
     assert stored_outputs("mem-fail") is None
 
 
-async def test_memory_writer_failure_defaults_and_custom_code() -> None:
+async def test_memory_plugin_failure_defaults_and_custom_code() -> None:
     with trio.fail_after(TIMEOUT_S):
-        with pytest.raises(WriterFailed) as default:
-            await MemoryWriter().write(request("test", [1], config={"fail": True}))
-        with pytest.raises(WriterFailed) as coded:
-            await MemoryWriter().write(
-                request("test", [1], config={"fail": True, "code": "SINK_GONE"})
+        with pytest.raises(PluginFailed) as default:
+            await MemoryPlugin().run(request("test", [1], config={"fail": True}))
+        with pytest.raises(PluginFailed) as coded:
+            await MemoryPlugin().run(
+                request("test", [1], config={"fail": True, "code": "IO_SCOPE_FAILED"})
             )
     assert (default.value.code, default.value.message, default.value.retryable) == (
-        "PLUGIN_FAILED",
-        "test writer configured to fail",
+        FailureCode.PLUGIN_FAILED,
+        "test plugin configured to fail",
         False,
     )
-    assert coded.value.code == "SINK_GONE"
+    assert coded.value.code is FailureCode.IO_SCOPE_FAILED
 
 
-async def test_memory_writer_with_fail_false_stores() -> None:
+async def test_memory_plugin_refuses_a_code_that_is_not_a_failure_code() -> None:
+    config = {"fail": True, "code": "SINK_GONE"}
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await MemoryPlugin().run(request("test", [1], config=config, task_id="mem-bad-code"))
+    error = caught.value
+    assert error.message == (
+        "test: config_json.code must be a failure code such as PLUGIN_FAILED, got 'SINK_GONE'"
+    )
+    assert (error.code, error.retryable) == (FailureCode.PLUGIN_FAILED, False)
+    assert stored_outputs("mem-bad-code") is None
+
+
+async def test_memory_plugin_with_fail_false_stores() -> None:
     with trio.fail_after(TIMEOUT_S):
-        result = await MemoryWriter().write(
+        result = await MemoryPlugin().run(
             request("test", [7], config={"fail": False}, task_id="mem-no-fail")
         )
     assert result.ok
@@ -199,7 +214,7 @@ async def test_memory_writer_with_fail_false_stores() -> None:
             id="negative-delay",
         ),
         pytest.param(
-            "[true]", "test: config_json must be a JSON object, got [True]", id="not-an-object"
+            "[true]", "test: config_json must be a JSON object, got an array", id="not-an-object"
         ),
         pytest.param(
             '{"fail": tru}',
@@ -208,9 +223,9 @@ async def test_memory_writer_with_fail_false_stores() -> None:
         ),
     ],
 )
-async def test_memory_writer_refuses_a_bad_config_naming_it(config: object, expected: str) -> None:
-    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
-        await MemoryWriter().write(request("test", [1], config=config, task_id="mem-bad-config"))
+async def test_memory_plugin_refuses_a_bad_config_naming_it(config: object, expected: str) -> None:
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await MemoryPlugin().run(request("test", [1], config=config, task_id="mem-bad-config"))
     assert caught.value.message == expected
     assert caught.value.retryable is False
     assert stored_outputs("mem-bad-config") is None
@@ -219,11 +234,11 @@ async def test_memory_writer_refuses_a_bad_config_naming_it(config: object, expe
 # --- jsonl ------------------------------------------------------------------------------------
 
 
-async def test_jsonl_writer_appends_one_line_per_output(tmp_path: Path) -> None:
+async def test_jsonl_plugin_appends_one_line_per_output(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     outputs: list[object] = [3, "three", [1, {"k": None}], 1.5, True]
     with trio.fail_after(TIMEOUT_S):
-        result = await JsonlWriter().write(
+        result = await JsonlPlugin().run(
             request("jsonl", outputs, config={"path": str(path)}, task_id="j1")
         )
     assert result == PluginResult(plugin_type="jsonl", ok=True, records_written=5, detail=str(path))
@@ -239,12 +254,12 @@ async def test_jsonl_writer_appends_one_line_per_output(tmp_path: Path) -> None:
     )
 
 
-async def test_jsonl_writer_appends_across_tasks(tmp_path: Path) -> None:
+async def test_jsonl_plugin_appends_across_tasks(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     config = {"path": str(path)}
     with trio.fail_after(TIMEOUT_S):
-        await JsonlWriter().write(request("jsonl", ["a", "b"], config=config, task_id="first"))
-        await JsonlWriter().write(request("jsonl", ["c"], config=config, task_id="second"))
+        await JsonlPlugin().run(request("jsonl", ["a", "b"], config=config, task_id="first"))
+        await JsonlPlugin().run(request("jsonl", ["c"], config=config, task_id="second"))
     assert lines_of(path) == [
         {"task_id": "first", "index": 0, "value": "a"},
         {"task_id": "first", "index": 1, "value": "b"},
@@ -252,35 +267,35 @@ async def test_jsonl_writer_appends_across_tasks(tmp_path: Path) -> None:
     ]
 
 
-async def test_jsonl_writer_creates_parent_directories(tmp_path: Path) -> None:
+async def test_jsonl_plugin_creates_parent_directories(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "out.jsonl"
     with trio.fail_after(TIMEOUT_S):
-        await JsonlWriter().write(request("jsonl", [1], config={"path": str(path)}))
+        await JsonlPlugin().run(request("jsonl", [1], config={"path": str(path)}))
     assert lines_of(path) == [{"task_id": "t1", "index": 0, "value": 1}]
 
 
-async def test_jsonl_writer_resolves_a_relative_path_against_the_working_directory(
+async def test_jsonl_plugin_resolves_a_relative_path_against_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with trio.fail_after(TIMEOUT_S):
-        result = await JsonlWriter().write(request("jsonl", [1], config={"path": "out/rel.jsonl"}))
+        result = await JsonlPlugin().run(request("jsonl", [1], config={"path": "out/rel.jsonl"}))
     assert result.detail == "out/rel.jsonl"
     assert lines_of(tmp_path / "out" / "rel.jsonl") == [{"task_id": "t1", "index": 0, "value": 1}]
 
 
-async def test_jsonl_writer_of_no_outputs_writes_no_lines(tmp_path: Path) -> None:
+async def test_jsonl_plugin_of_no_outputs_writes_no_lines(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     with trio.fail_after(TIMEOUT_S):
-        result = await JsonlWriter().write(request("jsonl", [], config={"path": str(path)}))
+        result = await JsonlPlugin().run(request("jsonl", [], config={"path": str(path)}))
     assert result.records_written == 0
     assert path.read_bytes() == b""
 
 
-async def test_jsonl_writer_writes_bytes_as_base64_objects(tmp_path: Path) -> None:
+async def test_jsonl_plugin_writes_bytes_as_base64_objects(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     with trio.fail_after(TIMEOUT_S):
-        await JsonlWriter().write(
+        await JsonlPlugin().run(
             request("jsonl", [b"\x00\xff", {"blob": b"hi"}], config={"path": str(path)})
         )
     assert lines_of(path) == [
@@ -301,33 +316,33 @@ async def test_jsonl_writer_writes_bytes_as_base64_objects(tmp_path: Path) -> No
         pytest.param(b"\xc1", "not a msgpack value", id="not-msgpack"),
     ],
 )
-async def test_jsonl_writer_writes_nothing_when_an_output_has_no_json_form(
+async def test_jsonl_plugin_writes_nothing_when_an_output_has_no_json_form(
     tmp_path: Path, bad_output: bytes, reason: str
 ) -> None:
     path = tmp_path / "out.jsonl"
     path.write_text('{"before": true}\n', encoding="utf-8")
-    write = WriteRequest(
+    jsonl_request = PluginRequest(
         task_id="t1",
         handler=ResultHandler(type="jsonl", config_json=json.dumps({"path": str(path)})),
         outputs=(encode_value(1), encode_value(2), bad_output, encode_value(4)),
         task_code_epoch="e1",
     )
-    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
-        await JsonlWriter().write(write)
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await JsonlPlugin().run(jsonl_request)
     assert caught.value.message.startswith("jsonl: output 2 ")
     assert reason in caught.value.message
     assert caught.value.retryable is False
     assert path.read_text(encoding="utf-8") == '{"before": true}\n'
 
 
-async def test_jsonl_writer_needs_a_path(tmp_path: Path) -> None:
+async def test_jsonl_plugin_needs_a_path(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT_S):
-        with pytest.raises(WriterFailed) as missing:
-            await JsonlWriter().write(request("jsonl", [1], config=""))
-        with pytest.raises(WriterFailed) as empty:
-            await JsonlWriter().write(request("jsonl", [1], config={"path": ""}))
-        with pytest.raises(WriterFailed) as unknown:
-            await JsonlWriter().write(request("jsonl", [1], config={"file": "x.jsonl"}))
+        with pytest.raises(PluginFailed) as missing:
+            await JsonlPlugin().run(request("jsonl", [1], config=""))
+        with pytest.raises(PluginFailed) as empty:
+            await JsonlPlugin().run(request("jsonl", [1], config={"path": ""}))
+        with pytest.raises(PluginFailed) as unknown:
+            await JsonlPlugin().run(request("jsonl", [1], config={"file": "x.jsonl"}))
     assert missing.value.message == (
         "jsonl: config_json.path is required: the file to append lines to"
     )
@@ -338,14 +353,14 @@ async def test_jsonl_writer_needs_a_path(tmp_path: Path) -> None:
     )
 
 
-async def test_jsonl_writer_reports_an_unwritable_path_as_retryable(tmp_path: Path) -> None:
+async def test_jsonl_plugin_reports_an_unwritable_path_as_retryable(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory", encoding="utf-8")
     path = blocker / "out.jsonl"
-    with trio.fail_after(TIMEOUT_S), pytest.raises(WriterFailed) as caught:
-        await JsonlWriter().write(request("jsonl", [1], config={"path": str(path)}))
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await JsonlPlugin().run(request("jsonl", [1], config={"path": str(path)}))
     error = caught.value
-    assert error.code == "PLUGIN_FAILED"
+    assert error.code is FailureCode.PLUGIN_FAILED
     assert error.retryable is True
     assert error.message.startswith(f"jsonl: cannot append to {str(path)!r}: [Errno ")
     assert isinstance(error.__cause__, OSError)
@@ -355,26 +370,24 @@ async def test_jsonl_writer_reports_an_unwritable_path_as_retryable(tmp_path: Pa
 # --- registry ---------------------------------------------------------------------------------
 
 
-def test_registry_holds_the_named_writers() -> None:
-    assert KNOWN_WRITERS == ("log", "test", "jsonl")
-    registry = writer_registry(KNOWN_WRITERS)
-    assert registry.names() == KNOWN_WRITERS
-    assert isinstance(registry.get("log"), LogWriter)
-    assert isinstance(registry.get("test"), MemoryWriter)
-    assert isinstance(registry.get("jsonl"), JsonlWriter)
+def test_registry_holds_the_named_plugins() -> None:
+    assert KNOWN_PLUGINS == ("log", "test", "jsonl")
+    registry = plugin_registry(KNOWN_PLUGINS)
+    assert registry.names() == KNOWN_PLUGINS
+    assert isinstance(registry.get("log"), LogPlugin)
+    assert isinstance(registry.get("test"), MemoryPlugin)
+    assert isinstance(registry.get("jsonl"), JsonlPlugin)
     assert registry.get("table_upserts") is None
-    assert writer_registry([]).names() == ()
+    assert plugin_registry([]).names() == ()
 
 
-def test_registry_refuses_an_unknown_writer_naming_it_and_the_known_ones() -> None:
-    with pytest.raises(UnknownPlugin) as caught:
-        writer_registry(["log", "bundle_write"])
-    assert str(caught.value) == (
-        "unknown writer plugin 'bundle_write'; known writer plugins: log, test, jsonl"
-    )
+def test_registry_refuses_an_unknown_plugin_naming_it_and_the_known_ones() -> None:
+    with pytest.raises(UnknownName) as caught:
+        plugin_registry(["log", "bundle_write"])
+    assert str(caught.value) == "unknown plugin 'bundle_write'; known plugins: log, test, jsonl"
 
 
-def test_registry_of_writer_instances_refuses_two_with_one_name() -> None:
-    with pytest.raises(DuplicatePlugin) as caught:
-        WriterRegistry([LogWriter(), LogWriter()])
+def test_registry_of_plugin_instances_refuses_two_with_one_name() -> None:
+    with pytest.raises(DuplicateName) as caught:
+        PluginRegistry([LogPlugin(), LogPlugin()])
     assert caught.value.name == "log"

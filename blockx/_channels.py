@@ -15,7 +15,24 @@ import trio
 import trio_asyncio
 from grpclib.client import Channel
 
+from blockx.errors import Misuse
+
 MAX_PORT = 65_535
+
+
+class NoAsyncioLoop(Misuse):
+    """A gRPC client was opened outside `trio_asyncio.open_loop()`."""
+
+    def __init__(self, *, user: str) -> None:
+        super().__init__(what=f"{user} must run inside `async with trio_asyncio.open_loop():`")
+
+
+def asyncio_loop(user: str) -> object:
+    """trio-asyncio's running loop; `NoAsyncioLoop` naming `user` when there is none."""
+    loop = trio_asyncio.current_loop.get()
+    if loop is None:
+        raise NoAsyncioLoop(user=user)
+    return loop
 
 
 def split_host_port(address: str) -> tuple[str, int]:

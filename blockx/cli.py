@@ -42,7 +42,7 @@ from blockx.client import (
     task_spec_from_json,
 )
 from blockx.discovery import WorkerHeartbeat
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, InvalidValue
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
 
 DEFAULT_WORKER = "127.0.0.1:8081"
@@ -53,14 +53,11 @@ EXIT_INTERRUPTED = 130
 _BYTES_PER_MB = 1024 * 1024
 
 
-class InvalidArgument(BlockxError):
-    """The value given to `flag` is wrong; `allowed` says what it must be."""
+class InvalidArgument(InvalidValue):
+    """The value given to the flag `field` is wrong; `allowed` says what it must be."""
 
-    def __init__(self, *, flag: str, value: object, allowed: str) -> None:
-        self.flag = flag
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{flag} {value!r}: {allowed}")
+    def describe(self) -> str:
+        return f"{self.field} {self.value!r}: {self.allowed}"
 
 
 # ------------------------------------------------------------------ parsing
@@ -135,9 +132,17 @@ def _add_submit(commands: _Commands) -> None:
     payload = submit.add_mutually_exclusive_group()
     payload.add_argument("--payload", metavar="TEXT", help="the payload, as UTF-8 text")
     payload.add_argument("--payload-file", metavar="PATH", help="the payload, from a file")
-    submit.add_argument("--writer", metavar="TYPE", help="the writer plugin (default: none)")
     submit.add_argument(
-        "--writer-config", metavar="JSON", help="the writer's config (a JSON object)"
+        "--plugin",
+        "--writer",
+        metavar="TYPE",
+        help="the plugin that stores the outputs, e.g. jsonl (default: none)",
+    )
+    submit.add_argument(
+        "--plugin-config",
+        "--writer-config",
+        metavar="JSON",
+        help="the plugin's config (a JSON object)",
     )
     submit.add_argument(
         "--timeout-ms", type=int, metavar="N", help="task deadline (default: the worker's)"
@@ -227,8 +232,9 @@ def _serve(args: argparse.Namespace) -> int:
     # Imported here: the worker's modules are only needed by the worker.
     from blockx import app  # noqa: PLC0415
     from blockx.config import load_config  # noqa: PLC0415
+    from blockx.profiles import PROFILES  # noqa: PLC0415
 
-    profile = app.PROFILES[args.profile]
+    profile = PROFILES[args.profile]
     overrides: dict[str, object] = {
         "listenAddr": args.listen,
         "worker.taskSlots": args.slots,
@@ -236,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
         "functionCode.dir": args.functions,
     }
     if args.print_config:
-        config = load_config(tune=profile.tune, overrides=overrides)
+        config = load_config(profile=profile.defaults, overrides=overrides)
         print(json.dumps(config.to_json_dict(), indent=2))
         return 0
     # Logging is set up by `app.run`: its format is configuration (logFormat).
@@ -498,24 +504,24 @@ def _task_from_args(args: argparse.Namespace) -> pb.TaskSpec:
             builder=args.builder,
             config=_json_object_flag("--config", args.config),
             payload=_payload(args),
-            writer=args.writer,
-            writer_config=_json_object_flag("--writer-config", args.writer_config),
+            plugin=args.plugin,
+            plugin_config=_json_object_flag("--plugin-config", args.plugin_config),
             timeout_ms=args.timeout_ms or 0,
             best_effort=args.best_effort,
             retry=retry,
             labels=_labels(args.label),
         )
     except InvalidTaskSpec as error:
-        flag = _FLAG_OF_KEY.get(error.key.partition(".")[0], error.key)
-        raise InvalidArgument(flag=flag, value=error.value, allowed=error.allowed) from error
+        flag = _FLAG_OF_KEY.get(error.field.partition(".")[0], error.field)
+        raise InvalidArgument(field=flag, value=error.value, allowed=error.allowed) from error
 
 
 _FLAG_OF_KEY = {
     "task_id": "--task-id",
     "builder": "--builder",
     "config": "--config",
-    "writer": "--writer",
-    "writer_config": "--writer-config",
+    "plugin": "--plugin",
+    "plugin_config": "--plugin-config",
     "timeout_ms": "--timeout-ms",
     "retry": "--max-attempts",
     "labels": "--label",
@@ -524,8 +530,8 @@ _BUILDER_FLAGS = {
     "config": "--config",
     "payload": "--payload",
     "payload_file": "--payload-file",
-    "writer": "--writer",
-    "writer_config": "--writer-config",
+    "plugin": "--plugin",
+    "plugin_config": "--plugin-config",
     "timeout_ms": "--timeout-ms",
     "best_effort": "--best-effort",
     "max_attempts": "--max-attempts",
@@ -552,16 +558,16 @@ def _task_from_file(path: str, task_id: str | None) -> pb.TaskSpec:
             document = json.load(file)
     except OSError as error:
         allowed = f"cannot be read ({error.strerror or error})"
-        raise InvalidArgument(flag="--file", value=path, allowed=allowed) from error
+        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         allowed = f"is not valid JSON ({error})"
-        raise InvalidArgument(flag="--file", value=path, allowed=allowed) from error
+        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
     if task_id is None and not (isinstance(document, dict) and "task_id" in document):
         task_id = uuid.uuid4().hex
     try:
         return task_spec_from_json(document, task_id=task_id)
     except InvalidTaskSpec as error:
-        raise InvalidArgument(flag="--file", value=path, allowed=str(error)) from error
+        raise InvalidArgument(field="--file", value=path, allowed=str(error)) from error
 
 
 def _json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None:
@@ -571,10 +577,10 @@ def _json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidArgument(
-            flag=flag, value=text, allowed=f"is not valid JSON ({error})"
+            field=flag, value=text, allowed=f"is not valid JSON ({error})"
         ) from error
     if not isinstance(value, dict):
-        raise InvalidArgument(flag=flag, value=text, allowed="must be a JSON object")
+        raise InvalidArgument(field=flag, value=text, allowed="must be a JSON object")
     return value
 
 
@@ -589,7 +595,7 @@ def _payload(args: argparse.Namespace) -> bytes:
         except OSError as error:
             allowed = f"cannot be read ({error.strerror or error})"
             raise InvalidArgument(
-                flag="--payload-file", value=args.payload_file, allowed=allowed
+                field="--payload-file", value=args.payload_file, allowed=allowed
             ) from error
     return b""
 
@@ -599,7 +605,7 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         key, equals, value = item.partition("=")
         if not equals or not key:
-            raise InvalidArgument(flag="--label", value=item, allowed="must be KEY=VALUE")
+            raise InvalidArgument(field="--label", value=item, allowed="must be KEY=VALUE")
         labels[key] = value
     return labels
 

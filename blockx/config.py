@@ -7,11 +7,17 @@ and one file, and that is all.
 
 Theory of operation:
 
-* Each setting is declared once, as a field of `WorkerConfig` or of one of its
-  groups, with its JSON name and its environment variable beside its default.
-  `_SETTINGS` is the flat table walked from those declarations; the file, the
-  environment, the overrides and `to_json_dict` all work from it.
-* Layers, later ones win: built-in defaults -> the profile's `tune` -> the
+* Each setting is declared once, as a field of one of `WorkerConfig`'s
+  sections, with its JSON name and its environment variable beside its
+  default; this is the only place a default is written (the lower-level
+  configs have none). `_SETTINGS` is the flat table walked from those
+  declarations; the file, the environment, the overrides and `to_json_dict`
+  all work from it.
+* A section is a JSON object (`worker.*`, `admission.*`) or, where the seed
+  names its settings with a prefix instead (`executorCount`, `etcdEndpoints`,
+  `grpcKeepaliveTimeMs`), a group of top-level JSON names that the code still
+  reads as one section (`config.executor.count`).
+* Layers, later ones win: built-in defaults -> the profile's defaults -> the
   JSON file named by `WORKER_CONFIG` (only the keys it holds) -> environment
   variables -> explicit overrides (command-line flags). The loader records
   which layer gave each value, so an error can say where a bad value came from.
@@ -33,15 +39,17 @@ import json
 import os
 import re
 import socket
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import attrs
 
-from blockx.errors import BlockxError
-from blockx.executors import ExecutorPoolConfig, InvalidPoolConfig
-from blockx.functions import DEFAULT_REDIS_PREFIX, CodeViewConfig, InvalidCodeViewConfig
-from blockx.slots import InvalidConfig, RetryPolicy, SlotConfig
+from blockx.calls import RetryPolicy
+from blockx.errors import InvalidValue, shown
+from blockx.executors import ExecutorPoolConfig
+from blockx.functions import DEFAULT_REDIS_PREFIX, CodeViewConfig
+from blockx.slots import SlotConfig
 
 CONFIG_FILE_ENV = "WORKER_CONFIG"
 """Names the JSON file of the file layer."""
@@ -51,7 +59,7 @@ _OUTBOUND_PROBE = ("8.8.8.8", 80)
 """Connecting a UDP socket only picks a route; no packet is sent."""
 
 
-class ConfigError(BlockxError):
+class ConfigError(InvalidValue):
     """A setting is missing its form or out of range. `field` is its JSON path.
 
     `source` says which layer gave the value ("default", "profile",
@@ -61,12 +69,12 @@ class ConfigError(BlockxError):
     def __init__(
         self, *, field: str, value: object, allowed: str, source: str | None = None
     ) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
         self.source = source
-        where = f" (from {source})" if source else ""
-        super().__init__(f"{field} = {value!r}{where}: {allowed}")
+        super().__init__(field=field, value=value, allowed=allowed)
+
+    def describe(self) -> str:
+        where = f" (from {self.source})" if self.source else ""
+        return f"{self.field} = {shown(self.value)}{where}: {self.allowed}"
 
     def from_source(self, source: str | None) -> ConfigError:
         return ConfigError(field=self.field, value=self.value, allowed=self.allowed, source=source)
@@ -216,14 +224,25 @@ class _Declared:
     json_name: str
     env: str | None
     kind: _Kind
+    positive: bool
 
 
-def _setting(default: object, json_name: str, env: str | None = None, kind: _Kind = _INT) -> Any:
-    return attrs.field(default=default, metadata={_SETTING_KEY: _Declared(json_name, env, kind)})
+def _setting(
+    default: object,
+    json_name: str,
+    env: str | None = None,
+    kind: _Kind = _INT,
+    *,
+    positive: bool = False,
+) -> Any:
+    """A setting: its default, JSON name, environment variable, kind; `positive`: must be > 0."""
+    declared = _Declared(json_name, env, kind, positive)
+    return attrs.field(default=default, metadata={_SETTING_KEY: declared})
 
 
-def _group(json_name: str) -> dict[str, object]:
-    """Metadata of a group field; its class is the field's factory."""
+def _section(json_name: str = "") -> dict[str, object]:
+    """Metadata of a section field (its class is the field's factory): a JSON object
+    `json_name`, or ("") settings with top-level JSON names."""
     return {_GROUP_KEY: json_name}
 
 
@@ -247,15 +266,32 @@ class WorkerSection:
         5, "defaultRetryJitterPercent", "CALL_RETRY_JITTER_PERCENT"
     )
 
+    def slot_config(self) -> SlotConfig:
+        return SlotConfig(
+            task_slots=self.task_slots,
+            default_ttl_ms=self.default_ttl_ms,
+            task_deadline_ms=self.task_deadline_ms,
+            max_task_timeout_ms=self.max_task_timeout_ms,
+            result_retention_ms=self.result_retention_ms,
+            watch_disconnect_grace_ms=self.watch_disconnect_grace_ms,
+            default_retry_policy=RetryPolicy(
+                max_attempts=self.default_max_attempts,
+                base_backoff_ms=self.default_base_backoff_ms,
+                jitter_percent=self.default_retry_jitter_percent,
+            ),
+        )
+
 
 @attrs.frozen(kw_only=True)
 class AdmissionSection:
     """`admission.*`: how many tasks may be in each phase at once."""
 
-    builder_slots: int = _setting(16, "builderSlots")
-    executor_task_slots: int = _setting(32, "executorTaskSlots", "EXECUTOR_TASK_SLOTS")
-    plugin_slots: int = _setting(16, "pluginSlots")
-    scan_slots: int = _setting(8, "scanSlots", "SCAN_SLOTS")
+    builder_slots: int = _setting(16, "builderSlots", positive=True)
+    executor_task_slots: int = _setting(
+        32, "executorTaskSlots", "EXECUTOR_TASK_SLOTS", positive=True
+    )
+    plugin_slots: int = _setting(16, "pluginSlots", positive=True)
+    scan_slots: int = _setting(8, "scanSlots", "SCAN_SLOTS", positive=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -269,16 +305,16 @@ class StreamBuildSection:
 class DispatcherSection:
     """`dispatcher.*`: how a task's calls are spread over the executors."""
 
-    call_window: int = _setting(64, "callWindow")
+    call_window: int = _setting(64, "callWindow", positive=True)
     """Calls of one task in flight at once."""
-    call_deadline_ms: int = _setting(60_000, "callDeadlineMs", "CALL_DEADLINE_MS")
-    executor_capacity: int = _setting(64, "executorCapacity")
+    call_deadline_ms: int = _setting(60_000, "callDeadlineMs", "CALL_DEADLINE_MS", positive=True)
+    executor_capacity: int = _setting(64, "executorCapacity", positive=True)
     """Calls queued on one executor at once."""
 
 
 @attrs.frozen(kw_only=True)
 class FunctionCodeSection:
-    """`functionCode.*`: where function code is read from and how often."""
+    """`functionCode.*` (and `functionSnapshotRetentionMs`): where function code comes from."""
 
     dir: str = _setting("examples/functions", "dir", "FUNCTIONS_DIR", _STR)
     """Read when `redis_url` is empty; relative paths are from the current directory."""
@@ -286,91 +322,103 @@ class FunctionCodeSection:
     redis_prefix: str = _setting(
         DEFAULT_REDIS_PREFIX, "redisPrefix", "FUNCTIONS_REDIS_PREFIX", _STR
     )
-    refresh_ms: int = _setting(1_000, "refreshMs", "FUNCTIONS_REFRESH_MS")
+    refresh_ms: int = _setting(1_000, "refreshMs", "FUNCTIONS_REFRESH_MS", positive=True)
 
 
 @attrs.frozen(kw_only=True)
-class WorkerConfig:
-    """Everything a worker process is configured with. Checked when made."""
+class ExecutorSection:
+    """`executor*`: the executor processes."""
 
-    listen_addr: str = _setting(":8081", "listenAddr", "WORKER_LISTEN", _STR)
-    worker_addr: str = _setting("", "workerAddr", "WORKER_ADDR", _STR)
-    """Advertised address and etcd key suffix; empty = derived at start."""
-    etcd_endpoints: tuple[str, ...] = _setting(
+    count: int = _setting(8, "executorCount", "EXECUTOR_COUNT")
+    restart_enabled: bool = _setting(
+        True, "executorRestartEnabled", "EXECUTOR_RESTART_ENABLED", _BOOL
+    )
+    restart_delay_ms: int = _setting(1_000, "executorRestartDelayMs", "EXECUTOR_RESTART_DELAY_MS")
+    max_restarts: int = _setting(10, "executorMaxRestarts", "EXECUTOR_MAX_RESTARTS")
+    restart_window_ms: int = _setting(
+        60_000, "executorRestartWindowMs", "EXECUTOR_RESTART_WINDOW_MS"
+    )
+    restart_backoff_ms: int = _setting(
+        30_000, "executorRestartBackoffMs", "EXECUTOR_RESTART_BACKOFF_MS"
+    )
+    heartbeat_interval_ms: int = _setting(500, "executorHeartbeatIntervalMs")
+    heartbeat_timeout_ms: int = _setting(5_000, "executorHeartbeatTimeoutMs")
+    stall_timeout_ms: int = _setting(60_000, "executorStallTimeoutMs", "EXECUTOR_STALL_TIMEOUT_MS")
+    health_check_interval_ms: int = _setting(250, "executorHealthCheckIntervalMs")
+    start_timeout_ms: int = _setting(30_000, "executorStartTimeoutMs")
+    """From spawn to an accepted Hello."""
+    stop_grace_ms: int = _setting(5_000, "executorStopGraceMs")
+    max_result_bytes: int = _setting(16 * 1024 * 1024, "executorMaxResultBytes")
+    send_queue_frames: int = _setting(1_024, "executorSendQueueFrames")
+    python: str = _setting("", "executorPython", kind=_STR)
+    """The interpreter executors run on; empty = the worker's own."""
+    runtime_dir: str = _setting("", "executorRuntimeDir", kind=_STR)
+    """Where the private socket directory is made; empty = the system's temporary directory."""
+
+    def pool_config(self) -> ExecutorPoolConfig:
+        return ExecutorPoolConfig(
+            executor_count=self.count,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+            stall_timeout_ms=self.stall_timeout_ms,
+            health_check_interval_ms=self.health_check_interval_ms,
+            start_timeout_ms=self.start_timeout_ms,
+            restart_enabled=self.restart_enabled,
+            restart_delay_ms=self.restart_delay_ms,
+            max_restarts=self.max_restarts,
+            restart_window_ms=self.restart_window_ms,
+            restart_backoff_ms=self.restart_backoff_ms,
+            grace_ms=self.stop_grace_ms,
+            max_result_bytes=self.max_result_bytes,
+            send_queue_frames=self.send_queue_frames,
+            python_executable=self.python or sys.executable,
+            runtime_dir_parent=self.runtime_dir or None,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class EtcdSection:
+    """`etcd*`: registration in etcd and the heartbeat published there."""
+
+    endpoints: tuple[str, ...] = _setting(
         ("localhost:2379",), "etcdEndpoints", "ETCD_ENDPOINTS", _ENDPOINTS
     )
     """Empty = no registration (the text forms "" and "none" both give this)."""
-    worker_registry_prefix: str = _setting(
+    registry_prefix: str = _setting(
         "/blockx/workers/", "workerRegistryPrefix", "WORKER_REGISTRY_PREFIX", _STR
     )
-    """The block profile's prefix; other profiles set theirs in `tune`."""
-    executor_count: int = _setting(8, "executorCount", "EXECUTOR_COUNT")
-
-    worker: WorkerSection = attrs.field(factory=WorkerSection, metadata=_group("worker"))
-    admission: AdmissionSection = attrs.field(
-        factory=AdmissionSection, metadata=_group("admission")
-    )
-    stream_build: StreamBuildSection = attrs.field(
-        factory=StreamBuildSection, metadata=_group("streamBuild")
-    )
-    dispatcher: DispatcherSection = attrs.field(
-        factory=DispatcherSection, metadata=_group("dispatcher")
-    )
-    function_code: FunctionCodeSection = attrs.field(
-        factory=FunctionCodeSection, metadata=_group("functionCode")
-    )
-
-    heartbeat_interval_ms: int = _setting(
-        200, "heartbeatIntervalMs", "WORKER_HEARTBEAT_INTERVAL", _DURATION_MS
-    )
-    """etcd heartbeat; 2000 is the usual production value."""
-    drain_timeout_ms: int = _setting(30_000, "drainTimeoutMs", "DRAIN_TIMEOUT_MS")
-    phase_io_timeout_ms: int = _setting(10_000, "phaseIoTimeoutMs", "PHASE_IO_TIMEOUT_MS")
-    grpc_keepalive_time_ms: int = _setting(
-        30_000, "grpcKeepaliveTimeMs", "WORKER_GRPC_KEEPALIVE_TIME_MS"
-    )
-    grpc_keepalive_timeout_ms: int = _setting(
-        10_000, "grpcKeepaliveTimeoutMs", "WORKER_GRPC_KEEPALIVE_TIMEOUT_MS"
-    )
-    grpc_max_message_bytes: int = _setting(
-        16 * 1024 * 1024, "grpcMaxMessageBytes", "WORKER_GRPC_MAX_MESSAGE_BYTES"
-    )
-
-    executor_restart_enabled: bool = _setting(
-        True, "executorRestartEnabled", "EXECUTOR_RESTART_ENABLED", _BOOL
-    )
-    executor_restart_delay_ms: int = _setting(
-        1_000, "executorRestartDelayMs", "EXECUTOR_RESTART_DELAY_MS"
-    )
-    executor_max_restarts: int = _setting(10, "executorMaxRestarts", "EXECUTOR_MAX_RESTARTS")
-    executor_restart_window_ms: int = _setting(
-        60_000, "executorRestartWindowMs", "EXECUTOR_RESTART_WINDOW_MS"
-    )
-    executor_restart_backoff_ms: int = _setting(
-        30_000, "executorRestartBackoffMs", "EXECUTOR_RESTART_BACKOFF_MS"
-    )
-    executor_heartbeat_interval_ms: int = _setting(500, "executorHeartbeatIntervalMs")
-    executor_heartbeat_timeout_ms: int = _setting(5_000, "executorHeartbeatTimeoutMs")
-    executor_stall_timeout_ms: int = _setting(
-        60_000, "executorStallTimeoutMs", "EXECUTOR_STALL_TIMEOUT_MS"
-    )
-    executor_stop_grace_ms: int = _setting(5_000, "executorStopGraceMs")
-
-    function_snapshot_retention_ms: int = _setting(
-        0, "functionSnapshotRetentionMs", "FUNCTION_SNAPSHOT_RETENTION_MS"
-    )
-    """0 = `worker.maxTaskTimeoutMs` + 10 s."""
-
-    etcd_lease_ttl_ms: int = _setting(10_000, "etcdLeaseTtlMs", "ETCD_LEASE_TTL_MS")
+    """The block profile's prefix; other profiles set theirs in their defaults."""
+    lease_ttl_ms: int = _setting(10_000, "etcdLeaseTtlMs", "ETCD_LEASE_TTL_MS", positive=True)
     """TTL of the registration lease; etcd raises very short ones to its minimum."""
-    shadow_submit_target_addr: str = _setting(
-        "", "shadowSubmitTargetAddr", "SHADOW_SUBMIT_TARGET_ADDR", _STR
+    heartbeat_interval_ms: int = _setting(
+        200, "heartbeatIntervalMs", "WORKER_HEARTBEAT_INTERVAL", _DURATION_MS, positive=True
     )
-    """host:port of a worker that receives a sample of accepted submits; empty = off."""
-    shadow_submit_sample_rate: float = _setting(
-        0.0, "shadowSubmitSampleRate", "SHADOW_SUBMIT_SAMPLE_RATE", _FLOAT
+    """How often the heartbeat is republished; 2000 is the usual production value."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.endpoints)
+
+
+@attrs.frozen(kw_only=True)
+class GrpcSection:
+    """`grpc*`: the gRPC server's transport settings."""
+
+    keepalive_time_ms: int = _setting(
+        30_000, "grpcKeepaliveTimeMs", "WORKER_GRPC_KEEPALIVE_TIME_MS", positive=True
     )
-    """Fraction (0..1) of accepted submits mirrored to the shadow target."""
+    keepalive_timeout_ms: int = _setting(
+        10_000, "grpcKeepaliveTimeoutMs", "WORKER_GRPC_KEEPALIVE_TIMEOUT_MS", positive=True
+    )
+    max_message_bytes: int = _setting(
+        16 * 1024 * 1024, "grpcMaxMessageBytes", "WORKER_GRPC_MAX_MESSAGE_BYTES", positive=True
+    )
+
+
+@attrs.frozen(kw_only=True)
+class ObservabilitySection:
+    """Metrics, the status page, logs and traces."""
+
     metrics_listen_addr: str = _setting(":9464", "metricsListenAddr", "METRICS_LISTEN", _STR)
     """Prometheus metrics and the live status page; empty or "none" = off."""
     log_format: str = _setting("json", "logFormat", "LOG_FORMAT", _STR)
@@ -380,65 +428,8 @@ class WorkerConfig:
     )
     """OTLP/HTTP endpoint for trace spans; empty = tracing is a no-op."""
     memory_diagnostics_interval_ms: int = _setting(
-        60_000, "memoryDiagnosticsIntervalMs", "MEMORY_DIAGNOSTICS_INTERVAL_MS"
+        60_000, "memoryDiagnosticsIntervalMs", "MEMORY_DIAGNOSTICS_INTERVAL_MS", positive=True
     )
-
-    def __attrs_post_init__(self) -> None:
-        for path in _MUST_BE_POSITIVE:
-            value = _SETTINGS_BY_PATH[path].get(self)
-            if not value > 0:
-                raise ConfigError(field=path, value=value, allowed="must be > 0")
-        try:
-            _parse_listen_addr(self.listen_addr)
-        except ValueError as error:
-            raise ConfigError(
-                field="listenAddr", value=self.listen_addr, allowed=str(error)
-            ) from error
-        if not self.worker_registry_prefix:
-            raise ConfigError(
-                field="workerRegistryPrefix",
-                value=self.worker_registry_prefix,
-                allowed="must not be empty",
-            )
-        if not 0.0 <= self.shadow_submit_sample_rate <= 1.0:
-            raise ConfigError(
-                field="shadowSubmitSampleRate",
-                value=self.shadow_submit_sample_rate,
-                allowed="must be between 0 and 1",
-            )
-        if self.log_format not in ("json", "text"):
-            raise ConfigError(
-                field="logFormat", value=self.log_format, allowed='must be "json" or "text"'
-            )
-        for field, addr in (
-            ("metricsListenAddr", self.metrics_listen_addr),
-            ("shadowSubmitTargetAddr", self.shadow_submit_target_addr),
-        ):
-            if addr and addr.lower() != "none":
-                try:
-                    _parse_listen_addr(addr)
-                except ValueError as error:
-                    raise ConfigError(field=field, value=addr, allowed=str(error)) from error
-        if not self.function_code.redis_url and not self.function_code.dir:
-            raise ConfigError(
-                field="functionCode.dir",
-                value=self.function_code.dir,
-                allowed="must name a directory when functionCode.redisUrl is empty",
-            )
-        # The lower-level configs own the rest of the rules (slot table, pool,
-        # code retention); building them here keeps one copy of each rule.
-        for convert in (self.slot_config, self.pool_config, self.code_view_config):
-            try:
-                convert()
-            except (InvalidConfig, InvalidPoolConfig, InvalidCodeViewConfig) as error:
-                field = _LOWER_LEVEL_ALIASES.get(error.field, error.field)
-                raise ConfigError(field=field, value=error.value, allowed=error.allowed) from error
-
-    # --- conversions -----------------------------------------------------------------------
-
-    @property
-    def etcd_enabled(self) -> bool:
-        return bool(self.etcd_endpoints)
 
     @property
     def metrics_enabled(self) -> bool:
@@ -448,40 +439,123 @@ class WorkerConfig:
         """(host, port) of the metrics and status-page listener."""
         return _parse_listen_addr(self.metrics_listen_addr)
 
+
+@attrs.frozen(kw_only=True)
+class ShadowSection:
+    """`shadowSubmit*`: mirroring a sample of accepted submits to another worker."""
+
+    target_addr: str = _setting("", "shadowSubmitTargetAddr", "SHADOW_SUBMIT_TARGET_ADDR", _STR)
+    """host:port of a worker that receives a sample of accepted submits; empty = off."""
+    sample_rate: float = _setting(
+        0.0, "shadowSubmitSampleRate", "SHADOW_SUBMIT_SAMPLE_RATE", _FLOAT
+    )
+    """Fraction (0..1) of accepted submits mirrored to the shadow target."""
+
     @property
-    def shadow_enabled(self) -> bool:
-        return bool(self.shadow_submit_target_addr) and self.shadow_submit_sample_rate > 0
-
-    def slot_config(self) -> SlotConfig:
-        worker = self.worker
-        return SlotConfig(
-            task_slots=worker.task_slots,
-            default_ttl_ms=worker.default_ttl_ms,
-            task_deadline_ms=worker.task_deadline_ms,
-            max_task_timeout_ms=worker.max_task_timeout_ms,
-            result_retention_ms=worker.result_retention_ms,
-            watch_disconnect_grace_ms=worker.watch_disconnect_grace_ms,
-            default_retry_policy=RetryPolicy(
-                max_attempts=worker.default_max_attempts,
-                base_backoff_ms=worker.default_base_backoff_ms,
-                jitter_percent=worker.default_retry_jitter_percent,
-            ),
+    def enabled(self) -> bool:
+        return (
+            bool(self.target_addr) and self.target_addr.lower() != "none" and self.sample_rate > 0
         )
 
-    def pool_config(self) -> ExecutorPoolConfig:
-        """Settings not held here (python executable, buffers) keep the pool's defaults."""
-        return ExecutorPoolConfig(
-            executor_count=self.executor_count,
-            heartbeat_interval_ms=self.executor_heartbeat_interval_ms,
-            heartbeat_timeout_ms=self.executor_heartbeat_timeout_ms,
-            stall_timeout_ms=self.executor_stall_timeout_ms,
-            restart_enabled=self.executor_restart_enabled,
-            restart_delay_ms=self.executor_restart_delay_ms,
-            max_restarts=self.executor_max_restarts,
-            restart_window_ms=self.executor_restart_window_ms,
-            restart_backoff_ms=self.executor_restart_backoff_ms,
-            grace_ms=self.executor_stop_grace_ms,
+
+@attrs.frozen(kw_only=True)
+class WorkerConfig:
+    """Everything a worker process is configured with. Checked when made."""
+
+    listen_addr: str = _setting(":8081", "listenAddr", "WORKER_LISTEN", _STR)
+    worker_addr: str = _setting("", "workerAddr", "WORKER_ADDR", _STR)
+    """Advertised address and etcd key suffix; empty = derived at start."""
+    drain_timeout_ms: int = _setting(30_000, "drainTimeoutMs", "DRAIN_TIMEOUT_MS", positive=True)
+    phase_io_timeout_ms: int = _setting(
+        10_000, "phaseIoTimeoutMs", "PHASE_IO_TIMEOUT_MS", positive=True
+    )
+    function_snapshot_retention_ms: int = _setting(
+        0, "functionSnapshotRetentionMs", "FUNCTION_SNAPSHOT_RETENTION_MS"
+    )
+    """0 = `worker.maxTaskTimeoutMs` + 10 s."""
+
+    worker: WorkerSection = attrs.field(factory=WorkerSection, metadata=_section("worker"))
+    admission: AdmissionSection = attrs.field(
+        factory=AdmissionSection, metadata=_section("admission")
+    )
+    stream_build: StreamBuildSection = attrs.field(
+        factory=StreamBuildSection, metadata=_section("streamBuild")
+    )
+    dispatcher: DispatcherSection = attrs.field(
+        factory=DispatcherSection, metadata=_section("dispatcher")
+    )
+    function_code: FunctionCodeSection = attrs.field(
+        factory=FunctionCodeSection, metadata=_section("functionCode")
+    )
+    executor: ExecutorSection = attrs.field(factory=ExecutorSection, metadata=_section())
+    etcd: EtcdSection = attrs.field(factory=EtcdSection, metadata=_section())
+    grpc: GrpcSection = attrs.field(factory=GrpcSection, metadata=_section())
+    observability: ObservabilitySection = attrs.field(
+        factory=ObservabilitySection, metadata=_section()
+    )
+    shadow: ShadowSection = attrs.field(factory=ShadowSection, metadata=_section())
+
+    def __attrs_post_init__(self) -> None:
+        for setting in _SETTINGS:
+            value = setting.get(self)
+            ConfigError.check(
+                not setting.positive or value > 0,
+                field=setting.path,
+                value=value,
+                allowed="must be > 0",
+            )
+        self._check_addresses()
+        self._check_choices()
+        # The lower-level configs own the rest of the rules (slot table, pool,
+        # code retention); building them here keeps one copy of each rule.
+        for convert in (self.worker.slot_config, self.executor.pool_config, self.code_view_config):
+            try:
+                convert()
+            except InvalidValue as error:
+                field = _LOWER_LEVEL_ALIASES.get(error.field, error.field)
+                raise ConfigError(field=field, value=error.value, allowed=error.allowed) from error
+
+    def _check_addresses(self) -> None:
+        for field, addr, optional in (
+            ("listenAddr", self.listen_addr, False),
+            ("metricsListenAddr", self.observability.metrics_listen_addr, True),
+            ("shadowSubmitTargetAddr", self.shadow.target_addr, True),
+        ):
+            if optional and addr.lower() in ("", "none"):
+                continue
+            try:
+                _parse_listen_addr(addr)
+            except ValueError as error:
+                raise ConfigError(field=field, value=addr, allowed=str(error)) from error
+
+    def _check_choices(self) -> None:
+        check = ConfigError.check
+        check(
+            bool(self.etcd.registry_prefix),
+            field="workerRegistryPrefix",
+            value=self.etcd.registry_prefix,
+            allowed="must not be empty",
         )
+        check(
+            0.0 <= self.shadow.sample_rate <= 1.0,
+            field="shadowSubmitSampleRate",
+            value=self.shadow.sample_rate,
+            allowed="must be between 0 and 1",
+        )
+        check(
+            self.observability.log_format in ("json", "text"),
+            field="logFormat",
+            value=self.observability.log_format,
+            allowed='must be "json" or "text"',
+        )
+        check(
+            bool(self.function_code.redis_url or self.function_code.dir),
+            field="functionCode.dir",
+            value=self.function_code.dir,
+            allowed="must name a directory when functionCode.redisUrl is empty",
+        )
+
+    # --- conversions -----------------------------------------------------------------------
 
     def code_view_config(self) -> CodeViewConfig:
         return CodeViewConfig(
@@ -524,7 +598,8 @@ class WorkerConfig:
 
 
 def default_config() -> WorkerConfig:
-    return WorkerConfig()
+    """Every setting at its built-in default."""
+    return _DEFAULTS
 
 
 def outbound_ipv4() -> str:
@@ -563,6 +638,7 @@ class _Setting:
     """Python attribute path: ("worker", "task_slots")."""
     env: str | None
     kind: _Kind
+    positive: bool
 
     def get(self, config: WorkerConfig) -> Any:
         return functools.reduce(getattr, self.attributes, config)
@@ -571,7 +647,8 @@ class _Setting:
 def _walk(cls: type[Any], path: str = "", attributes: tuple[str, ...] = ()) -> Iterator[_Setting]:
     for field in attrs.fields(cls):
         if _GROUP_KEY in field.metadata:
-            group_path = f"{path}{field.metadata[_GROUP_KEY]}."
+            group = field.metadata[_GROUP_KEY]
+            group_path = f"{path}{group}." if group else path
             yield from _walk(field.default.factory, group_path, (*attributes, field.name))
         else:
             declared: _Declared = field.metadata[_SETTING_KEY]
@@ -580,6 +657,7 @@ def _walk(cls: type[Any], path: str = "", attributes: tuple[str, ...] = ()) -> I
                 attributes=(*attributes, field.name),
                 env=declared.env,
                 kind=declared.kind,
+                positive=declared.positive,
             )
 
 
@@ -587,28 +665,10 @@ _SETTINGS = tuple(_walk(WorkerConfig))
 _SETTINGS_BY_PATH = {setting.path: setting for setting in _SETTINGS}
 _GROUP_PATHS = frozenset(setting.path.rpartition(".")[0] for setting in _SETTINGS) - {""}
 
-_MUST_BE_POSITIVE = (
-    "etcdLeaseTtlMs",
-    "memoryDiagnosticsIntervalMs",
-    "admission.builderSlots",
-    "admission.executorTaskSlots",
-    "admission.pluginSlots",
-    "admission.scanSlots",
-    "dispatcher.callWindow",
-    "dispatcher.callDeadlineMs",
-    "dispatcher.executorCapacity",
-    "functionCode.refreshMs",
-    "heartbeatIntervalMs",
-    "drainTimeoutMs",
-    "phaseIoTimeoutMs",
-    "grpcKeepaliveTimeMs",
-    "grpcKeepaliveTimeoutMs",
-    "grpcMaxMessageBytes",
-)
-"""Rules not already owned by a lower-level config."""
-
 _LOWER_LEVEL_ALIASES = {"maxTaskTimeoutMs": "worker.maxTaskTimeoutMs"}
 """Lower-level error fields that are not already JSON paths."""
+
+_DEFAULTS = WorkerConfig()
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -618,31 +678,26 @@ _T = TypeVar("_T")
 
 def load_config(
     *,
-    tune: Callable[[WorkerConfig], WorkerConfig] | None = None,
+    profile: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
 ) -> WorkerConfig:
-    """Defaults, then `tune` (the profile), the `WORKER_CONFIG` file, `env`, `overrides`.
+    """Defaults, then `profile` (a profile's defaults), the `WORKER_CONFIG` file, `env`,
+    `overrides`.
 
-    `env` defaults to `os.environ`. `overrides` maps JSON paths ("listenAddr",
-    "worker.taskSlots") to typed values; a None value means "not given" so that
-    unset command-line flags can be passed as they are.
+    `env` defaults to `os.environ`. `profile` and `overrides` map JSON paths
+    ("listenAddr", "worker.taskSlots") to typed values; a None override means
+    "not given" so that unset command-line flags can be passed as they are.
     """
     environ = os.environ if env is None else env
-    base = default_config()
+    values = {setting.path: setting.get(_DEFAULTS) for setting in _SETTINGS}
     sources = dict.fromkeys(_SETTINGS_BY_PATH, "default")
-    if tune is not None:
-        try:
-            tuned = tune(base)
-        except ConfigError as error:
-            raise error.from_source("profile") from error
-        for setting in _SETTINGS:
-            if setting.get(tuned) != setting.get(base):
-                sources[setting.path] = "profile"
-        base = tuned
-
-    values = {setting.path: setting.get(base) for setting in _SETTINGS}
-    layers = (_file_layer(environ), _env_layer(environ), _override_layer(overrides or {}))
+    layers = (
+        _mapping_layer(profile or {}, "profile"),
+        _file_layer(environ),
+        _env_layer(environ),
+        _mapping_layer(overrides or {}, "override"),
+    )
     for layer in layers:
         for path, value, source in layer:
             values[path] = value
@@ -709,12 +764,12 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
         yield setting.path, _read(setting.kind.from_text, text, setting.path, source), source
 
 
-def _override_layer(overrides: Mapping[str, object]) -> _Layer:
-    for path, value in overrides.items():
+def _mapping_layer(values: Mapping[str, object], source: str) -> _Layer:
+    for path, value in values.items():
         if value is None:
             continue
-        setting = _known(path, value, "override")
-        yield path, _read(setting.kind.from_json, value, path, "override"), "override"
+        setting = _known(path, value, source)
+        yield path, _read(setting.kind.from_json, value, path, source), source
 
 
 def _known(path: str, value: object, source: str) -> _Setting:
@@ -738,7 +793,8 @@ def _build(cls: type[Any], values: Mapping[str, object], prefix: str = "") -> An
     arguments: dict[str, object] = {}
     for field in attrs.fields(cls):
         if _GROUP_KEY in field.metadata:
-            group_path = f"{prefix}{field.metadata[_GROUP_KEY]}."
+            group = field.metadata[_GROUP_KEY]
+            group_path = f"{prefix}{group}." if group else prefix
             arguments[field.name] = _build(field.default.factory, values, group_path)
         else:
             declared: _Declared = field.metadata[_SETTING_KEY]
@@ -751,7 +807,12 @@ __all__ = [
     "AdmissionSection",
     "ConfigError",
     "DispatcherSection",
+    "EtcdSection",
+    "ExecutorSection",
     "FunctionCodeSection",
+    "GrpcSection",
+    "ObservabilitySection",
+    "ShadowSection",
     "StreamBuildSection",
     "WorkerConfig",
     "WorkerSection",

@@ -42,11 +42,11 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
-from blockx._channels import open_channels, split_host_port
+from blockx._channels import asyncio_loop, open_channels, split_host_port
 from blockx._proto import etcdserverpb as rpc
 from blockx._proto import mvccpb
 from blockx.discovery._directory import KeyEvent, KeyEventKind
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, InvalidValue
 
 CALL_TIMEOUT_S = 5.0
 """How long one unary call may take on one endpoint before the next is tried."""
@@ -69,22 +69,14 @@ class EtcdError(BlockxError):
     """Base of the etcd client's errors."""
 
 
-class NoAsyncioLoop(EtcdError):
-    """`EtcdClient.connect` was entered outside `trio_asyncio.open_loop()`."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "EtcdClient.connect must run inside `async with trio_asyncio.open_loop():`"
-        )
-
-
-class InvalidEtcdEndpoint(EtcdError):
-    """`endpoint` is not HOST:PORT (or http://HOST:PORT)."""
+class InvalidEtcdEndpoint(EtcdError, InvalidValue):
+    """`value` is not HOST:PORT (or http://HOST:PORT)."""
 
     def __init__(self, *, endpoint: str, allowed: str) -> None:
-        self.endpoint = endpoint
-        self.allowed = allowed
-        super().__init__(f"etcd endpoint {endpoint!r}: {allowed}")
+        super().__init__(field="etcd endpoint", value=endpoint, allowed=allowed)
+
+    def describe(self) -> str:
+        return f"etcd endpoint {self.value!r}: {self.allowed}"
 
 
 class EtcdUnavailable(EtcdError):
@@ -196,9 +188,7 @@ class EtcdClient:
         if not endpoints:
             raise InvalidEtcdEndpoint(endpoint="", allowed="give at least one HOST:PORT")
         addresses = [parse_endpoint(endpoint) for endpoint in endpoints]
-        loop = trio_asyncio.current_loop.get()
-        if loop is None:
-            raise NoAsyncioLoop()
+        loop = asyncio_loop("EtcdClient.connect")
         async with open_channels(loop, addresses) as channels:
             yield cls(
                 endpoints=tuple(endpoints),

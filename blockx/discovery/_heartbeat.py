@@ -14,24 +14,19 @@ from collections.abc import Iterable
 
 import attrs
 
-from blockx.errors import BlockxError
+from blockx.errors import InvalidValue, shown
 from blockx.executors import ExecutorState, ExecutorView
+from blockx.identity import WorkerIdentity
 from blockx.slots import Heartbeat
 
 HEALTHY_EXECUTOR_STATES = frozenset({ExecutorState.READY, ExecutorState.BUSY})
 
 
-class MalformedHeartbeat(BlockxError):
-    """An etcd value is not a worker heartbeat: `key` is the JSON key at fault."""
+class MalformedHeartbeat(InvalidValue):
+    """An etcd value is not a worker heartbeat: `field` is the JSON key at fault."""
 
-    def __init__(self, *, key: str, value: object, allowed: str) -> None:
-        self.key = key
-        self.value = value
-        self.allowed = allowed
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"heartbeat {key} = {shown}: {allowed}")
+    def describe(self) -> str:
+        return f"heartbeat {self.field} = {shown(self.value)}: {self.allowed}"
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -70,25 +65,27 @@ class WorkerHeartbeat:
             document = json.loads(data)
         except (UnicodeDecodeError, ValueError) as error:
             raise MalformedHeartbeat(
-                key="(value)", value=data, allowed=f"must be JSON ({error})"
+                field="(value)", value=data, allowed=f"must be JSON ({error})"
             ) from error
         if not isinstance(document, dict):
-            raise MalformedHeartbeat(key="(value)", value=document, allowed="must be an object")
+            raise MalformedHeartbeat(field="(value)", value=document, allowed="must be an object")
         values: dict[str, object] = {}
         for key, name, kind in _FIELDS:
             if key not in document:
-                raise MalformedHeartbeat(key=key, value=None, allowed="is required")
+                raise MalformedHeartbeat(field=key, value=None, allowed="is required")
             value = document[key]
             if kind is int:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise MalformedHeartbeat(
-                        key=key, value=value, allowed="must be an integer >= 0"
+                        field=key, value=value, allowed="must be an integer >= 0"
                     )
             elif not isinstance(value, kind):
-                raise MalformedHeartbeat(key=key, value=value, allowed=f"must be a {_NAMES[kind]}")
+                raise MalformedHeartbeat(
+                    field=key, value=value, allowed=f"must be a {_NAMES[kind]}"
+                )
             values[name] = value
         if not values["address"]:
-            raise MalformedHeartbeat(key="address", value="", allowed="must not be empty")
+            raise MalformedHeartbeat(field="address", value="", allowed="must not be empty")
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -115,24 +112,18 @@ def healthy_executors(views: Iterable[ExecutorView]) -> int:
 
 
 def heartbeat_of(
-    capacity: Heartbeat,
-    *,
-    address: str,
-    deployment: str,
-    version: str,
-    started_at_ms: int,
-    executors: Iterable[ExecutorView],
+    capacity: Heartbeat, identity: WorkerIdentity, executors: Iterable[ExecutorView]
 ) -> WorkerHeartbeat:
-    """The heartbeat of a worker whose slot table reports `capacity`."""
+    """The heartbeat of the worker `identity` whose slot table reports `capacity`."""
     return WorkerHeartbeat(
-        address=address,
-        deployment=deployment,
+        address=identity.worker_addr,
+        deployment=identity.deployment,
         slots_total=capacity.slots_total,
         reserved_slots=capacity.reserved_slots,
         running_tasks=capacity.running_tasks,
         free_slots=capacity.free_slots,
         executors_healthy=healthy_executors(executors),
         draining=capacity.draining,
-        version=version,
-        started_at_ms=started_at_ms,
+        version=identity.version,
+        started_at_ms=identity.started_at_ms,
     )

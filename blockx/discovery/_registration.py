@@ -20,15 +20,16 @@ Theory of operation:
   so that a dead etcd never delays a shutdown. A lease that cannot be
   revoked lapses on its own within its TTL.
 
-The heartbeat itself comes from a callable the application passes in; the
-registrar never reads worker state of its own.
+The heartbeat itself comes from an async callable the application passes in
+(it asks the worker's actors); the registrar never reads worker state of its
+own.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -67,7 +68,7 @@ class Registrar:
         key: str,
         lease_ttl_ms: int,
         heartbeat_interval_ms: int,
-        heartbeat: Callable[[], WorkerHeartbeat],
+        heartbeat: Callable[[], Awaitable[WorkerHeartbeat]],
         call_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         for endpoint in endpoints:
@@ -177,7 +178,8 @@ class Registrar:
 
     async def _publish(self, client: EtcdClient, lease_id: int) -> None:
         try:
-            await client.put(self.key, self._heartbeat().to_json(), lease_id=lease_id)
+            heartbeat = await self._heartbeat()
+            await client.put(self.key, heartbeat.to_json(), lease_id=lease_id)
         except LeaseNotFound as error:
             raise _LeaseExpired() from error
 

@@ -236,7 +236,7 @@ async def wait_aio(event: asyncio.Event) -> None:
 
 
 def spec(task_id: str) -> pb.TaskSpec:
-    return task_spec(task_id, builder="call_list", config={"calls": []}, writer="log")
+    return task_spec(task_id, builder="call_list", config={"calls": []}, plugin="log")
 
 
 def outline(updates: list[pb.TaskUpdate]) -> list[tuple[str, pb.TaskPhase, bool]]:
@@ -442,6 +442,59 @@ async def test_cli_submit_prints_the_submit_response(capsys: pytest.CaptureFixtu
         config={"calls": [1]},
         payload=b"hello",
         labels={"team": "core"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("plugin_flag", "config_flag"),
+    [("--plugin", "--plugin-config"), ("--writer", "--writer-config")],
+)
+async def test_cli_submit_sends_the_plugin_under_either_flag_spelling(
+    plugin_flag: str, config_flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with connected() as (worker, client):
+        status = await run_cli(
+            "submit",
+            "--worker",
+            client.address,
+            "--task-id",
+            "t1",
+            "--builder",
+            "static",
+            plugin_flag,
+            "jsonl",
+            config_flag,
+            '{"path": "out.jsonl"}',
+        )
+    assert status == 0
+    assert json.loads(capsys.readouterr().out)["taskId"] == "t1"
+    [request] = worker.submitted
+    assert request.task == task_spec(
+        "t1", builder="static", plugin="jsonl", plugin_config={"path": "out.jsonl"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("plugin_key", "config_key"), [("plugin", "plugin_config"), ("writer", "writer_config")]
+)
+async def test_cli_submit_a_task_file_with_a_plugin_under_either_key(
+    plugin_key: str, config_key: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    task_file = tmp_path / "task.json"
+    document = {
+        "task_id": "with-plugin",
+        "builder": "static",
+        plugin_key: "jsonl",
+        config_key: {"path": "out.jsonl"},
+    }
+    task_file.write_text(json.dumps(document), encoding="utf-8")
+    async with connected() as (worker, client):
+        status = await run_cli("submit", "--worker", client.address, "--file", str(task_file))
+    assert status == 0
+    assert json.loads(capsys.readouterr().out)["taskId"] == "with-plugin"
+    [request] = worker.submitted
+    assert request.task == task_spec(
+        "with-plugin", builder="static", plugin="jsonl", plugin_config={"path": "out.jsonl"}
     )
 
 

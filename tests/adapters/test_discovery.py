@@ -27,6 +27,7 @@ from blockx.discovery import (
     prefix_range_end,
 )
 from blockx.executors import ExecutorState, ExecutorView
+from blockx.identity import WorkerIdentity
 from blockx.slots import Heartbeat
 
 PREFIX = "/blockx/workers/"
@@ -147,7 +148,7 @@ def test_a_wrong_field_is_named(change: dict[str, object], key: str, allowed: st
     with pytest.raises(MalformedHeartbeat) as caught:
         WorkerHeartbeat.from_json(json.dumps(document).encode())
 
-    assert (caught.value.key, caught.value.allowed) == (key, allowed)
+    assert (caught.value.field, caught.value.allowed) == (key, allowed)
 
 
 def test_a_missing_field_is_named() -> None:
@@ -157,7 +158,7 @@ def test_a_missing_field_is_named() -> None:
     with pytest.raises(MalformedHeartbeat) as caught:
         WorkerHeartbeat.from_json(json.dumps(document).encode())
 
-    assert (caught.value.key, caught.value.allowed) == ("version", "is required")
+    assert (caught.value.field, caught.value.allowed) == ("version", "is required")
 
 
 @pytest.mark.parametrize("value", [b"", b"not json", b"\xff\xfe", b"[1, 2]", b'"text"'])
@@ -165,7 +166,7 @@ def test_a_value_that_is_not_a_json_object_is_refused(value: bytes) -> None:
     with pytest.raises(MalformedHeartbeat) as caught:
         WorkerHeartbeat.from_json(value)
 
-    assert caught.value.key == "(value)"
+    assert caught.value.field == "(value)"
 
 
 def test_the_heartbeat_is_derived_from_the_slot_table_and_the_healthy_executors() -> None:
@@ -191,14 +192,11 @@ def test_the_heartbeat_is_derived_from_the_slot_table_and_the_healthy_executors(
         for state in ExecutorState
     ]
 
-    heartbeat = heartbeat_of(
-        capacity,
-        address="10.0.0.5:8081",
-        deployment="bundle",
-        version="1.2.3",
-        started_at_ms=1_000,
-        executors=views,
+    identity = WorkerIdentity(
+        worker_addr="10.0.0.5:8081", deployment="bundle", version="1.2.3", started_at_ms=1_000
     )
+
+    heartbeat = heartbeat_of(capacity, identity, views)
 
     assert heartbeat == WorkerHeartbeat(
         address="10.0.0.5:8081",
@@ -256,7 +254,7 @@ def test_a_malformed_value_removes_the_worker_and_is_reported() -> None:
         [KeyEvent(kind=KeyEventKind.PUT, key=PREFIX + "a:1", mod_revision=4, value=b"{}")]
     )
 
-    assert [(problem.key, problem.error.key) for problem in rejected] == [
+    assert [(problem.key, problem.error.field) for problem in rejected] == [
         (PREFIX + "a:1", "address")
     ]
     assert directory.workers() == ()
@@ -390,7 +388,7 @@ def test_a_wrong_endpoint_is_refused(endpoint: str) -> None:
     with pytest.raises(InvalidEtcdEndpoint) as caught:
         parse_endpoint(endpoint)
 
-    assert caught.value.endpoint == endpoint
+    assert caught.value.value == endpoint
 
 
 def test_a_prefix_range_ends_just_past_the_prefix() -> None:

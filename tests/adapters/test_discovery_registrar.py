@@ -30,7 +30,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def heartbeat() -> WorkerHeartbeat:
+async def heartbeat() -> WorkerHeartbeat:
     return WorkerHeartbeat(
         address="127.0.0.1:1",
         deployment="block",

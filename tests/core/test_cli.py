@@ -28,6 +28,7 @@ from blockx.client import (
     task_spec,
     task_spec_from_json,
 )
+from blockx.profiles import PROFILES
 
 CONFIG_ENV = (
     "WORKER_CONFIG",
@@ -71,8 +72,8 @@ def test_task_spec_with_every_argument() -> None:
         builder="call_list",
         config={"calls": [{"fn": "demo.add", "args": [1, 2]}]},
         payload=b"\x00raw",
-        writer="jsonl",
-        writer_config={"path": "/tmp/out.jsonl"},
+        plugin="jsonl",
+        plugin_config={"path": "/tmp/out.jsonl"},
         timeout_ms=30_000,
         best_effort=True,
         retry=pb.CallRetryPolicy(max_attempts=4, base_backoff_ms=20, jitter_percent=5),
@@ -106,8 +107,8 @@ def test_task_spec_defaults_leave_the_worker_in_charge() -> None:
     )
 
 
-def test_task_spec_writer_without_config_sends_no_config() -> None:
-    spec = task_spec("t1", builder="static", writer="log")
+def test_task_spec_plugin_without_config_sends_no_config() -> None:
+    spec = task_spec("t1", builder="static", plugin="log")
     assert spec.result_handler == pb.ResultHandler(type="log", config_json="")
 
 
@@ -119,9 +120,9 @@ TASK_SPEC_ERRORS: list[tuple[str, dict[str, Any], str]] = [
     ("config", {"config": {"x": {1, 2}}}, "must be JSON"),
     ("config", {"config": {"x": float("nan")}}, "must be JSON"),
     ("payload", {"payload": "text"}, "must be bytes"),
-    ("writer", {"writer": ""}, "must be a non-empty string"),
-    ("writer_config", {"writer_config": {"a": 1}}, "needs a writer"),
-    ("writer_config", {"writer": "log", "writer_config": "a=1"}, "must be a JSON object"),
+    ("plugin", {"plugin": ""}, "must be a non-empty string"),
+    ("plugin_config", {"plugin_config": {"a": 1}}, "needs a plugin"),
+    ("plugin_config", {"plugin": "log", "plugin_config": "a=1"}, "must be a JSON object"),
     ("timeout_ms", {"timeout_ms": -1}, "must be an integer from 0 to"),
     ("timeout_ms", {"timeout_ms": 2**63}, "must be an integer from 0 to"),
     ("timeout_ms", {"timeout_ms": True}, "must be an integer from 0 to"),
@@ -140,7 +141,7 @@ def test_task_spec_errors_name_the_argument(key: str, change: dict[str, Any], al
     task_id = arguments.pop("task_id")
     with pytest.raises(InvalidTaskSpec) as excinfo:
         task_spec(task_id, **arguments)
-    assert excinfo.value.key == key
+    assert excinfo.value.field == key
     assert allowed in excinfo.value.allowed
     assert str(excinfo.value).startswith(f"task {key} = ")
 
@@ -154,8 +155,8 @@ def test_task_file_with_every_key() -> None:
         "builder": "call_list",
         "config": {"calls": []},
         "payload": {"rows": [1, 2]},
-        "writer": "jsonl",
-        "writer_config": {"path": "out.jsonl"},
+        "plugin": "jsonl",
+        "plugin_config": {"path": "out.jsonl"},
         "timeout_ms": 5_000,
         "failure_policy": "best_effort",
         "retry": {"max_attempts": 5, "base_backoff_ms": 100, "jitter_percent": 3},
@@ -171,6 +172,53 @@ def test_task_file_with_every_key() -> None:
         call_retry_policy=pb.CallRetryPolicy(max_attempts=5, base_backoff_ms=100, jitter_percent=3),
         labels={"run": "nightly"},
     )
+
+
+@pytest.mark.parametrize(
+    ("plugin_key", "config_key"),
+    [("plugin", "plugin_config"), ("writer", "writer_config"), ("plugin", "writer_config")],
+)
+def test_task_file_reads_the_plugin_under_either_spelling(plugin_key: str, config_key: str) -> None:
+    document = {
+        "task_id": "t1",
+        "builder": "static",
+        plugin_key: "jsonl",
+        config_key: {"path": "out.jsonl"},
+    }
+    assert task_spec_from_json(document) == task_spec(
+        "t1", builder="static", plugin="jsonl", plugin_config={"path": "out.jsonl"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("document", "key", "allowed"),
+    [
+        (
+            {"task_id": "t1", "builder": "static", "plugin": "log", "writer": "jsonl"},
+            "writer",
+            "gives 'plugin' again",
+        ),
+        (
+            {
+                "task_id": "t1",
+                "builder": "static",
+                "plugin": "log",
+                "writer_config": {},
+                "plugin_config": {},
+            },
+            "plugin_config",
+            "gives 'plugin_config' again",
+        ),
+    ],
+)
+def test_task_file_giving_a_key_under_both_spellings_is_refused(
+    document: dict[str, object], key: str, allowed: str
+) -> None:
+    with pytest.raises(InvalidTaskSpec) as excinfo:
+        task_spec_from_json(document)
+    assert excinfo.value.field == key
+    assert excinfo.value.allowed == allowed
+    assert str(excinfo.value).startswith(f"task {key} = ")
 
 
 def test_task_file_with_only_the_required_keys() -> None:
@@ -190,8 +238,10 @@ def test_task_file_payload_string_is_sent_as_its_json_text() -> None:
 
 
 def test_task_file_nulls_count_as_absent() -> None:
-    document = {"task_id": "t1", "builder": "static", "config": None, "writer": None, "retry": None}
+    document = {"task_id": "t1", "builder": "static", "config": None, "plugin": None, "retry": None}
     assert task_spec_from_json(document) == task_spec("t1", builder="static")
+    old_spelling = {"task_id": "t1", "builder": "static", "writer": None, "writer_config": None}
+    assert task_spec_from_json(old_spelling) == task_spec("t1", builder="static")
 
 
 def test_task_file_retry_fields_left_out_are_zero() -> None:
@@ -220,10 +270,10 @@ TASK_FILE_ERRORS: list[tuple[str, object, str]] = [
     ),
     ("payload_text", {"task_id": "t1", "builder": "static", "payload_text": 1}, "a string"),
     ("payload", {"task_id": "t1", "builder": "static", "payload": float("inf")}, "must be JSON"),
-    ("writer", {"task_id": "t1", "builder": "static", "writer": 1}, "non-empty string"),
+    ("plugin", {"task_id": "t1", "builder": "static", "plugin": 1}, "non-empty string"),
     (
-        "writer_config",
-        {"task_id": "t1", "builder": "static", "writer": "log", "writer_config": [1]},
+        "plugin_config",
+        {"task_id": "t1", "builder": "static", "plugin": "log", "plugin_config": [1]},
         "must be a JSON object",
     ),
     ("timeout_ms", {"task_id": "t1", "builder": "static", "timeout_ms": "5"}, "an integer"),
@@ -255,7 +305,7 @@ TASK_FILE_ERRORS: list[tuple[str, object, str]] = [
 def test_task_file_errors_name_the_key(key: str, document: Any, allowed: str) -> None:
     with pytest.raises(InvalidTaskSpec) as excinfo:
         task_spec_from_json(document)
-    assert excinfo.value.key == key
+    assert excinfo.value.field == key
     assert allowed in excinfo.value.allowed
     assert key in str(excinfo.value)
 
@@ -265,7 +315,7 @@ def test_unknown_task_key_error_lists_the_keys() -> None:
         task_spec_from_json({"task_id": "t1", "builder": "x", "timeout": 5})
     assert str(excinfo.value) == (
         "task timeout = 5: is not a task key; the keys are task_id, builder, config, payload, "
-        "payload_text, writer, writer_config, timeout_ms, failure_policy, retry, labels"
+        "payload_text, plugin, plugin_config, timeout_ms, failure_policy, retry, labels"
     )
 
 
@@ -298,7 +348,7 @@ def test_worker_addresses(address: str, expected: tuple[str, int]) -> None:
 def test_bad_worker_addresses(address: str) -> None:
     with pytest.raises(InvalidWorkerAddress) as excinfo:
         parse_worker_address(address)
-    assert excinfo.value.address == address
+    assert excinfo.value.value == address
 
 
 # --- progress ------------------------------------------------------------------------------
@@ -397,7 +447,7 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
     assert cli.main(argv) == 0
     assert runs == [
         (
-            app.PROFILES["bundle"],
+            PROFILES["bundle"],
             {
                 "listenAddr": None,
                 "worker.taskSlots": 4,
@@ -426,8 +476,12 @@ SUBMIT = ["submit", "--worker", "127.0.0.1:1", "--task-id", "t1"]
             "blockx: error: --config '[1]': must be a JSON object",
         ),
         (
+            ["--builder", "x", "--plugin", "log", "--plugin-config", "nope"],
+            "blockx: error: --plugin-config 'nope': is not valid JSON (",
+        ),
+        (
             ["--builder", "x", "--writer", "log", "--writer-config", "nope"],
-            "blockx: error: --writer-config 'nope': is not valid JSON (",
+            "blockx: error: --plugin-config 'nope': is not valid JSON (",
         ),
         (["--builder", "x", "--label", "team"], "blockx: error: --label 'team': must be KEY=VALUE"),
         (
@@ -439,8 +493,12 @@ SUBMIT = ["submit", "--worker", "127.0.0.1:1", "--task-id", "t1"]
             "blockx: error: --max-attempts -1: must be an integer from 0 to",
         ),
         (
+            ["--builder", "x", "--plugin-config", "{}"],
+            "blockx: error: --plugin-config {}: needs a plugin",
+        ),
+        (
             ["--builder", "x", "--writer-config", "{}"],
-            "blockx: error: --writer-config {}: needs a writer",
+            "blockx: error: --plugin-config {}: needs a plugin",
         ),
     ],
 )
@@ -449,6 +507,12 @@ def test_submit_flag_errors_exit_1_naming_the_flag(
 ) -> None:
     assert cli.main([*SUBMIT, *flags]) == 1
     assert last_error_line(capsys).startswith(expected)
+
+
+def test_a_flag_error_carries_the_flag_as_its_field() -> None:
+    error = cli.InvalidArgument(field="--label", value="team", allowed="must be KEY=VALUE")
+    assert (error.field, error.value, error.allowed) == ("--label", "team", "must be KEY=VALUE")
+    assert str(error) == "--label 'team': must be KEY=VALUE"
 
 
 def test_submit_unreadable_payload_file_names_the_flag(
@@ -492,6 +556,9 @@ def test_submit_task_file_that_is_not_json(
         ["--file", "task.json", "--config", "{}"],
         ["--file", "task.json", "--timeout-ms", "0"],
         ["--file", "task.json", "--label", "a=b"],
+        ["--file", "task.json", "--plugin", "log"],
+        ["--file", "task.json", "--writer", "log"],
+        ["--file", "task.json", "--writer-config", "{}"],
         ["--builder", "x", "--timeout-ms", "soon"],
     ],
 )

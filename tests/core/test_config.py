@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import sys
 from pathlib import Path
 
 import attrs
 import pytest
 
+from blockx.calls import RetryPolicy
 from blockx.config import (
     ConfigError,
+    GrpcSection,
     WorkerConfig,
     default_config,
     load_config,
@@ -21,7 +24,7 @@ from blockx.config import (
 )
 from blockx.executors import ExecutorPoolConfig
 from blockx.functions import CodeViewConfig
-from blockx.slots import RetryPolicy, SlotConfig
+from blockx.slots import SlotConfig
 
 
 def write_config(tmp_path: Path, document: object) -> str:
@@ -30,14 +33,12 @@ def write_config(tmp_path: Path, document: object) -> str:
     return str(path)
 
 
-def bundle_profile(config: WorkerConfig) -> WorkerConfig:
-    """A profile tune like the bundle entry point's."""
-    return attrs.evolve(
-        config,
-        worker_registry_prefix="/blockx/bundle-workers/",
-        stream_build=attrs.evolve(config.stream_build, enabled=True),
-        worker=attrs.evolve(config.worker, task_slots=20),
-    )
+BUNDLE_PROFILE: dict[str, object] = {
+    "workerRegistryPrefix": "/blockx/bundle-workers/",
+    "streamBuild.enabled": True,
+    "worker.taskSlots": 20,
+}
+"""Profile defaults like the bundle profile's (by JSON path)."""
 
 
 def error_text(excinfo: pytest.ExceptionInfo[ConfigError]) -> str:
@@ -95,14 +96,14 @@ def test_defaults_match_the_seed_table(path: str, expected: object) -> None:
 def test_defaults_as_attributes() -> None:
     config = default_config()
     assert config.listen_addr == ":8081"
-    assert config.etcd_endpoints == ("localhost:2379",)
-    assert config.etcd_enabled
+    assert config.etcd.endpoints == ("localhost:2379",)
+    assert config.etcd.enabled
     assert config.worker.task_slots == 50
     assert config.worker.max_task_timeout_ms == 28_800_000
     assert config.admission.executor_task_slots == 32
     assert config.stream_build.enabled is False
-    assert config.heartbeat_interval_ms == 200
-    assert config.grpc_max_message_bytes == 16 * 1024 * 1024
+    assert config.etcd.heartbeat_interval_ms == 200
+    assert config.grpc.max_message_bytes == 16 * 1024 * 1024
     assert config.dispatcher.call_deadline_ms == 60_000
     assert config.function_code.dir == "examples/functions"
     assert config.function_code.redis_url == ""
@@ -115,23 +116,23 @@ def test_load_without_anything_gives_the_defaults() -> None:
 # --- layer order ---------------------------------------------------------------------------
 
 
-def test_profile_tune_is_applied() -> None:
-    config = load_config(tune=bundle_profile, env={})
-    assert config.worker_registry_prefix == "/blockx/bundle-workers/"
+def test_profile_defaults_are_applied() -> None:
+    config = load_config(profile=BUNDLE_PROFILE, env={})
+    assert config.etcd.registry_prefix == "/blockx/bundle-workers/"
     assert config.stream_build.enabled is True
     assert config.worker.task_slots == 20
-    assert config.executor_count == 8
+    assert config.executor.count == 8
 
 
 def test_file_and_env_beat_the_profile(tmp_path: Path) -> None:
     file_name = write_config(tmp_path, {"streamBuild": {"enabled": False}})
     config = load_config(
-        tune=bundle_profile,
+        profile=BUNDLE_PROFILE,
         env={"WORKER_CONFIG": file_name, "TASK_SLOTS": "7"},
     )
     assert config.stream_build.enabled is False
     assert config.worker.task_slots == 7
-    assert config.worker_registry_prefix == "/blockx/bundle-workers/"
+    assert config.etcd.registry_prefix == "/blockx/bundle-workers/"
 
 
 def test_file_overrides_only_the_fields_it_holds(tmp_path: Path) -> None:
@@ -153,7 +154,7 @@ def test_env_beats_file(tmp_path: Path) -> None:
     file_name = write_config(tmp_path, {"worker": {"taskSlots": 4}, "executorCount": 2})
     config = load_config(env={"WORKER_CONFIG": file_name, "TASK_SLOTS": "9"})
     assert config.worker.task_slots == 9
-    assert config.executor_count == 2
+    assert config.executor.count == 2
 
 
 def test_overrides_beat_env(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ def test_overrides_beat_env(tmp_path: Path) -> None:
     assert config.listen_addr == "127.0.0.1:0"
     assert config.worker.task_slots == 11
     assert config.function_code.dir == "/srv/functions"
-    assert config.executor_count == 3
+    assert config.executor.count == 3
 
 
 ENV_CASES = [
@@ -222,25 +223,25 @@ def test_each_env_variable_sets_its_field(
 @pytest.mark.parametrize("text", ["none", "NONE", ""])
 def test_etcd_can_be_turned_off(text: str) -> None:
     config = load_config(env={"ETCD_ENDPOINTS": text})
-    assert config.etcd_endpoints == ()
-    assert not config.etcd_enabled
+    assert config.etcd.endpoints == ()
+    assert not config.etcd.enabled
 
 
 def test_etcd_endpoints_in_the_file_may_be_a_list(tmp_path: Path) -> None:
     file_name = write_config(tmp_path, {"etcdEndpoints": ["a:2379", "b:2379"]})
     config = load_config(env={"WORKER_CONFIG": file_name})
-    assert config.etcd_endpoints == ("a:2379", "b:2379")
+    assert config.etcd.endpoints == ("a:2379", "b:2379")
 
 
 def test_empty_numeric_env_counts_as_unset() -> None:
     config = load_config(env={"TASK_SLOTS": "", "WORKER_HEARTBEAT_INTERVAL": ""})
     assert config.worker.task_slots == 50
-    assert config.heartbeat_interval_ms == 200
+    assert config.etcd.heartbeat_interval_ms == 200
 
 
 def test_effective_config_round_trips_through_a_file(tmp_path: Path) -> None:
     config = load_config(
-        tune=bundle_profile,
+        profile=BUNDLE_PROFILE,
         env={"ETCD_ENDPOINTS": "a:1,b:2", "FUNCTIONS_REDIS_URL": "redis://r/0"},
     )
     file_name = write_config(tmp_path, config.to_json_dict())
@@ -443,6 +444,33 @@ def test_zero_counts_and_timeouts_are_refused(variable: str, path: str) -> None:
     assert error_text(excinfo) == f"{path} = 0 (from env {variable}): must be > 0"
 
 
+POSITIVE_SETTINGS = [
+    "drainTimeoutMs",
+    "phaseIoTimeoutMs",
+    "admission.builderSlots",
+    "admission.executorTaskSlots",
+    "admission.pluginSlots",
+    "admission.scanSlots",
+    "dispatcher.callWindow",
+    "dispatcher.callDeadlineMs",
+    "dispatcher.executorCapacity",
+    "functionCode.refreshMs",
+    "etcdLeaseTtlMs",
+    "heartbeatIntervalMs",
+    "grpcKeepaliveTimeMs",
+    "grpcKeepaliveTimeoutMs",
+    "grpcMaxMessageBytes",
+    "memoryDiagnosticsIntervalMs",
+]
+
+
+@pytest.mark.parametrize("path", POSITIVE_SETTINGS)
+def test_each_setting_that_must_be_positive_refuses_zero(path: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(env={}, overrides={path: 0})
+    assert error_text(excinfo) == f"{path} = 0 (from override): must be > 0"
+
+
 def test_zero_heartbeat_duration_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^heartbeatIntervalMs = 0 \(from env WORKER_HEART"):
         load_config(env={"WORKER_HEARTBEAT_INTERVAL": "0s"})
@@ -457,7 +485,7 @@ def test_stall_timeout_must_exceed_the_executor_heartbeat() -> None:
     )
     # Shorter than the call deadline is allowed.
     config = load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "1000", "CALL_DEADLINE_MS": "60000"})
-    assert config.executor_stall_timeout_ms == 1_000
+    assert config.executor.stall_timeout_ms == 1_000
 
 
 @pytest.mark.parametrize("listen", ["8081", "host:", ":65536", ":-1", "::8081", "a b:1", ":x"])
@@ -481,18 +509,15 @@ def test_listen_host_port(listen: str, expected: tuple[str, int]) -> None:
     assert WorkerConfig(listen_addr=listen).listen_host_port() == expected
 
 
-def test_bad_profile_tune_is_reported_as_the_profile() -> None:
-    def broken(config: WorkerConfig) -> WorkerConfig:
-        return attrs.evolve(config, executor_count=0)
-
+def test_bad_profile_default_is_reported_as_the_profile() -> None:
     with pytest.raises(ConfigError) as excinfo:
-        load_config(tune=broken, env={})
+        load_config(profile={"executorCount": 0}, env={})
     assert error_text(excinfo) == "executorCount = 0 (from profile): must be > 0"
 
 
 def test_direct_construction_checks_too() -> None:
     with pytest.raises(ConfigError) as excinfo:
-        WorkerConfig(grpc_keepalive_timeout_ms=0)
+        WorkerConfig(grpc=GrpcSection(keepalive_timeout_ms=0))
     assert error_text(excinfo) == "grpcKeepaliveTimeoutMs = 0: must be > 0"
     assert excinfo.value.source is None
 
@@ -546,7 +571,7 @@ def test_slot_config_carries_the_worker_group() -> None:
             "CALL_RETRY_JITTER_PERCENT": "1",
         }
     )
-    assert config.slot_config() == SlotConfig(
+    assert config.worker.slot_config() == SlotConfig(
         task_slots=7,
         default_ttl_ms=5_000,
         task_deadline_ms=1_000,
@@ -555,7 +580,15 @@ def test_slot_config_carries_the_worker_group() -> None:
         watch_disconnect_grace_ms=400,
         default_retry_policy=RetryPolicy(max_attempts=2, base_backoff_ms=20, jitter_percent=1),
     )
-    assert default_config().slot_config() == SlotConfig()
+    assert default_config().worker.slot_config() == SlotConfig(
+        task_slots=50,
+        default_ttl_ms=5_000,
+        task_deadline_ms=300_000,
+        max_task_timeout_ms=28_800_000,
+        result_retention_ms=300_000,
+        watch_disconnect_grace_ms=0,
+        default_retry_policy=RetryPolicy(max_attempts=3, base_backoff_ms=10, jitter_percent=5),
+    )
 
 
 def test_pool_config_carries_the_executor_settings() -> None:
@@ -575,19 +608,132 @@ def test_pool_config_carries_the_executor_settings() -> None:
             "executorStopGraceMs": 250,
         },
     )
-    assert config.pool_config() == ExecutorPoolConfig(
+    assert config.executor.pool_config() == ExecutorPoolConfig(
         executor_count=3,
         heartbeat_interval_ms=100,
         heartbeat_timeout_ms=1_000,
         stall_timeout_ms=9_000,
+        health_check_interval_ms=250,
+        start_timeout_ms=30_000,
         restart_enabled=False,
         restart_delay_ms=10,
         max_restarts=4,
         restart_window_ms=5_000,
         restart_backoff_ms=7,
         grace_ms=250,
+        max_result_bytes=16 * 1024 * 1024,
+        send_queue_frames=1_024,
+        python_executable=sys.executable,
+        runtime_dir_parent=None,
     )
-    assert default_config().pool_config() == ExecutorPoolConfig()
+    assert default_config().executor.pool_config() == ExecutorPoolConfig(
+        executor_count=8,
+        heartbeat_interval_ms=500,
+        heartbeat_timeout_ms=5_000,
+        stall_timeout_ms=60_000,
+        health_check_interval_ms=250,
+        start_timeout_ms=30_000,
+        restart_enabled=True,
+        restart_delay_ms=1_000,
+        max_restarts=10,
+        restart_window_ms=60_000,
+        restart_backoff_ms=30_000,
+        grace_ms=5_000,
+        max_result_bytes=16 * 1024 * 1024,
+        send_queue_frames=1_024,
+        python_executable=sys.executable,
+        runtime_dir_parent=None,
+    )
+
+
+NEW_EXECUTOR_DEFAULTS = [
+    ("executorHealthCheckIntervalMs", 250),
+    ("executorStartTimeoutMs", 30_000),
+    ("executorMaxResultBytes", 16 * 1024 * 1024),
+    ("executorSendQueueFrames", 1_024),
+    ("executorPython", ""),
+    ("executorRuntimeDir", ""),
+]
+
+
+@pytest.mark.parametrize(("path", "expected"), NEW_EXECUTOR_DEFAULTS)
+def test_new_executor_settings_default_to_the_pools_former_defaults(
+    path: str, expected: object
+) -> None:
+    assert json_at(default_config().to_json_dict(), path) == expected
+
+
+def test_new_executor_settings_load_from_the_file(tmp_path: Path) -> None:
+    file_name = write_config(
+        tmp_path,
+        {
+            "executorHealthCheckIntervalMs": 100,
+            "executorStartTimeoutMs": 2_000,
+            "executorMaxResultBytes": 1_024,
+            "executorSendQueueFrames": 8,
+            "executorPython": "/opt/python/bin/python3",
+            "executorRuntimeDir": "/run/blockx",
+        },
+    )
+    config = load_config(env={"WORKER_CONFIG": file_name})
+    executor = config.executor
+    assert (
+        executor.health_check_interval_ms,
+        executor.start_timeout_ms,
+        executor.max_result_bytes,
+        executor.send_queue_frames,
+        executor.python,
+        executor.runtime_dir,
+    ) == (100, 2_000, 1_024, 8, "/opt/python/bin/python3", "/run/blockx")
+    pool = executor.pool_config()
+    assert (
+        pool.health_check_interval_ms,
+        pool.start_timeout_ms,
+        pool.max_result_bytes,
+        pool.send_queue_frames,
+        pool.python_executable,
+        pool.runtime_dir_parent,
+    ) == (100, 2_000, 1_024, 8, "/opt/python/bin/python3", "/run/blockx")
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            {"executorMaxResultBytes": 0},
+            "executorMaxResultBytes = 0 (from file {}): must be > 0 and <= 33554432",
+        ),
+        (
+            {"executorMaxResultBytes": 33_554_433},
+            "executorMaxResultBytes = 33554433 (from file {}): must be > 0 and <= 33554432",
+        ),
+        (
+            {"executorHealthCheckIntervalMs": 0},
+            "executorHealthCheckIntervalMs = 0 (from file {}): must be > 0",
+        ),
+        ({"executorStartTimeoutMs": 0}, "executorStartTimeoutMs = 0 (from file {}): must be > 0"),
+        (
+            {"executorSendQueueFrames": 0},
+            "executorSendQueueFrames = 0 (from file {}): must be > 0",
+        ),
+        (
+            {"executorPython": 3},
+            "executorPython = 3 (from file {}): must be a string",
+        ),
+        (
+            {"executorRuntimeDir": ["/run"]},
+            "executorRuntimeDir = ['/run'] (from file {}): must be a string",
+        ),
+    ],
+)
+def test_a_bad_new_executor_setting_is_refused_naming_its_json_field(
+    tmp_path: Path, document: dict[str, object], expected: str
+) -> None:
+    file_name = write_config(tmp_path, document)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(env={"WORKER_CONFIG": file_name})
+    assert error_text(excinfo) == expected.format(file_name)
+    assert excinfo.value.field == next(iter(document))
 
 
 def test_code_view_config_carries_timeout_and_retention() -> None:
@@ -612,24 +758,24 @@ def test_fleet_and_observability_settings_load_from_env() -> None:
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
         }
     )
-    assert config.etcd_lease_ttl_ms == 4000
-    assert (config.shadow_submit_target_addr, config.shadow_submit_sample_rate) == (
+    assert config.etcd.lease_ttl_ms == 4000
+    assert (config.shadow.target_addr, config.shadow.sample_rate) == (
         "10.0.0.2:8081",
         0.25,
     )
-    assert config.shadow_enabled
-    assert config.metrics_enabled
-    assert config.metrics_host_port() == ("127.0.0.1", 0)
-    assert config.log_format == "text"
-    assert config.otel_exporter_endpoint == "http://127.0.0.1:4318"
+    assert config.shadow.enabled
+    assert config.observability.metrics_enabled
+    assert config.observability.metrics_host_port() == ("127.0.0.1", 0)
+    assert config.observability.log_format == "text"
+    assert config.observability.otel_exporter_endpoint == "http://127.0.0.1:4318"
 
 
 def test_fleet_and_observability_defaults() -> None:
     config = load_config(env={})
-    assert not config.shadow_enabled
-    assert config.metrics_host_port() == ("0.0.0.0", 9464)
-    assert config.log_format == "json"
-    assert not load_config(env={"METRICS_LISTEN": "none"}).metrics_enabled
+    assert not config.shadow.enabled
+    assert config.observability.metrics_host_port() == ("0.0.0.0", 9464)
+    assert config.observability.log_format == "json"
+    assert not load_config(env={"METRICS_LISTEN": "none"}).observability.metrics_enabled
 
 
 @pytest.mark.parametrize(

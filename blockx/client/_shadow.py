@@ -1,26 +1,27 @@
 """Shadow submits: a sample of accepted submits mirrored to another worker.
 
-Sending side (`ShadowForwarder`): once the slot table accepted a submit (the
-reply is RUNNING, so neither a refusal nor the retained result of a task that
-already ended) and the submit is not itself a shadow, the SubmitTask handler
-calls `offer`. It draws against the sample rate once per task id (a repeat
-submit of a running task, which coordinators send when unsure of the first,
-is neither drawn again nor mirrored twice) and puts the task on a bounded
-queue, or drops it, counted, when the queue is full. It never waits and never
-raises: the primary's reply is not slowed by the shadow target. One sender
-(`run`, a Trio task in the worker's system nursery) owns one channel to the
-target (a `WorkerClient`) and submits the queued tasks one at a time, each
-under `SEND_TIMEOUT_S`, into a slot reserved inline. A failure (target down,
-refusing, slow) is counted and logged at most once per `REPORT_INTERVAL_S`;
-nothing about it reaches the primary's task.
+Sending side (`ShadowForwarder`, a small coordinator inside the worker): once
+the slot table accepted a submit (the reply is RUNNING, so neither a refusal
+nor the retained result of a task that already ended) and the submit is not
+itself a shadow, the SubmitTask handler calls `offer`. It draws against the
+sample rate once per task id (a repeat submit of a running task, which
+coordinators send when unsure of the first, is neither drawn again nor
+mirrored twice) and puts the task on a bounded queue, or drops it, counted,
+when the queue is full. It never waits and never raises: the primary's reply
+is not slowed by the shadow target. One sender (`run`, a Trio task in the
+worker's system nursery) owns one channel to the target (a `WorkerClient`) and
+submits the queued tasks one at a time, each under `SEND_TIMEOUT_S`, into a
+slot reserved inline. A failure (target down, refusing, slow) is counted and
+logged at most once per `REPORT_INTERVAL_S`; nothing about it reaches the
+primary's task.
 
 The mark: a mirrored task carries the reserved label `blockx.shadow`
-(`SHADOW_LABEL`) whose value is the source worker's address; its task id and
-everything else are the primary's. Receiving side: the SubmitTask handler of
-any worker drops the result handler of a task with that label before the slot
-table sees it (`strip_result_handler`), so a shadow runs its builder and calls
-but never writes outputs; and a shadow is never mirrored again, so two workers
-that shadow to each other do not loop.
+(`blockx.slots.SHADOW_LABEL`) whose value is the source worker's address; its
+task id and everything else are the primary's. Receiving side: the SubmitTask
+handler of any worker runs a task with that label without its result handler
+(`TaskSpec.as_shadow`), so a shadow runs its builder and calls but never
+stores outputs; and a shadow is never mirrored again, so two workers that
+shadow to each other do not loop.
 """
 
 from __future__ import annotations
@@ -32,19 +33,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
-import attrs
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client import WorkerClient, parse_worker_address
-from blockx.config import ConfigError, WorkerConfig
-from blockx.errors import BlockxError
-from blockx.slots import TaskSpec
+from blockx.client._worker import WorkerClient, parse_worker_address
+from blockx.slots import SHADOW_LABEL
 
 logger = logging.getLogger("blockx.shadow")
 
-SHADOW_LABEL: Final = "blockx.shadow"
-"""Label of a mirrored task; its value is the address of the worker that mirrored it."""
 QUEUE_TASKS: Final = 1_024
 """Mirrored submits waiting for the sender; one more is dropped."""
 RECENT_TASKS: Final = 4 * QUEUE_TASKS
@@ -52,16 +48,6 @@ RECENT_TASKS: Final = 4 * QUEUE_TASKS
 SEND_TIMEOUT_S: Final = 2.0
 REPORT_INTERVAL_S: Final = 30.0
 """At most one warning about failed or dropped shadow submits per interval."""
-
-
-def is_shadow(task: pb.TaskSpec) -> bool:
-    """Whether `task` was mirrored here by another worker."""
-    return SHADOW_LABEL in task.labels
-
-
-def strip_result_handler(spec: TaskSpec) -> TaskSpec:
-    """`spec` as a shadow runs it: without a result handler, so it writes nothing."""
-    return attrs.evolve(spec, result_handler=None)
 
 
 def shadow_target(addr: str) -> str:
@@ -80,15 +66,17 @@ class ShadowForwarder:
         *,
         target_addr: str,
         sample_rate: float,
+        source_addr: str,
         queue_tasks: int = QUEUE_TASKS,
         draw: Callable[[], float] = random.random,
     ) -> None:
         self.target_addr = shadow_target(target_addr)
         parse_worker_address(self.target_addr)  # InvalidWorkerAddress now, not in the sender
         self.sample_rate = sample_rate
+        self.source_addr = source_addr
         self._draw = draw
         self._recent: OrderedDict[str, None] = OrderedDict()
-        self._send, self._receive = trio.open_memory_channel[tuple[pb.TaskSpec, str]](queue_tasks)
+        self._send, self._receive = trio.open_memory_channel[pb.TaskSpec](queue_tasks)
         self.queued = 0
         self.dropped = 0
         self.sent = 0
@@ -97,23 +85,8 @@ class ShadowForwarder:
         self._reported_at: float | None = None
         self._last_failure = "none"
 
-    @classmethod
-    def from_config(cls, config: WorkerConfig) -> ShadowForwarder | None:
-        """The forwarder `config` asks for, or None (no target, "none", or rate 0)."""
-        addr = config.shadow_submit_target_addr
-        if not config.shadow_enabled or addr.lower() == "none":
-            return None
-        try:
-            return cls(target_addr=addr, sample_rate=config.shadow_submit_sample_rate)
-        except BlockxError as error:
-            raise ConfigError(
-                field="shadowSubmitTargetAddr",
-                value=addr,
-                allowed="must be the HOST:PORT of a worker, port 1-65535",
-            ) from error
-
-    def offer(self, task: pb.TaskSpec, source_addr: str) -> bool:
-        """Queue `task` (accepted by this worker at `source_addr`) if sampled. Never waits."""
+    def offer(self, task: pb.TaskSpec) -> bool:
+        """Queue `task` (accepted by this worker) if sampled. Never waits."""
         if task.task_id in self._recent:
             return False  # a repeat submit: this task was decided on already
         self._recent[task.task_id] = None
@@ -122,7 +95,7 @@ class ShadowForwarder:
         if self.sample_rate < 1.0 and not self._draw() < self.sample_rate:
             return False
         try:
-            self._send.send_nowait((task, source_addr))
+            self._send.send_nowait(task)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self.dropped += 1
             return False
@@ -138,8 +111,8 @@ class ShadowForwarder:
         try:
             async with WorkerClient.connect(self.target_addr) as client:
                 task_status.started()
-                async for task, source_addr in self._receive:
-                    await self._send_one(client, task, source_addr)
+                async for task in self._receive:
+                    await self._send_one(client, task)
                     self._report(trio.current_time())
         finally:
             self._receive.close()
@@ -151,8 +124,9 @@ class ShadowForwarder:
                 self.dropped,
             )
 
-    async def _send_one(self, client: WorkerClient, task: pb.TaskSpec, source_addr: str) -> None:
-        mirrored = dataclasses.replace(task, labels={**task.labels, SHADOW_LABEL: source_addr})
+    async def _send_one(self, client: WorkerClient, task: pb.TaskSpec) -> None:
+        labels = {**task.labels, SHADOW_LABEL: self.source_addr}
+        mirrored = dataclasses.replace(task, labels=labels)
         try:
             with trio.move_on_after(SEND_TIMEOUT_S) as waited:
                 await client.submit(mirrored)

@@ -1,0 +1,54 @@
+"""The coordinator side: clients of the worker's gRPC API, for Trio code.
+
+`WorkerClient` talks to one worker; `PlacementClient` places tasks across
+the workers registered in etcd; `task_spec` and `task_spec_from_json` build
+and check the task a client sends; `ShadowForwarder` is the small coordinator
+inside a worker that mirrors a sample of its submits to another worker.
+Every failure is a `BlockxError`.
+"""
+
+from blockx._channels import NoAsyncioLoop
+from blockx.client._placement import (
+    DEFAULT_REGISTRY_PREFIX,
+    NoWorkerAvailable,
+    Placement,
+    PlacementClient,
+)
+from blockx.client._shadow import SEND_TIMEOUT_S, ShadowForwarder, shadow_target
+from blockx.client._specs import (
+    OLD_KEYS,
+    TASK_FILE_KEYS,
+    InvalidTaskSpec,
+    task_spec,
+    task_spec_from_json,
+)
+from blockx.client._worker import (
+    InvalidWorkerAddress,
+    WatchEndedEarly,
+    WorkerCallError,
+    WorkerClient,
+    WorkerUnreachable,
+    parse_worker_address,
+)
+
+__all__ = [
+    "DEFAULT_REGISTRY_PREFIX",
+    "OLD_KEYS",
+    "SEND_TIMEOUT_S",
+    "TASK_FILE_KEYS",
+    "InvalidTaskSpec",
+    "InvalidWorkerAddress",
+    "NoAsyncioLoop",
+    "NoWorkerAvailable",
+    "Placement",
+    "PlacementClient",
+    "ShadowForwarder",
+    "WatchEndedEarly",
+    "WorkerCallError",
+    "WorkerClient",
+    "WorkerUnreachable",
+    "parse_worker_address",
+    "shadow_target",
+    "task_spec",
+    "task_spec_from_json",
+]

@@ -1,0 +1,267 @@
+"""`PlacementClient`: places tasks across the workers registered in etcd.
+
+Must never retry a call on its own, but for placement's one rule: trying the
+next worker after a refusal that proves the task did not start there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import attrs
+import trio
+from grpclib.const import Status
+
+from blockx._channels import asyncio_loop
+from blockx._proto.blockx.worker import v1 as pb
+from blockx.client._worker import (
+    InvalidWorkerAddress,
+    WorkerCallError,
+    WorkerClient,
+    WorkerUnreachable,
+)
+from blockx.config import default_config
+from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
+from blockx.errors import BlockxError
+
+logger = logging.getLogger("blockx.client")
+
+DEFAULT_REGISTRY_PREFIX = default_config().etcd.registry_prefix
+"""Where workers of the block profile register (`workerRegistryPrefix`)."""
+WATCH_RETRY_MIN_S = 0.5
+WATCH_RETRY_MAX_S = 5.0
+"""Back-off between attempts to resume the registry watch while etcd is unreachable."""
+_TRY_NEXT_WORKER = frozenset({Status.RESOURCE_EXHAUSTED, Status.UNAVAILABLE})
+
+
+class NoWorkerAvailable(BlockxError):
+    """No worker registered under `prefix` could take task `task_id`.
+
+    `attempts` holds (worker address, what went wrong) for each worker tried,
+    in the order tried; `workers_seen` and `draining` count the view's workers.
+    """
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        prefix: str,
+        workers_seen: int,
+        draining: int,
+        attempts: tuple[tuple[str, str], ...],
+    ) -> None:
+        self.task_id = task_id
+        self.prefix = prefix
+        self.workers_seen = workers_seen
+        self.draining = draining
+        self.attempts = attempts
+        if attempts:
+            tried = "; ".join(f"{address}: {reason}" for address, reason in attempts)
+            situation = f"every worker tried refused it ({tried})"
+        elif workers_seen == 0:
+            situation = "no worker is registered there"
+        elif draining == workers_seen:
+            situation = f"all {workers_seen} registered workers are draining"
+        else:
+            situation = f"none of the {workers_seen} registered workers has a free slot"
+        super().__init__(f"cannot place task {task_id} under {prefix!r}: {situation}")
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """Where a task went: the worker, the slot reserved there, and the submit's answer."""
+
+    worker_addr: str
+    slot_id: str
+    response: pb.SubmitTaskResponse
+    client: WorkerClient = attrs.field(eq=False, repr=False)
+    """The client of that worker, to follow the task (valid while the placement client is)."""
+
+
+class PlacementClient:
+    """Places tasks on the workers registered under an etcd prefix.
+
+    Make it with `async with PlacementClient.connect(endpoints, prefix)`: it
+    reads the registry (Range), then follows it (Watch from the next
+    revision) into a `WorkerDirectory`, resuming with a fresh Range after an
+    etcd outage. `place` reserves a slot on the worker with the most free
+    slots (never a draining one) and submits the task into it; a worker that
+    answers RESOURCE_EXHAUSTED or UNAVAILABLE, or cannot be reached while
+    reserving, is passed over for the next-best one. A submit whose connection
+    breaks is not retried elsewhere: the task may have started there.
+    `PlacementClient.over(directory)` is the same without etcd (a fixed view).
+    """
+
+    def __init__(
+        self, *, directory: WorkerDirectory, workers: contextlib.AsyncExitStack, slot_ttl_ms: int
+    ) -> None:
+        self.directory = directory
+        self._workers = workers
+        self._slot_ttl_ms = slot_ttl_ms
+        self._clients: dict[str, WorkerClient] = {}
+        self._changed = trio.Event()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def over(
+        cls, directory: WorkerDirectory, *, slot_ttl_ms: int = 0
+    ) -> AsyncIterator[PlacementClient]:
+        """A placement client of the workers in `directory`, which the caller keeps current.
+
+        Worker channels are opened on first use and closed on exit. `slot_ttl_ms`
+        is the reservation lease (0 = each worker's default).
+        """
+        asyncio_loop("PlacementClient")
+        async with contextlib.AsyncExitStack() as workers:
+            yield cls(directory=directory, workers=workers, slot_ttl_ms=slot_ttl_ms)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        etcd_endpoints: str | Sequence[str],
+        prefix: str = DEFAULT_REGISTRY_PREFIX,
+        *,
+        slot_ttl_ms: int = 0,
+    ) -> AsyncIterator[PlacementClient]:
+        """A placement client of the fleet under `prefix` in the etcd at `etcd_endpoints`.
+
+        `etcd_endpoints` is "host:port[,host:port...]" or a sequence of them.
+        Entering reads the registry once; an unreachable etcd raises
+        EtcdUnavailable here. Must run inside `trio_asyncio.open_loop()`.
+        """
+        if isinstance(etcd_endpoints, str):
+            etcd_endpoints = [part.strip() for part in etcd_endpoints.split(",") if part.strip()]
+        directory = WorkerDirectory(prefix=prefix)
+        async with (
+            cls.over(directory, slot_ttl_ms=slot_ttl_ms) as placement,
+            EtcdClient.connect(etcd_endpoints) as etcd,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(placement._follow, etcd)
+            try:
+                yield placement
+            finally:
+                nursery.cancel_scope.cancel()
+
+    def workers(self) -> tuple[WorkerHeartbeat, ...]:
+        """The registered workers as last seen, by address."""
+        return self.directory.workers()
+
+    async def wait_for(
+        self, predicate: Callable[[tuple[WorkerHeartbeat, ...]], bool]
+    ) -> tuple[WorkerHeartbeat, ...]:
+        """Until `predicate(workers())` holds; returns those workers."""
+        while not predicate(workers := self.directory.workers()):
+            await self._changed.wait()
+        return workers
+
+    async def place(self, task: pb.TaskSpec) -> Placement:
+        """Reserve a slot for `task` on the best worker and submit it there.
+
+        Raises NoWorkerAvailable (naming each worker tried and its answer) when
+        no worker can take it; any other refusal is the worker's WorkerCallError.
+        """
+        attempts: list[tuple[str, str]] = []
+        for worker in self.directory.placement_order():
+            try:
+                client = await self._client(worker.address)
+                reservation = await client.request_slot(task.task_id, self._slot_ttl_ms)
+            except (InvalidWorkerAddress, WorkerUnreachable) as error:
+                attempts.append((worker.address, str(error)))
+                continue
+            except WorkerCallError as error:
+                if error.status not in _TRY_NEXT_WORKER:
+                    raise
+                attempts.append((worker.address, _refusal(error)))
+                continue
+            self.directory.note_placed(worker.address)
+            try:
+                response = await client.submit(task, reservation.slot_id)
+            except WorkerCallError as error:
+                if error.status not in _TRY_NEXT_WORKER:
+                    raise
+                attempts.append((worker.address, _refusal(error)))
+                continue
+            return Placement(
+                worker_addr=worker.address,
+                slot_id=reservation.slot_id,
+                response=response,
+                client=client,
+            )
+        workers = self.directory.workers()
+        raise NoWorkerAvailable(
+            task_id=task.task_id,
+            prefix=self.directory.prefix,
+            workers_seen=len(workers),
+            draining=sum(1 for worker in workers if worker.draining),
+            attempts=tuple(attempts),
+        )
+
+    async def run_task(
+        self, task: pb.TaskSpec, *, on_update: Callable[[pb.TaskUpdate], None] | None = None
+    ) -> tuple[Placement, pb.TaskResult]:
+        """Place `task`, follow it on its worker, and return where it ran and its result."""
+        placement = await self.place(task)
+        # The submit repeats (idempotent by task id: it answers the task's snapshot)
+        # so that WorkerClient.run_task follows it exactly as for a direct submit.
+        result = await placement.client.run_task(
+            task, slot_id=placement.slot_id, on_update=on_update
+        )
+        return placement, result
+
+    async def _client(self, address: str) -> WorkerClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = await self._workers.enter_async_context(WorkerClient.connect(address))
+            self._clients[address] = client
+        return client
+
+    async def _follow(
+        self, etcd: EtcdClient, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the directory current: Range, then Watch; resync after a broken watch."""
+        prefix = self.directory.prefix
+        retry_s = WATCH_RETRY_MIN_S
+        synced = in_outage = False
+        while True:
+            try:
+                snapshot = await etcd.get_prefix(prefix)
+                self._changed_by(
+                    self.directory.reset(revision=snapshot.revision, entries=snapshot.entries)
+                )
+                if not synced:
+                    task_status.started()
+                    synced = True
+                elif in_outage:
+                    logger.info("following the worker registry %s again", prefix)
+                retry_s, in_outage = WATCH_RETRY_MIN_S, False
+                batches = etcd.watch_prefix(prefix, start_revision=snapshot.revision + 1)
+                async with contextlib.aclosing(batches):
+                    async for events in batches:
+                        self._changed_by(self.directory.apply(events))
+            except EtcdError as error:
+                if not synced:
+                    raise
+                if not in_outage:
+                    logger.warning(
+                        "lost the watch of the worker registry %s (%s); placing on the last "
+                        "view seen until it resumes",
+                        prefix,
+                        error,
+                    )
+                    in_outage = True
+                await trio.sleep(retry_s)
+                retry_s = min(retry_s * 2, WATCH_RETRY_MAX_S)
+
+    def _changed_by(self, rejected: Sequence[Rejected]) -> None:
+        for problem in rejected:
+            logger.warning("ignoring registry key %s: %s", problem.key, problem.error)
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+def _refusal(error: WorkerCallError) -> str:
+    return f"{error.rpc} {error.status.name}" + (f": {error.message}" if error.message else "")

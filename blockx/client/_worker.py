@@ -1,0 +1,245 @@
+"""`WorkerClient`: one channel to one worker, for Trio code.
+
+Owns one grpclib `Channel` to one worker, the Trio-facing wrappers of the five
+`WorkerService` RPCs and `run_task` (submit, then follow to the terminal
+update). Must never import asyncio, retry a call on its own, or let a grpclib
+or OS exception escape untranslated: every failure is a `BlockxError`.
+
+Theory of operation:
+
+* grpclib is an asyncio library. The client runs it on trio-asyncio's loop, so
+  the caller must be inside `async with trio_asyncio.open_loop():`. The
+  channel is made inside that loop when `WorkerClient.connect` is entered and
+  closed when it exits; every call goes through `aio_as_trio` bound to that
+  loop, so a client cannot drift onto another loop.
+* The channel connects lazily: an unreachable worker shows on the first call,
+  as `WorkerUnreachable`. A gRPC status other than OK is `WorkerCallError`.
+* `watch` is an async generator. Its stream is closed under a shielded cancel
+  scope with a short deadline, so cancelling the consumer resets the stream
+  instead of leaking it. A consumer that stops early should close it with
+  `contextlib.aclosing`, so that the reset happens at once.
+* Errors raised inside `open_loop()` reach the caller wrapped in exception
+  groups (the loop runs a nursery); `except*` or unwrapping is the caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import trio
+import trio_asyncio
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from blockx._channels import asyncio_loop, open_channels, split_host_port
+from blockx._proto.blockx.worker import v1 as pb
+from blockx.errors import BlockxError, InvalidValue
+
+STREAM_CLOSE_GRACE_S = 5.0
+"""How long closing a watch stream may take before it is abandoned."""
+
+_WATCH_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/WatchTasks"
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+class WorkerCallError(BlockxError):
+    """The worker answered `rpc` with a gRPC status other than OK."""
+
+    def __init__(self, *, rpc: str, status: Status, message: str) -> None:
+        self.rpc = rpc
+        self.status = status
+        self.message = message
+        detail = f": {message}" if message else ""
+        super().__init__(f"{rpc} failed: {status.name}{detail}")
+
+
+class WorkerUnreachable(BlockxError):
+    """The worker at `address` could not be reached, or the connection was lost."""
+
+    def __init__(self, *, address: str, reason: str) -> None:
+        self.address = address
+        self.reason = reason
+        super().__init__(f"cannot reach worker at {address}: {reason}")
+
+
+class InvalidWorkerAddress(InvalidValue):
+    """`value` is not HOST:PORT."""
+
+    def __init__(self, *, address: str, allowed: str) -> None:
+        super().__init__(field="worker address", value=address, allowed=allowed)
+
+    def describe(self) -> str:
+        return f"worker address {self.value!r}: {self.allowed}"
+
+
+class WatchEndedEarly(BlockxError):
+    """A watch stream ended before the terminal update of each of `task_ids`."""
+
+    def __init__(self, *, task_ids: tuple[str, ...]) -> None:
+        self.task_ids = task_ids
+        super().__init__(
+            f"the watch stream ended before the terminal update of task {', '.join(task_ids)}"
+        )
+
+
+# --- the client ----------------------------------------------------------------------------
+
+
+def parse_worker_address(address: str) -> tuple[str, int]:
+    """(host, port) of "host:port" or "[v6 address]:port"."""
+    try:
+        return split_host_port(address)
+    except ValueError as error:
+        raise InvalidWorkerAddress(address=address, allowed=str(error)) from None
+
+
+class WorkerClient:
+    """One channel to one worker. Make it with `async with WorkerClient.connect(addr)`."""
+
+    def __init__(self, *, address: str, channel: Channel, loop: object) -> None:
+        self.address = address
+        self._channel = channel
+        self._stub = pb.WorkerServiceStub(channel)
+        self._loop = loop
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, address: str) -> AsyncIterator[WorkerClient]:
+        """A client of the worker at `address` ("host:port"); the channel closes on exit.
+
+        Must be entered inside `async with trio_asyncio.open_loop():`. Connecting
+        is lazy: an unreachable worker fails the first call, not this.
+        """
+        host, port = parse_worker_address(address)
+        loop = asyncio_loop("WorkerClient.connect")
+        async with open_channels(loop, [(host, port)]) as (channel,):
+            yield cls(address=address, channel=channel, loop=loop)
+
+    # --- unary calls -----------------------------------------------------------------------
+
+    async def request_slot(self, task_id: str, ttl_ms: int = 0) -> pb.RequestTaskSlotResponse:
+        """Reserve a slot for `task_id` (lease `ttl_ms`; 0 = the worker's default)."""
+        request = pb.RequestTaskSlotRequest(task_id=task_id, ttl_ms=ttl_ms)
+        with self._translate("RequestTaskSlot"):
+            return await self._aio(self._stub.request_task_slot, request)
+
+    async def submit(self, task: pb.TaskSpec, slot_id: str = "") -> pb.SubmitTaskResponse:
+        """Submit `task` into `slot_id`, or into a slot reserved inline when it is ""."""
+        request = pb.SubmitTaskRequest(task=task, slot_id=slot_id)
+        with self._translate("SubmitTask"):
+            return await self._aio(self._stub.submit_task, request)
+
+    async def result(self, task_id: str) -> pb.GetTaskResultResponse:
+        """The state of `task_id` and, once it is terminal, its result."""
+        request = pb.GetTaskResultRequest(task_id=task_id)
+        with self._translate("GetTaskResult"):
+            return await self._aio(self._stub.get_task_result, request)
+
+    async def status(self) -> pb.GetWorkerStatusResponse:
+        """The worker's slots and executors right now."""
+        with self._translate("GetWorkerStatus"):
+            return await self._aio(self._stub.get_worker_status, pb.GetWorkerStatusRequest())
+
+    # --- streams ---------------------------------------------------------------------------
+
+    async def watch(self, task_ids: Sequence[str]) -> AsyncGenerator[pb.TaskUpdate, None]:
+        """Each update of `task_ids` until the worker ends the stream.
+
+        The worker ends it after the terminal update of every task. Close the
+        generator with `contextlib.aclosing` when stopping before that.
+        """
+        request = pb.WatchTasksRequest(task_ids=list(task_ids))
+        with self._translate("WatchTasks"):
+            stream = await self._aio(self._open_watch_stream)
+            async with _shielded_exit(trio_asyncio.aio_as_trio(stream, loop=self._loop)):
+                await self._aio(stream.send_message, request, end=True)
+                while (update := await self._aio(stream.recv_message)) is not None:
+                    yield update
+
+    async def run_task(
+        self,
+        task: pb.TaskSpec,
+        *,
+        slot_id: str = "",
+        on_update: Callable[[pb.TaskUpdate], None] | None = None,
+    ) -> pb.TaskResult:
+        """Submit `task`, follow it, and return its terminal result.
+
+        `on_update` is called with every update of the task, the terminal one
+        included. A task id that already finished returns its retained result
+        without watching.
+        """
+        submitted = await self.submit(task, slot_id)
+        if submitted.result is not None:
+            return submitted.result
+        async with contextlib.aclosing(self.watch([task.task_id])) as updates:
+            async for update in updates:
+                if on_update is not None:
+                    on_update(update)
+                if update.is_terminal and update.task_id == task.task_id:
+                    if update.result is not None:
+                        return update.result
+                    break
+        # The stream ended without carrying the result (the worker closed it, or
+        # sent a terminal update without one): the result RPC has the last word.
+        response = await self.result(task.task_id)
+        if response.result is not None:
+            return response.result
+        raise WatchEndedEarly(task_ids=(task.task_id,))
+
+    # --- the bridge ------------------------------------------------------------------------
+
+    async def _open_watch_stream(self) -> Stream[pb.WatchTasksRequest, pb.TaskUpdate]:
+        return self._channel.request(
+            _WATCH_TASKS_ROUTE, Cardinality.UNARY_STREAM, pb.WatchTasksRequest, pb.TaskUpdate
+        )
+
+    async def _aio(
+        self, function: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _R:
+        result: _R = await trio_asyncio.aio_as_trio(function, loop=self._loop)(*args, **kwargs)
+        return result
+
+    @contextlib.contextmanager
+    def _translate(self, rpc: str) -> Iterator[None]:
+        try:
+            yield
+        except GRPCError as error:
+            raise WorkerCallError(
+                rpc=rpc, status=error.status, message=error.message or ""
+            ) from error
+        except StreamTerminatedError as error:
+            reason = f"the connection was lost during {rpc} ({error})"
+            raise WorkerUnreachable(address=self.address, reason=reason) from error
+        except OSError as error:
+            reason = str(error) or type(error).__name__
+            raise WorkerUnreachable(address=self.address, reason=reason) from error
+
+
+@contextlib.asynccontextmanager
+async def _shielded_exit(context: Any) -> AsyncIterator[Any]:
+    """`async with context`, whose exit runs shielded: a cancelled scope cannot skip it.
+
+    `context` is an `aio_as_trio` wrapper, whose exit is an asyncio task; were
+    it cancelled, the grpclib stream would never be reset and would leak.
+    """
+    value = await context.__aenter__()
+    try:
+        yield value
+    except BaseException as error:
+        suppress = False
+        with trio.move_on_after(STREAM_CLOSE_GRACE_S, shield=True):
+            suppress = await context.__aexit__(type(error), error, error.__traceback__)
+        if not suppress:
+            raise
+    else:
+        with trio.move_on_after(STREAM_CLOSE_GRACE_S, shield=True):
+            await context.__aexit__(None, None, None)

@@ -1,0 +1,74 @@
+"""Profiles: what each registers as, and the registry prefix each accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockx.config import ConfigError, load_config
+from blockx.phases.builders import KNOWN_BUILDERS
+from blockx.phases.plugins import KNOWN_PLUGINS
+from blockx.profiles import BLOCK, BUNDLE, PROFILES, Profile
+
+REGISTRY_PREFIXES = {"block": "/blockx/workers/", "bundle": "/blockx/bundle-workers/"}
+"""Where each profile registers by default."""
+
+
+def test_each_profile_accepts_its_own_defaults() -> None:
+    assert set(PROFILES) == set(REGISTRY_PREFIXES)
+    for profile in PROFILES.values():
+        config = load_config(profile=profile.defaults, env={})
+        profile.check(config)
+        assert config.etcd.registry_prefix == REGISTRY_PREFIXES[profile.deployment]
+
+
+def test_the_bundle_profile_changes_defaults_that_file_and_env_still_beat() -> None:
+    tuned = load_config(profile=BUNDLE.defaults, env={})
+    assert (tuned.etcd.registry_prefix, tuned.stream_build.enabled) == (
+        "/blockx/bundle-workers/",
+        True,
+    )
+    env = {"STREAM_BUILD_ENABLED": "false"}
+    assert not load_config(profile=BUNDLE.defaults, env=env).stream_build.enabled
+
+
+@pytest.mark.parametrize(
+    ("profile", "prefix"),
+    [(BLOCK, "/blockx/bundle-workers/"), (BUNDLE, "/blockx/workers/"), (BLOCK, "blockx/workers/")],
+)
+def test_a_registry_prefix_of_another_deployment_is_refused(profile: Profile, prefix: str) -> None:
+    config = load_config(profile=profile.defaults, env={"WORKER_REGISTRY_PREFIX": prefix})
+    with pytest.raises(ConfigError) as raised:
+        profile.check(config)
+    assert raised.value.field == "workerRegistryPrefix"
+    assert f"the {profile.deployment} profile" in str(raised.value)
+
+
+def test_the_prefix_error_says_what_the_profile_accepts() -> None:
+    config = load_config(profile=BUNDLE.defaults, env={"WORKER_REGISTRY_PREFIX": "/x/workers/"})
+    with pytest.raises(ConfigError) as raised:
+        BUNDLE.check(config)
+    assert raised.value.allowed == (
+        "the bundle profile registers under a prefix that starts with '/' and ends with "
+        "'/bundle-workers/'"
+    )
+
+
+def test_profiles_name_only_builders_and_plugins_that_exist() -> None:
+    for profile in PROFILES.values():
+        assert set(profile.builders) <= set(KNOWN_BUILDERS)
+        assert set(profile.plugins) <= set(KNOWN_PLUGINS)
+    assert set(BLOCK.builders) == set(KNOWN_BUILDERS)
+    assert set(BLOCK.plugins) == set(KNOWN_PLUGINS)
+
+
+def test_an_unknown_deployment_is_refused() -> None:
+    odd = Profile(
+        deployment="batch",
+        service="x",
+        builders=(),
+        plugins=(),
+        defaults={"workerRegistryPrefix": "/blockx/batch/"},
+    )
+    with pytest.raises(ConfigError) as raised:
+        odd.check(load_config(env={}))
+    assert raised.value.field == "profile"

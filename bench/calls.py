@@ -2,8 +2,8 @@
 
     uv run python bench/calls.py [--calls 20000] [--executors 2]
 
-* engine: one task of N trivial calls through `ExecutorPool` (dispatch core,
-  pool manager, real executor processes) on E executors.
+* engine: one task of N trivial calls through the call engine (dispatcher
+  actor, dispatch core, pool manager, real executor processes) on E executors.
 * floor: two processes and a Unix socket, msgpack frames, pipelined
   request/response with no dispatcher, no retries and no function lookup:
   about the fastest any Python worker can hand calls to another process.
@@ -24,14 +24,15 @@ import sys
 import tempfile
 import time
 
-import msgpack
+import attrs
+import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 
 from blockx._process import tune_gc
-from blockx.actors import ExecutorPool
-from blockx.executors import ExecutorPoolConfig, encode_args
-from blockx.functions import FunctionCodeView, FunctionSnapshot
-from blockx.phases import CallPolicy, CallSpec
+from blockx.actors import CallEngine
+from blockx.calls import CallSpec, encode_args
+from blockx.config import DispatcherSection, default_config
+from blockx.functions import FunctionSnapshot
 
 WORK = "def echo(i):\n    return i\n"
 FLOOR_BATCH = 256
@@ -58,23 +59,21 @@ while True:
 
 
 async def engine_calls_per_s(count: int, executors: int, repeats: int) -> list[float]:
-    view = FunctionCodeView()
-    view.observe(FunctionSnapshot.of({"work": WORK}), now_ms=0)
-    config = ExecutorPoolConfig(executor_count=executors)
+    code = FunctionSnapshot.of({"work": WORK})
+    config = attrs.evolve(default_config().executor.pool_config(), executor_count=executors)
     calls = [
         CallSpec(call_id=str(i), function="work.echo", args=encode_args((i,))) for i in range(count)
     ]
-    policy = CallPolicy(window=count)
+    settings = DispatcherSection(call_window=count, executor_capacity=512)
     rates = []
-    async with ExecutorPool(pool_config=config, code_view=view, executor_capacity=512) as pool:
-        await pool.wait_ready()
-        while sum(v.state.value == "READY" for v in pool.manager.snapshot()) < executors:
+    async with CallEngine.open(config, settings=settings) as engine:
+        await engine.wait_ready()
+        while sum(v.state.value == "READY" for v in engine.transport.snapshot()) < executors:
             await trio.sleep(0.01)
-        epoch = view.pin("bench", now_ms=0)
-        await pool.run_calls("warm", epoch, calls[:200], policy)  # code loaded everywhere
+        await engine.run_calls("warm", code, calls[:200])  # code loaded everywhere
         for run in range(repeats):
             started = time.perf_counter()
-            outcome = await pool.run_calls(f"bench-{run}", epoch, calls, policy)
+            outcome = await engine.run_calls(f"bench-{run}", code, calls)
             elapsed = time.perf_counter() - started
             if not outcome.ok or len(outcome.outputs) != count:
                 raise SystemExit(f"the benchmark task failed: {outcome.message}")

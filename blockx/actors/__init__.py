@@ -1,51 +1,99 @@
-"""The Trio actors that run the pure cores: one task and one inbox each.
+"""The Trio actors that run the pure cores, and the assembly of the actor graph.
 
-* `SlotTableActor`: the one owner of the slot machine.
-* task actors (`run_task`): one per admitted task, Builder -> Calls -> Plugin.
+* `SlotTableActor`: the one owner of the slot machine and the function code view.
+* task actors (`run_task`): one per admitted task, its builder and its plugin.
+* `DispatcherActor`: the one owner of the dispatch core, driving the executors.
 * `WatchHub`: fans task updates out to watch streams.
-* `TimerActor`: feeds due timers back to the slot table.
-* `ExecutorPool`: the dispatcher actor and the executor processes.
 
-Their messages are all in `blockx.actors._messages`.
+An actor is one task with one inbox (`Inbox`); its messages are all in
+`blockx.actors._messages`, re-exported here. `run_actors` starts the graph;
+`CallEngine` runs the executors and the dispatcher alone, as a library.
 """
 
-from blockx.actors._dispatcher import CallsRefused, ExecutorPool, split_wire_call_id, wire_call_id
+from blockx.actors._assembly import (
+    ActorParts,
+    ActorProbe,
+    Inboxes,
+    TransportFactory,
+    WorkerActors,
+    run_actors,
+)
+from blockx.actors._call_ids import CallIds
+from blockx.actors._dispatcher import DispatcherActor
+from blockx.actors._engine import CallEngine
+from blockx.actors._inbox import Inbox, Reply
 from blockx.actors._messages import (
+    ActivationDone,
+    ActivationRefused,
+    CallsDone,
+    CancelTaskCalls,
+    CloseAllStreams,
+    CodeLoaded,
+    DispatcherMessage,
     ForceDrain,
+    Forget,
     GetResult,
     GetStatus,
     OpenWatch,
+    PhaseDone,
+    Publish,
     RequestSlot,
+    RunTaskCalls,
+    SlotTableMessage,
     StartDrain,
     SubmitTask,
+    Subscribe,
     Unsubscribe,
+    WatchChanged,
+    WatchHubMessage,
     WorkerStatus,
 )
 from blockx.actors._slot_table import SlotTableActor
-from blockx.actors._task import Admission, TaskRuntime, run_task
-from blockx.actors._timer import TimerActor, WorkerClock
-from blockx.actors._watch import WatchHub, WatchStream
+from blockx.actors._streams import WatchStream
+from blockx.actors._task import Admission, TaskRuntime, TaskStart, run_task
+from blockx.actors._watch import WatchHub
 
 __all__ = [
+    "ActivationDone",
+    "ActivationRefused",
+    "ActorParts",
+    "ActorProbe",
     "Admission",
-    "CallsRefused",
-    "ExecutorPool",
+    "CallEngine",
+    "CallIds",
+    "CallsDone",
+    "CancelTaskCalls",
+    "CloseAllStreams",
+    "CodeLoaded",
+    "DispatcherActor",
+    "DispatcherMessage",
     "ForceDrain",
+    "Forget",
     "GetResult",
     "GetStatus",
+    "Inbox",
+    "Inboxes",
     "OpenWatch",
+    "PhaseDone",
+    "Publish",
+    "Reply",
     "RequestSlot",
+    "RunTaskCalls",
     "SlotTableActor",
+    "SlotTableMessage",
     "StartDrain",
     "SubmitTask",
+    "Subscribe",
     "TaskRuntime",
-    "TimerActor",
+    "TaskStart",
+    "TransportFactory",
     "Unsubscribe",
+    "WatchChanged",
     "WatchHub",
+    "WatchHubMessage",
     "WatchStream",
-    "WorkerClock",
+    "WorkerActors",
     "WorkerStatus",
+    "run_actors",
     "run_task",
-    "split_wire_call_id",
-    "wire_call_id",
 ]

@@ -1,25 +1,25 @@
-"""Every message the worker's actors exchange, in one place.
+"""Every message the worker's actors exchange, in one place, grouped by the inbox it goes to.
 
-An actor is one Trio task that owns some state and takes messages from one
-inbox; nothing else touches its state. A request that needs an answer carries
-its own `reply`: a plain function the actor calls exactly once, with the
-answer or with the `WorkerError` that refuses the request. The actor never
-waits for whoever asked, so an asyncio handler (the gRPC front end) can post a
-request and wait on a future that `reply` resolves.
+A task's path through the actors, one message per hop:
 
-Inboxes of the slot-table actor and of the watch hub have no size limit for
-messages from other actors (their number is bounded by the tasks and streams
-that exist); requests from clients are admitted at the edge, where a full
-inbox is answered with UNAVAILABLE instead of queued.
+    client -> SubmitTask -> slot table -> (task actor started) -> ActivationDone
+           -> slot table -> StartBuilderPhase -> task actor -> PhaseDone(BUILDER)
+           -> slot table -> StartCallPhase -> task actor -> RunTaskCalls -> dispatcher
+           -> CallsDone -> slot table -> StartPluginPhase -> task actor -> PhaseDone(PLUGIN)
+           -> slot table -> Publish (every step above) -> watch hub -> WatchStream -> client
+
+Each arrow is a `post` on the receiving actor's `Inbox` (see `_inbox`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
-
 import attrs
 
+from blockx.actors._inbox import Reply
+from blockx.actors._streams import WatchStream
+from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, FailureCode, RetryPolicy
+from blockx.executors import PoolEvent
+from blockx.functions import FunctionSnapshot
 from blockx.slots import (
     Heartbeat,
     PhaseOutcome,
@@ -27,15 +27,7 @@ from blockx.slots import (
     TaskPhase,
     TaskSnapshot,
     TaskSpec,
-    WorkerError,
 )
-
-if TYPE_CHECKING:
-    from blockx.actors._watch import WatchStream
-
-T = TypeVar("T")
-Reply: TypeAlias = Callable[[T | WorkerError], None]
-
 
 # ------------------------------------------------- to the slot-table actor
 # from clients (through the front end)
@@ -73,7 +65,7 @@ class OpenWatch:
     stream: WatchStream
 
 
-# from task actors
+# from task actors and the dispatcher
 
 
 @attrs.frozen(kw_only=True)
@@ -86,19 +78,29 @@ class ActivationDone:
 @attrs.frozen(kw_only=True)
 class ActivationRefused:
     task_id: str
-    failure_code: str
+    failure_code: FailureCode
     message: str
     retryable: bool
 
 
 @attrs.frozen(kw_only=True)
 class PhaseDone:
+    """The builder or the plugin phase of `task_id` ended."""
+
     task_id: str
     phase: TaskPhase
     outcome: PhaseOutcome
 
 
-# from the watch hub
+@attrs.frozen(kw_only=True)
+class CallsDone:
+    """The calls phase of `task_id` ended (from the dispatcher)."""
+
+    task_id: str
+    outcome: CallPhaseOutcome
+
+
+# from the watch hub, the code refresher and the application
 
 
 @attrs.frozen(kw_only=True)
@@ -110,12 +112,11 @@ class WatchChanged:
     broken: bool = False
 
 
-# from the timer actor and the application
-
-
 @attrs.frozen(kw_only=True)
-class TimersDue:
-    pass
+class CodeLoaded:
+    """A new snapshot of function code is current."""
+
+    snapshot: FunctionSnapshot
 
 
 @attrs.frozen(kw_only=True)
@@ -137,11 +138,36 @@ SlotTableMessage = (
     | ActivationDone
     | ActivationRefused
     | PhaseDone
+    | CallsDone
     | WatchChanged
-    | TimersDue
+    | CodeLoaded
     | StartDrain
     | ForceDrain
 )
+
+
+# ------------------------------------------------------ to the dispatcher
+
+
+@attrs.frozen(kw_only=True)
+class RunTaskCalls:
+    """Run every call of `task_id` against `code`; the end comes back as `CallsDone`."""
+
+    task_id: str
+    code: FunctionSnapshot
+    calls: tuple[CallSpec, ...]
+    retry: RetryPolicy
+    failure_policy: CallFailurePolicy
+
+
+@attrs.frozen(kw_only=True)
+class CancelTaskCalls:
+    """The task has ended: cancel whatever of its calls still runs (nothing is reported)."""
+
+    task_id: str
+
+
+DispatcherMessage = RunTaskCalls | CancelTaskCalls | PoolEvent
 
 
 # ------------------------------------------------------ to the watch hub
@@ -188,5 +214,8 @@ WatchHubMessage = Subscribe | Publish | Unsubscribe | Forget | CloseAllStreams
 
 @attrs.frozen(kw_only=True)
 class WorkerStatus:
+    """The slot table's answer to `GetStatus`: capacity, every slot and every task holding one."""
+
     heartbeat: Heartbeat
     slots: tuple[SlotView, ...]
+    tasks: tuple[TaskSnapshot, ...]

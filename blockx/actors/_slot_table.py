@@ -1,25 +1,34 @@
-"""The slot-table actor: the one owner of the worker's `SlotMachine`.
+"""The slot-table actor: the one owner of the worker's `SlotMachine` and `FunctionCodeView`.
 
-Every request, report, watch change and timer scan reaches the machine
-through this actor's inbox, one at a time; the commands the machine answers
-with are carried out here before the next message is taken: task actors are
-started in the worker's task nursery, told to run their next phase or
-cancelled, and every change of a task's state or phase is published to the
-watch hub. The actor never waits on anyone it talks to.
+Every request, report, watch change and code change reaches the machine
+through this actor's inbox, one at a time, and it wakes up on its own when
+the machine's next timer is due. Each message becomes events of the machine,
+stamped here with the worker clock's time and a stimulus id, and the commands
+the machine answers with are carried out before the next message is taken:
+task actors are started (with the code pinned for them) in the task nursery,
+told to run their next phase or cancelled, their calls cancelled in the
+dispatcher, and every change of a task is published to the watch hub and to
+the task's trace. The actor never waits on anyone it talks to. Others read
+its state only through its inbox (`GetStatus`, `GetResult`).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Sequence
 
 import attrs
 import trio
 
+from blockx._clock import WorkerClock
+from blockx.actors._inbox import Inbox, Reply, take_until
 from blockx.actors._messages import (
     ActivationDone,
     ActivationRefused,
+    CallsDone,
+    CancelTaskCalls,
+    CodeLoaded,
+    DispatcherMessage,
     ForceDrain,
     Forget,
     GetResult,
@@ -32,34 +41,36 @@ from blockx.actors._messages import (
     StartDrain,
     SubmitTask,
     Subscribe,
-    TimersDue,
     WatchChanged,
     WatchHubMessage,
     WorkerStatus,
 )
-from blockx.actors._task import PhaseCommand, TaskRuntime, run_task
-from blockx.actors._timer import TimerActor, WorkerClock
+from blockx.actors._task import TaskRuntime, TaskStart, run_task
+from blockx.calls import FailureCode, StimulusIds
+from blockx.errors import Misuse
+from blockx.functions import FunctionCodeError, FunctionCodeView
+from blockx.observability.tracing import TaskTracing
 from blockx.slots import (
     ActivationFailed,
     ActivationPrepared,
+    CallsFinished,
     Command,
     ConvergeTask,
     DrainDeadlinePassed,
     DrainStarted,
     Event,
-    FailureCode,
     ForgetReason,
     ForgetTask,
-    MachineMisuse,
-    NotFound,
     PhaseFinished,
     PrepareTaskActivation,
     SlotMachine,
     SlotRequested,
     StartBuilderPhase,
     StartCallPhase,
-    StartWriterPhase,
+    StartPhase,
+    StartPluginPhase,
     Step,
+    TaskPhase,
     TaskResult,
     TaskSnapshot,
     TaskSubmitted,
@@ -72,156 +83,191 @@ from blockx.slots import (
 
 logger = logging.getLogger("blockx.slots")
 
-# Client requests waiting in the inbox beyond this are refused at the edge.
-MAX_BACKLOG = 4_096
-# Phase commands in flight to one task actor: at most one at a time.
+TICK_MS = 500
+"""The longest the actor sleeps without looking at its timers and purging old code."""
 PHASE_BUFFER = 1
+"""Phase commands in flight to one task actor: at most one at a time."""
 
 
 @attrs.define(eq=False)
 class _TaskActor:
     scope: trio.CancelScope
-    phases: trio.MemorySendChannel[PhaseCommand]
+    phases: trio.MemorySendChannel[StartPhase]
+    plugin: str
+    """The type of the task's result handler ("" without one), for its trace."""
 
 
 class SlotTableActor:
+    """The actor. Start `run` with `nursery.start`; task actors run in `task_nursery`."""
+
     def __init__(
         self,
-        machine: SlotMachine,
         *,
+        machine: SlotMachine,
+        code: FunctionCodeView,
+        inbox: Inbox[SlotTableMessage],
+        hub: Inbox[WatchHubMessage],
+        dispatcher: Inbox[DispatcherMessage],
+        runtime: TaskRuntime,
+        task_nursery: trio.Nursery,
         clock: WorkerClock,
-        to_hub: Callable[[WatchHubMessage], None],
+        stimuli: StimulusIds,
+        tracing: TaskTracing,
         on_finished: Sequence[Callable[[TaskResult], None]] = (),
     ) -> None:
         """`on_finished` hooks see every terminal result (logs, metrics); they must not block."""
-        self.machine = machine
-        self._on_finished = tuple(on_finished)
-        self._clock = clock
-        self._to_hub = to_hub
-        self._send, self._receive = trio.open_memory_channel[SlotTableMessage](float("inf"))
-        self._tasks: dict[str, _TaskActor] = {}
-        self._stimuli = itertools.count(1)
-        self._timer: TimerActor | None = None
-        self._runtime: TaskRuntime | None = None
-        self._task_nursery: trio.Nursery | None = None
-        self.drained = trio.Event()
-        """Set once draining started and no task is live any more."""
-
-    # ---------------------------------------------------------------- edge
-
-    def post(self, message: SlotTableMessage) -> None:
-        """From other actors: always taken."""
-        self._send.send_nowait(message)
-
-    def admit(self, message: SlotTableMessage) -> bool:
-        """From clients: False (nothing queued) when the backlog is full."""
-        if self._send.statistics().current_buffer_used >= MAX_BACKLOG:
-            return False
-        self._send.send_nowait(message)
-        return True
-
-    # --------------------------------------------------------------- actor
-
-    async def run(
-        self, *, runtime: TaskRuntime, timer: TimerActor, task_nursery: trio.Nursery
-    ) -> None:
-        """Take messages until cancelled. Task actors run in `task_nursery`."""
+        self._machine = machine
+        self._code = code
+        self._receive = inbox.receive
+        self._hub = hub
+        self._dispatcher = dispatcher
         self._runtime = runtime
-        self._timer = timer
         self._task_nursery = task_nursery
-        async for message in self._receive:
-            try:
-                self._on_message(message)
-            except MachineMisuse:
-                # A report the machine cannot accept is a runtime bug; the
-                # worker keeps serving and the log keeps the evidence.
-                logger.exception("slot table refused %r; recent: %r", message, self._recent())
-            deadline = self.machine.next_deadline_ms()
-            if deadline is not None:
-                timer.wake_at(deadline)
-            if self.machine.draining and self.machine.active_task_count() == 0:
+        self._clock = clock
+        self._stimuli = stimuli
+        self._tracing = tracing
+        self._on_finished = (tracing.task_finished, *on_finished)
+        self._tasks: dict[str, _TaskActor] = {}
+        self.drained = trio.Event()
+        """Published: set once draining started and no task is live any more."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            due_ms = self._machine.next_deadline_ms()
+            wake_ms = self._clock.now_ms() + TICK_MS
+            deadline = self._clock.trio_time(wake_ms if due_ms is None else min(due_ms, wake_ms))
+            if not await take_until(self._receive, deadline, self._take):
+                self._on_timers_due()
+            if self._machine.draining and self._machine.active_task_count() == 0:
                 self.drained.set()
 
-    def _recent(self) -> tuple[object, ...]:
-        return self.machine.recent_stimuli[-5:]
+    def _take(self, message: SlotTableMessage) -> None:
+        try:
+            self._on_message(message)
+        except Misuse:
+            # A report the machine cannot accept is a runtime bug; the worker
+            # keeps serving and the log keeps the evidence.
+            recent = self._machine.recent_stimuli[-5:]
+            logger.exception("slot table refused %r; recent: %r", message, recent)
 
-    def _stimulus(self, kind: str) -> str:
-        return f"{kind}-{next(self._stimuli)}"
+    # ------------------------------------------------------------ messages
+
+    def _stamp(self, kind: str) -> tuple[int, str]:
+        """The time and the stimulus id of an event: the one place they are given."""
+        return self._clock.now_ms(), self._stimuli.stamp(kind)
 
     def _on_message(self, message: SlotTableMessage) -> None:
-        now_ms = self._clock.now_ms()
+        match message:
+            case RequestSlot() | SubmitTask() | GetResult() | GetStatus() | OpenWatch():
+                self._on_request(message)
+            case ActivationDone() | ActivationRefused() | PhaseDone() | CallsDone():
+                self._on_report(message)
+            case WatchChanged(task_id=task_id, attached=attached, broken=broken):
+                now_ms, stimulus_id = self._stamp("watch")
+                kind = WatchAttached if attached else WatchDisconnected if broken else WatchDetached
+                self._apply(kind(task_id=task_id, now_ms=now_ms, stimulus_id=stimulus_id))
+            case CodeLoaded(snapshot=snapshot):
+                try:
+                    self._code.observe(snapshot, self._clock.now_ms())
+                except FunctionCodeError as error:
+                    logger.warning("function code epoch %s refused: %s", snapshot.epoch, error)
+            case StartDrain():
+                now_ms, stimulus_id = self._stamp("drain")
+                self._apply(DrainStarted(now_ms=now_ms, stimulus_id=stimulus_id))
+            case ForceDrain():
+                now_ms, stimulus_id = self._stamp("force")
+                self._apply(DrainDeadlinePassed(now_ms=now_ms, stimulus_id=stimulus_id))
+
+    def _on_request(
+        self, message: RequestSlot | SubmitTask | GetResult | GetStatus | OpenWatch
+    ) -> None:
         match message:
             case RequestSlot(task_id=task_id, ttl_ms=ttl_ms, reply=reply):
+                now_ms, stimulus_id = self._stamp("reserve")
                 event: Event = SlotRequested(
-                    task_id=task_id, ttl_ms=ttl_ms, now_ms=now_ms, stimulus_id=self._stimulus("rq")
+                    task_id=task_id, ttl_ms=ttl_ms, now_ms=now_ms, stimulus_id=stimulus_id
                 )
                 self._request(event, reply)
             case SubmitTask(spec=spec, slot_id=slot_id, reply=reply):
+                now_ms, stimulus_id = self._stamp("submit")
                 event = TaskSubmitted(
-                    spec=spec, slot_id=slot_id, now_ms=now_ms, stimulus_id=self._stimulus("sub")
+                    spec=spec, slot_id=slot_id, now_ms=now_ms, stimulus_id=stimulus_id
                 )
                 self._request(event, reply)
-            case GetResult(task_id=task_id, reply=reply):
+            case GetResult(task_id=task_id, reply=result_reply):
                 try:
-                    snapshot = self.machine.get_result(task_id)
+                    result_reply(self._machine.get_result(task_id))
                 except WorkerError as error:
-                    reply(error)
-                else:
-                    reply(snapshot)
-            case GetStatus(reply=reply):
-                reply(
-                    WorkerStatus(
-                        heartbeat=self.machine.heartbeat(now_ms),
-                        slots=self.machine.slot_views(),
-                    )
-                )
+                    result_reply(error)
+            case GetStatus(reply=status_reply):
+                status_reply(self._status())
             case OpenWatch(stream=stream):
-                snapshots = []
-                for task_id in stream.task_ids:
-                    try:
-                        snapshots.append(self.machine.get_result(task_id))
-                    except NotFound as error:
-                        stream.fail(error)
-                        return
-                self._to_hub(Subscribe(stream=stream, snapshots=tuple(snapshots)))
+                try:
+                    snapshots = tuple(self._machine.get_result(t) for t in stream.task_ids)
+                except WorkerError as error:
+                    stream.fail(error)
+                    return
+                self._hub.post(Subscribe(stream=stream, snapshots=snapshots))
+
+    def _on_report(
+        self, message: ActivationDone | ActivationRefused | PhaseDone | CallsDone
+    ) -> None:
+        now_ms, stimulus_id = self._stamp("report")
+        match message:
             case ActivationDone(task_id=task_id, slot_id=slot_id, task_code_epoch=epoch):
-                self._apply(
-                    ActivationPrepared(
-                        task_id=task_id, slot_id=slot_id, task_code_epoch=epoch, now_ms=now_ms
-                    )
+                event: Event = ActivationPrepared(
+                    task_id=task_id,
+                    slot_id=slot_id,
+                    task_code_epoch=epoch,
+                    now_ms=now_ms,
+                    stimulus_id=stimulus_id,
                 )
             case ActivationRefused():
-                self._apply(
-                    ActivationFailed(
-                        task_id=message.task_id,
-                        failure_code=message.failure_code,
-                        message=message.message,
-                        retryable=message.retryable,
-                        now_ms=now_ms,
-                    )
+                event = ActivationFailed(
+                    task_id=message.task_id,
+                    failure_code=message.failure_code,
+                    message=message.message,
+                    retryable=message.retryable,
+                    now_ms=now_ms,
+                    stimulus_id=stimulus_id,
                 )
             case PhaseDone(task_id=task_id, phase=phase, outcome=outcome):
-                self._apply(
-                    PhaseFinished(task_id=task_id, phase=phase, outcome=outcome, now_ms=now_ms)
+                self._tracing.phase_ended(task_id, outcome)
+                event = PhaseFinished(
+                    task_id=task_id,
+                    phase=phase,
+                    outcome=outcome,
+                    now_ms=now_ms,
+                    stimulus_id=stimulus_id,
                 )
-            case WatchChanged(task_id=task_id, attached=attached, broken=broken):
-                if attached:
-                    self._apply(WatchAttached(task_id=task_id, now_ms=now_ms))
-                elif broken:
-                    self._apply(WatchDisconnected(task_id=task_id, now_ms=now_ms))
-                else:
-                    self._apply(WatchDetached(task_id=task_id, now_ms=now_ms))
-            case TimersDue():
-                for timer in self.machine.due_timers(now_ms):
-                    self._apply(TimerFired(timer=timer, now_ms=now_ms))
-            case StartDrain():
-                self._apply(DrainStarted(now_ms=now_ms, stimulus_id=self._stimulus("drain")))
-            case ForceDrain():
-                self._apply(DrainDeadlinePassed(now_ms=now_ms, stimulus_id=self._stimulus("force")))
+            case CallsDone(task_id=task_id, outcome=calls_outcome):
+                self._tracing.phase_ended(task_id, calls_outcome)
+                event = CallsFinished(
+                    task_id=task_id, outcome=calls_outcome, now_ms=now_ms, stimulus_id=stimulus_id
+                )
+        self._apply(event)
 
-    def _request(self, event: Event, reply: Callable[[TaskSnapshot | WorkerError], None]) -> None:
+    def _on_timers_due(self) -> None:
+        for timer in self._machine.due_timers(self._clock.now_ms()):
+            now_ms, stimulus_id = self._stamp("timer")
+            self._apply(TimerFired(timer=timer, now_ms=now_ms, stimulus_id=stimulus_id))
+        for epoch in self._code.purge(self._clock.now_ms()):
+            logger.info("function code epoch %s purged", epoch)
+
+    def _status(self) -> WorkerStatus:
+        slots = self._machine.slot_views()
+        return WorkerStatus(
+            heartbeat=self._machine.heartbeat(self._clock.now_ms()),
+            slots=slots,
+            tasks=tuple(
+                self._machine.get_result(slot.task_id) for slot in slots if slot.task_id is not None
+            ),
+        )
+
+    def _request(self, event: Event, reply: Reply[TaskSnapshot]) -> None:
         try:
-            step = self.machine.handle(event)
+            step = self._machine.handle(event)
         except WorkerError as error:
             reply(error)
             return
@@ -230,7 +276,7 @@ class SlotTableActor:
         self._execute(step)
 
     def _apply(self, event: Event) -> None:
-        self._execute(self.machine.handle(event))
+        self._execute(self._machine.handle(event))
 
     # ------------------------------------------------------------ commands
 
@@ -241,49 +287,64 @@ class SlotTableActor:
     def _carry_out(self, command: Command) -> None:
         match command:
             case PrepareTaskActivation():
-                self._start_task(command)
                 self._publish(command.task_id)
-            case StartBuilderPhase() | StartCallPhase() | StartWriterPhase():
+                self._start_task(command)
+            case StartBuilderPhase() | StartCallPhase() | StartPluginPhase():
                 actor = self._tasks.get(command.task_id)
                 if actor is not None:
                     actor.phases.send_nowait(command)
+                    self._tracing.phase_started(command.task_id, command.phase, actor.plugin)
                 self._publish(command.task_id)
             case ConvergeTask(task_id=task_id, result=result):
-                actor = self._tasks.pop(task_id, None)
-                if actor is not None:
-                    actor.scope.cancel()
-                    actor.phases.close()
-                self._to_hub(Publish(snapshot=TaskSnapshot.of_result(result)))
-                for hook in self._on_finished:
-                    hook(result)
+                self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
-                    self._to_hub(Forget(task_id=task_id))
+                    self._hub.post(Forget(task_id=task_id))
 
     def _start_task(self, command: PrepareTaskActivation) -> None:
-        assert self._runtime is not None
-        assert self._task_nursery is not None
-        send, receive = trio.open_memory_channel[PhaseCommand](PHASE_BUFFER)
-        scope = trio.CancelScope()
+        task_id = command.task_id
+        self._tracing.task_started(task_id, command.slot_id)
+        now_ms, stimulus_id = self._stamp("pin")
         try:
-            self._task_nursery.start_soon(
-                run_task, self._runtime, command, scope, receive, name=f"task {command.task_id}"
-            )
-        except RuntimeError:  # the task nursery has closed: the worker is stopping
-            self.post(
-                ActivationRefused(
-                    task_id=command.task_id,
-                    failure_code=FailureCode.WORKER_SHUTDOWN,
-                    message="the worker is shutting down",
+            epoch = self._code.pin(task_id, now_ms)
+        except FunctionCodeError as error:
+            self._apply(
+                ActivationFailed(
+                    task_id=task_id,
+                    failure_code=FailureCode.ACTIVATION_FAILED,
+                    message=f"cannot pin function code: {error}",
                     retryable=True,
+                    now_ms=now_ms,
+                    stimulus_id=stimulus_id,
                 )
             )
             return
-        self._tasks[command.task_id] = _TaskActor(scope=scope, phases=send)
+        self._tracing.epoch_pinned(task_id, epoch)
+        send, receive = trio.open_memory_channel[StartPhase](PHASE_BUFFER)
+        start = TaskStart(
+            command=command,
+            code=self._code.snapshot(epoch),
+            scope=trio.CancelScope(),
+            phases=receive,
+        )
+        self._task_nursery.start_soon(run_task, self._runtime, start, name=f"task {task_id}")
+        handler = command.spec.result_handler
+        self._tasks[task_id] = _TaskActor(
+            scope=start.scope, phases=send, plugin=handler.type if handler is not None else ""
+        )
+
+    def _end_task(self, task_id: str, result: TaskResult) -> None:
+        actor = self._tasks.pop(task_id, None)
+        if actor is not None:
+            actor.scope.cancel()
+            actor.phases.close()
+        if result.phase is TaskPhase.CALLS:
+            self._dispatcher.post(CancelTaskCalls(task_id=task_id))
+        if self._code.pinned_epoch(task_id) is not None:
+            self._code.unpin(task_id, self._clock.now_ms())
+        self._hub.post(Publish(snapshot=TaskSnapshot.of_result(result)))
+        for hook in self._on_finished:
+            hook(result)
 
     def _publish(self, task_id: str) -> None:
-        self._to_hub(Publish(snapshot=self.machine.get_result(task_id)))
-
-    @property
-    def live_task_actors(self) -> int:
-        return len(self._tasks)
+        self._hub.post(Publish(snapshot=self._machine.get_result(task_id)))

@@ -1,11 +1,13 @@
-"""The task actor: one per admitted task, running Builder -> Calls -> Plugin.
+"""The task actor: one per admitted task, running its builder and its plugin.
 
-It pins the task's function-code epoch, reports activation, and then runs
-each phase when the slot-table actor says so, reporting every outcome back.
-It decides nothing about the task's state: an outcome is a report, and what
-happens next is the slot table's answer. The slot-table actor ends it by
-cancelling its scope (task deadline, drain, any terminal result); whatever
-the task started (calls on executors included) is cancelled with it.
+The slot-table actor starts it with the task's pinned code. It reports
+activation, then runs each phase when the slot table says so and reports the
+outcome: the builder's calls go to the dispatcher (whose `CallsDone` goes to
+the slot table, not back here), and the plugin gets the outputs from the
+command that starts its phase. It decides nothing about the task's state: an
+outcome is a report, and what happens next is the slot table's answer. The
+slot-table actor ends it by cancelling its scope (task deadline, drain, any
+terminal result).
 
 Every failure inside a phase becomes that phase's failed outcome, so the task
 always converges to a terminal result and nothing escapes into the worker's
@@ -15,55 +17,39 @@ task nursery.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import attrs
 import trio
 
-from blockx.actors._dispatcher import CallsRefused
+from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
     ActivationDone,
-    ActivationRefused,
+    DispatcherMessage,
     PhaseDone,
+    RunTaskCalls,
     SlotTableMessage,
 )
-from blockx.actors._timer import WorkerClock
-from blockx.errors import BlockxError
-from blockx.functions import FunctionCodeView
+from blockx.calls import CallSpec, FailureCode
+from blockx.functions import FunctionSnapshot
 from blockx.observability.logs import TaskLog
-from blockx.observability.tracing import NOT_TRACED, TaskTracing
-from blockx.phases import CallPhaseOutcome, CallPolicy, CallSpec
+from blockx.phases import PhaseFailed
 from blockx.phases.builders import BuilderRegistry, BuildRequest
-from blockx.phases.plugins import PhaseFailed, WriteRequest, WriterRegistry
+from blockx.phases.plugins import PluginRegistry, PluginRequest
 from blockx.slots import (
-    CallFailurePolicy,
-    CallStats,
-    FailureCode,
     PhaseOutcome,
     PrepareTaskActivation,
     StartBuilderPhase,
     StartCallPhase,
-    StartWriterPhase,
+    StartPhase,
+    StartPluginPhase,
     TaskPhase,
 )
 
 logger = logging.getLogger("blockx.task")
 
-PHASE_IO_TIMED_OUT = "PHASE_IO_TIMEOUT"
-PLUGIN_NOT_FOUND = "PLUGIN_NOT_FOUND"
-
 T = TypeVar("T")
-
-PhaseCommand = StartBuilderPhase | StartCallPhase | StartWriterPhase
-
-
-class CallRunner(Protocol):
-    """Runs one task's calls to the end (`ExecutorPool` in the worker)."""
-
-    async def run_calls(
-        self, task_id: str, epoch: str, calls: Sequence[CallSpec], policy: CallPolicy
-    ) -> CallPhaseOutcome: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -87,111 +73,86 @@ class Admission:
 
 @attrs.frozen(kw_only=True)
 class TaskRuntime:
-    """What every task actor shares: code, registries, executors and limits."""
+    """What every task actor shares: registries, limits and the inboxes it reports to."""
 
-    clock: WorkerClock
-    code_view: FunctionCodeView
-    calls: CallRunner
     builders: BuilderRegistry
-    writers: WriterRegistry
+    plugins: PluginRegistry
     admission: Admission
     phase_io_timeout_ms: int
-    call_window: int
-    call_deadline_ms: int
-    to_slot_table: Callable[[SlotTableMessage], None]
-    tracing: TaskTracing = attrs.field(factory=TaskTracing.disabled)
-    """Spans of tasks and phases; records nothing unless tracing is configured."""
+    slot_table: Inbox[SlotTableMessage]
+    dispatcher: Inbox[DispatcherMessage]
 
 
-async def run_task(
-    runtime: TaskRuntime,
-    command: PrepareTaskActivation,
-    scope: trio.CancelScope,
-    phases: trio.MemoryReceiveChannel[PhaseCommand],
-) -> None:
+@attrs.frozen(kw_only=True)
+class TaskStart:
+    """What the slot-table actor hands a new task actor."""
+
+    command: PrepareTaskActivation
+    code: FunctionSnapshot
+    """The function code pinned for the task."""
+    scope: trio.CancelScope
+    phases: trio.MemoryReceiveChannel[StartPhase]
+    """The commands that start its phases, in order."""
+
+
+async def run_task(runtime: TaskRuntime, start: TaskStart) -> None:
     """The task actor's whole life; returns once its last report is posted or it is cancelled."""
-    # A scope cancelled before the actor ran: the task already has its result
-    # (the slot table's hooks have seen it), so no span is opened for it.
-    task = _TaskRun(runtime, command, traced=not scope.cancel_called)
-    with scope, task.log.bound():
-        try:
-            await task.run(phases)
-        finally:
-            task.release()
+    task = _TaskRun(runtime, start)
+    with start.scope, task.log.bound():
+        await task.run()
 
 
 class _TaskRun:
-    def __init__(
-        self, runtime: TaskRuntime, command: PrepareTaskActivation, *, traced: bool
-    ) -> None:
+    def __init__(self, runtime: TaskRuntime, start: TaskStart) -> None:
         self._rt = runtime
-        self._command = command
-        self._spec = command.spec
-        self._task_id = command.task_id
-        self.log = TaskLog(logger, task_id=command.task_id, slot_id=command.slot_id)
+        self._start = start
+        self._spec = start.command.spec
+        self._task_id = start.command.task_id
+        self.log = TaskLog(logger, task_id=self._task_id, slot_id=start.command.slot_id)
         self.log.set_phase(TaskPhase.PREPARING.value)
-        self._trace = (
-            runtime.tracing.task_started(command.task_id, command.slot_id) if traced else NOT_TRACED
-        )
-        self._epoch: str | None = None
-        self._calls: Sequence[CallSpec] = ()
-        self._outputs: tuple[bytes, ...] = ()
+        self.log.set_epoch(start.code.epoch)
+        self._calls: tuple[CallSpec, ...] = ()
 
-    async def run(self, phases: trio.MemoryReceiveChannel[PhaseCommand]) -> None:
-        if not self._activate():
-            return
-        async for command in phases:
-            phase = _PHASE_OF[type(command)]
-            self.log.set_phase(phase.value)
-            handler = self._spec.result_handler
-            self._trace.phase_started(phase, writer=handler.type if handler is not None else "")
-            match command:
-                case StartBuilderPhase():
-                    outcome = await self._guarded(TaskPhase.BUILDER, self._build)
-                case StartCallPhase():
-                    outcome = await self._guarded(TaskPhase.CALLS, self._run_calls)
-                case StartWriterPhase():
-                    outcome = await self._guarded(TaskPhase.PLUGIN, self._write)
-            self._trace.phase_ended(outcome)
-            self._rt.to_slot_table(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
-            if phase is TaskPhase.PLUGIN:
-                return
-
-    def release(self) -> None:
-        if self._epoch is not None:
-            self._rt.code_view.unpin(self._task_id, self._rt.clock.now_ms())
-            self._epoch = None
-
-    def _activate(self) -> bool:
-        try:
-            self._epoch = self._rt.code_view.pin(self._task_id, self._rt.clock.now_ms())
-        except BlockxError as error:
-            self._rt.to_slot_table(
-                ActivationRefused(
-                    task_id=self._task_id,
-                    failure_code=FailureCode.ACTIVATION_FAILED,
-                    message=f"cannot pin function code: {error}",
-                    retryable=True,
-                )
-            )
-            return False
-        self.log.set_epoch(self._epoch)
-        self._trace.epoch_pinned(self._epoch)
-        self._rt.to_slot_table(
+    async def run(self) -> None:
+        command = self._start.command
+        self._rt.slot_table.post(
             ActivationDone(
-                task_id=self._task_id, slot_id=self._command.slot_id, task_code_epoch=self._epoch
+                task_id=self._task_id,
+                slot_id=command.slot_id,
+                task_code_epoch=self._start.code.epoch,
             )
         )
-        return True
+        phase = await self._next()
+        while phase is not None:
+            self.log.set_phase(phase.phase.value)
+            match phase:
+                case StartBuilderPhase():
+                    self._report(TaskPhase.BUILDER, await self._guarded(self._build))
+                    phase = await self._next()
+                case StartCallPhase():
+                    phase = await self._run_calls()
+                case StartPluginPhase(outputs=outputs):
+                    self._report(
+                        TaskPhase.PLUGIN, await self._guarded(lambda: self._plugin(outputs))
+                    )
+                    return
 
-    async def _guarded(
-        self, phase: TaskPhase, body: Callable[[], Awaitable[PhaseOutcome]]
-    ) -> PhaseOutcome:
+    async def _next(self) -> StartPhase | None:
+        try:
+            return await self._start.phases.receive()
+        except trio.EndOfChannel:
+            return None
+
+    def _report(self, phase: TaskPhase, outcome: PhaseOutcome) -> None:
+        self._rt.slot_table.post(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
+
+    async def _guarded(self, body: Callable[[], Awaitable[PhaseOutcome]]) -> PhaseOutcome:
         try:
             return await body()
-        except Exception as error:  # a bug in a builder or writer must not take the worker down
-            self.log.exception("task %s: %s phase raised", self._task_id, phase.value)
-            return PhaseOutcome(ok=False, message=f"{phase.value.lower()} raised {error!r}")
+        except Exception as error:  # a bug in a builder or plugin must not take the worker down
+            phase = self.log.fields["phase"]
+            self.log.exception("task %s: %s phase raised", self._task_id, phase)
+            return PhaseOutcome(ok=False, message=f"{str(phase).lower()} raised {error!r}")
 
     async def _build(self) -> PhaseOutcome:
         kind = self._spec.function_call.type
@@ -207,7 +168,7 @@ class _TaskRun:
             task_id=self._task_id,
             function_call=self._spec.function_call,
             payload=self._spec.payload,
-            task_code_epoch=self._epoch or "",
+            task_code_epoch=self._start.code.epoch,
             labels=self._spec.labels,
         )
         calls = await self._bounded(
@@ -215,53 +176,46 @@ class _TaskRun:
         )
         if isinstance(calls, PhaseOutcome):
             return calls
-        self._calls = calls
+        self._calls = tuple(calls)
         return PhaseOutcome(ok=True, call_count=len(calls))
 
-    async def _run_calls(self) -> PhaseOutcome:
-        retry = self._command.retry_policy
-        policy = CallPolicy(
-            max_attempts=retry.max_attempts,
-            base_backoff_ms=retry.base_backoff_ms,
-            jitter_percent=retry.jitter_percent,
-            fail_fast=self._spec.call_failure_policy is CallFailurePolicy.FAIL_FAST,
-            window=self._rt.call_window,
-            call_deadline_ms=self._rt.call_deadline_ms,
-        )
-        calls, self._calls = self._calls, ()
+    async def _run_calls(self) -> StartPhase | None:
+        """Hand the calls to the dispatcher; hold executor admission until the phase ends."""
         async with self._rt.admission.executor:
-            try:
-                outcome = await self._rt.calls.run_calls(
-                    self._task_id, self._epoch or "", calls, policy
+            # The task may have ended while it waited for admission.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            calls, self._calls = self._calls, ()
+            self._rt.dispatcher.post(
+                RunTaskCalls(
+                    task_id=self._task_id,
+                    code=self._start.code,
+                    calls=calls,
+                    retry=self._start.command.retry_policy,
+                    failure_policy=self._spec.call_failure_policy,
                 )
-            except CallsRefused as error:
-                return PhaseOutcome(ok=False, message=error.reason)
-        self._outputs = outcome.outputs
-        return _calls_outcome(outcome)
+            )
+            return await self._next()
 
-    async def _write(self) -> PhaseOutcome:
+    async def _plugin(self, outputs: tuple[bytes, ...]) -> PhaseOutcome:
         handler = self._spec.result_handler
-        outputs, self._outputs = self._outputs, ()
         if handler is None:
             return PhaseOutcome(ok=True)
-        writer = self._rt.writers.get(handler.type)
-        if writer is None:
-            known = ", ".join(self._rt.writers.names()) or "none"
+        plugin = self._rt.plugins.get(handler.type)
+        if plugin is None:
+            known = ", ".join(self._rt.plugins.names()) or "none"
             return PhaseOutcome(
                 ok=False,
-                failure_code=PLUGIN_NOT_FOUND,
-                message=f"no writer plugin {handler.type!r} in this worker (known: {known})",
+                failure_code=FailureCode.PLUGIN_NOT_FOUND,
+                message=f"no plugin {handler.type!r} in this worker (known: {known})",
             )
-        request = WriteRequest(
+        request = PluginRequest(
             task_id=self._task_id,
             handler=handler,
             outputs=outputs,
-            task_code_epoch=self._epoch or "",
+            task_code_epoch=self._start.code.epoch,
         )
         result = await self._bounded(
-            f"writer plugin {handler.type!r}",
-            self._rt.admission.plugin,
-            lambda: writer.write(request),
+            f"plugin {handler.type!r}", self._rt.admission.plugin, lambda: plugin.run(request)
         )
         if isinstance(result, PhaseOutcome):
             return result
@@ -286,39 +240,7 @@ class _TaskRun:
             except trio.TooSlowError:
                 return PhaseOutcome(
                     ok=False,
-                    failure_code=PHASE_IO_TIMED_OUT,
+                    failure_code=FailureCode.PHASE_IO_TIMEOUT,
                     message=f"{what} took longer than phaseIoTimeoutMs ({timeout_ms})",
                     retryable=True,
                 )
-
-
-_PHASE_OF: dict[type, TaskPhase] = {
-    StartBuilderPhase: TaskPhase.BUILDER,
-    StartCallPhase: TaskPhase.CALLS,
-    StartWriterPhase: TaskPhase.PLUGIN,
-}
-
-
-def _calls_outcome(outcome: CallPhaseOutcome) -> PhaseOutcome:
-    stats = outcome.stats
-    message = outcome.message
-    if outcome.ok and outcome.failures:
-        first = outcome.failures[0]
-        message = (
-            f"{len(outcome.failures)} call(s) failed; first: {first.call_id} "
-            f"{first.function} {first.error_code}: {first.error_message}"
-        )
-    return PhaseOutcome(
-        ok=outcome.ok,
-        failure_code=outcome.failure_code or None,
-        message=message,
-        retryable=outcome.retryable,
-        call_stats=CallStats(
-            calls_total=stats.calls_total,
-            calls_succeeded=stats.calls_succeeded,
-            calls_failed=stats.calls_failed,
-            calls_retried=stats.calls_retried,
-        ),
-        output_count=len(outcome.outputs),
-        output_bytes=sum(len(value) for value in outcome.outputs),
-    )

@@ -1,25 +1,18 @@
 """The watch hub: fans task updates out to `WatchTasks` streams.
 
-A `WatchStream` is the hub's handle on one open stream. Its buffer holds at
-most one pending update per task id it follows: a newer non-terminal update
-replaces an older one that the reader has not taken yet, and the terminal
-update is never replaced. So a slow reader costs memory in proportion to the
-tasks it follows, never to the updates it missed, and it always receives the
-terminal result. The front end takes updates from the stream; the hub is the
-only writer.
-
-The hub counts streams per task id and tells the slot-table actor when a task
-gets its first stream and when it loses its last one (cleanly, or because a
-client went away), which is what the slot table's watch grace runs on.
+It counts streams per task id and tells the slot-table actor when a task gets
+its first stream and when it loses its last one (cleanly, or because a client
+went away), which is what the slot table's watch grace runs on. It publishes
+one figure for others to read, `open_streams`, updated by its own steps.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
 
 import trio
 
+from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
     CloseAllStreams,
     Forget,
@@ -30,80 +23,25 @@ from blockx.actors._messages import (
     WatchChanged,
     WatchHubMessage,
 )
-from blockx.slots import NotFound, TaskSnapshot, WorkerError
+from blockx.actors._streams import WatchStream
+from blockx.slots import NotFound, TaskSnapshot
 
 logger = logging.getLogger("blockx.watch")
 
 
-class WatchStream:
-    """One stream's task ids and its bounded buffer of pending updates.
-
-    `wake` is called (from the hub's task) whenever there is something new to
-    read; the reader then calls `take()`. The stream is `finished` once every
-    task's terminal update was taken, or it failed, or it was closed and
-    drained.
-    """
-
-    def __init__(self, task_ids: Iterable[str], *, wake: Callable[[], None]) -> None:
-        self.task_ids = tuple(dict.fromkeys(task_ids))
-        self._wake = wake
-        self._pending: dict[str, TaskSnapshot] = {}
-        self._open_tasks = set(self.task_ids)
-        self.error: WorkerError | None = None
-        self.closed = False
-        self.abandoned = False
-        """Set by the reader when it stops reading, before it unsubscribes."""
-
-    def offer(self, snapshot: TaskSnapshot) -> None:
-        if snapshot.task_id not in self._open_tasks:
-            return  # terminal already queued, or not ours
-        self._pending[snapshot.task_id] = snapshot
-        if snapshot.is_terminal:
-            self._open_tasks.discard(snapshot.task_id)
-        self._wake()
-
-    def fail(self, error: WorkerError) -> None:
-        self.error = error
-        self._open_tasks.clear()
-        self._wake()
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake()
-
-    def take(self) -> list[TaskSnapshot]:
-        updates = list(self._pending.values())
-        self._pending.clear()
-        return updates
-
-    @property
-    def following(self) -> frozenset[str]:
-        """Task ids whose terminal update has not been queued yet."""
-        return frozenset(self._open_tasks)
-
-    @property
-    def finished(self) -> bool:
-        if self._pending:
-            return False
-        return self.error is not None or self.closed or not self._open_tasks
-
-
 class WatchHub:
-    """The actor. `post` is its inbox; `run` is its task."""
+    """The actor: takes `inbox`, tells `slot_table`. Start `run` with `nursery.start`."""
 
-    def __init__(self, *, to_slot_table: Callable[[SlotTableMessage], None]) -> None:
-        self._to_slot_table = to_slot_table
-        self._send, self._receive = trio.open_memory_channel[WatchHubMessage](float("inf"))
+    def __init__(
+        self, *, inbox: Inbox[WatchHubMessage], slot_table: Inbox[SlotTableMessage]
+    ) -> None:
+        self._receive = inbox.receive
+        self._slot_table = slot_table
         self._streams: dict[str, set[WatchStream]] = {}
         self._all: set[WatchStream] = set()
         self._emptied = trio.Event()
-
-    def post(self, message: WatchHubMessage) -> None:
-        self._send.send_nowait(message)
-
-    @property
-    def stream_count(self) -> int:
-        return len(self._all)
+        self.open_streams = 0
+        """Published: how many streams are open."""
 
     async def all_closed(self) -> None:
         """Until no stream is open."""
@@ -111,9 +49,11 @@ class WatchHub:
             await self._emptied.wait()
             self._emptied = trio.Event()
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         async for message in self._receive:
             self._on_message(message)
+            self.open_streams = len(self._all)
 
     def _on_message(self, message: WatchHubMessage) -> None:
         match message:
@@ -140,7 +80,7 @@ class WatchHub:
     def _follow(self, task_id: str, stream: WatchStream) -> None:
         streams = self._streams.setdefault(task_id, set())
         if not streams:
-            self._to_slot_table(WatchChanged(task_id=task_id, attached=True))
+            self._slot_table.post(WatchChanged(task_id=task_id, attached=True))
         streams.add(stream)
 
     def _deliver(self, snapshot: TaskSnapshot) -> None:
@@ -166,4 +106,4 @@ class WatchHub:
             streams.discard(stream)
             if not streams:
                 del self._streams[task_id]
-                self._to_slot_table(WatchChanged(task_id=task_id, attached=False, broken=broken))
+                self._slot_table.post(WatchChanged(task_id=task_id, attached=False, broken=broken))

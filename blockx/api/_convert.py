@@ -10,12 +10,11 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.calls import CallFailurePolicy, RetryPolicy
 from blockx.slots import (
-    CallFailurePolicy,
     ErrorCode,
     FunctionCall,
     ResultHandler,
-    RetryPolicy,
     TaskPhase,
     TaskResult,
     TaskSnapshot,
@@ -33,19 +32,10 @@ STATUS_OF: dict[ErrorCode, Status] = {
     ErrorCode.SLOT_UNCERTAIN: Status.ABORTED,
 }
 
-_STATE_TO_PB = {
-    TaskState.ALLOCATED: pb.TaskState.ALLOCATED,
-    TaskState.RUNNING: pb.TaskState.RUNNING,
-    TaskState.SUCCEEDED: pb.TaskState.SUCCEEDED,
-    TaskState.FAILED: pb.TaskState.FAILED,
-}
-_PHASE_TO_PB = {
-    None: pb.TaskPhase.UNSPECIFIED,
-    TaskPhase.PREPARING: pb.TaskPhase.PREPARING,
-    TaskPhase.BUILDER: pb.TaskPhase.BUILDER,
-    TaskPhase.CALLS: pb.TaskPhase.CALLS,
-    TaskPhase.PLUGIN: pb.TaskPhase.PLUGIN,
-    TaskPhase.TERMINAL: pb.TaskPhase.TERMINAL,
+# The protobuf enums spell every member as the domain's do.
+_STATE_TO_PB = {state: pb.TaskState[state.value] for state in TaskState}
+_PHASE_TO_PB = {None: pb.TaskPhase.UNSPECIFIED} | {
+    phase: pb.TaskPhase[phase.value] for phase in TaskPhase
 }
 
 
@@ -102,7 +92,7 @@ def result_to_pb(result: TaskResult) -> pb.TaskResult:
         task_id=result.task_id,
         state=_STATE_TO_PB[result.state],
         phase=_PHASE_TO_PB[result.phase],
-        failure_code=result.failure_code,
+        failure_code=result.failure_code.value if result.failure_code else "",
         message=result.message,
         retryable=result.retryable,
         execute_result=pb.ExecuteResult(

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias
 
 import trio
 import trio_asyncio
@@ -29,6 +30,7 @@ from grpclib.server import Server, Stream
 
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from blockx.api._service import Encoded, WorkerService
+from blockx.config import GrpcSection
 
 SERVICE_NAME = "blockx.worker.v1.WorkerService"
 
@@ -66,39 +68,54 @@ class SizeLimitedCodec(ProtoCodec):
         return super().decode(data, message_type)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) for the server (port 0: any free port).
+
+    Bound before the server starts, so the worker knows its address (and with it
+    its identity) before anything that names it is made.
+    """
+    family, kind, protocol, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, protocol)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class GrpcFrontEnd:
     """Owns the grpclib `Server` and the health status; Trio-facing methods."""
 
     def __init__(
         self,
         service: WorkerService,
+        settings: GrpcSection,
         *,
-        max_message_bytes: int,
-        keepalive_time_ms: int,
-        keepalive_timeout_ms: int,
         on_rpc: RpcObserver | None = None,
     ) -> None:
         self.service = service
-        self.on_rpc = on_rpc
-        """Told of every call's end; set it before `start`."""
+        self._on_rpc = on_rpc
         self.health_status = ServiceStatus()
         self.health_status.set(False)
-        self._max_message_bytes = max_message_bytes
+        self._max_message_bytes = settings.max_message_bytes
         self._config = Configuration(
-            _keepalive_time=keepalive_time_ms / 1000,
-            _keepalive_timeout=keepalive_timeout_ms / 1000,
+            _keepalive_time=settings.keepalive_time_ms / 1000,
+            _keepalive_timeout=settings.keepalive_timeout_ms / 1000,
             _keepalive_permit_without_calls=True,
             _http2_max_pings_without_data=0,
         )
         self._server: Server | None = None
-        self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on (host, port); returns the bound port (for port 0)."""
-        self.port = await trio_asyncio.aio_as_trio(self._start)(host, port)
-        return self.port
+    async def start(self, listener: socket.socket) -> None:
+        """Serve on `listener` (see `bind_listener`), which the server owns from now on."""
+        await trio_asyncio.aio_as_trio(self._start)(listener)
 
-    async def _start(self, host: str, port: int) -> int:
+    async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.
         health = Health({self.service: [self.health_status]})
         services: list[Any] = [self.service, health]
@@ -111,12 +128,9 @@ class GrpcFrontEnd:
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
         )
-        if self.on_rpc is not None:
-            listen(self._server, RecvRequest, functools.partial(_observe_call, self.on_rpc))
-        await self._server.start(host, port)
-        listener = cast("asyncio.Server | None", self._server._server)
-        sockets = listener.sockets if listener is not None else ()
-        return int(sockets[0].getsockname()[1]) if sockets else port
+        if self._on_rpc is not None:
+            listen(self._server, RecvRequest, functools.partial(_observe_call, self._on_rpc))
+        await self._server.start(sock=listener)
 
     def set_serving(self, serving: bool) -> None:
         self.health_status.set(serving)

@@ -26,16 +26,17 @@ from blockx._proto.blockx.worker import v1 as pb
 from blockx.actors import (
     GetResult,
     GetStatus,
+    Inbox,
     OpenWatch,
+    Reply,
     RequestSlot,
-    SlotTableActor,
+    SlotTableMessage,
     SubmitTask,
     Unsubscribe,
-    WatchHub,
+    WatchHubMessage,
     WatchStream,
     WorkerStatus,
 )
-from blockx.actors._messages import Reply, SlotTableMessage
 from blockx.api._convert import (
     grpc_error,
     result_response,
@@ -44,12 +45,14 @@ from blockx.api._convert import (
     submit_response,
     task_update,
 )
-from blockx.api._shadow import ShadowForwarder, is_shadow, strip_result_handler
 from blockx.executors import ExecutorView
+from blockx.identity import WorkerIdentity
 from blockx.slots import TaskResult, TaskSnapshot, TaskState, WorkerError
 
 T = TypeVar("T")
 
+MAX_BACKLOG = 4_096
+"""Client requests waiting in the slot table's inbox beyond this are refused (UNAVAILABLE)."""
 MAX_WATCH_TASK_IDS = 10_000
 ENCODED_RESULTS = 4_096
 """Terminal GetTaskResult replies kept encoded, most recently used first."""
@@ -62,28 +65,20 @@ class Encoded:
     data: bytes
 
 
-@attrs.frozen(kw_only=True)
-class WorkerIdentity:
-    worker_addr: str
-    deployment: str
-    version: str
-    started_at_ms: int
-
-
 class WorkerService(pb.WorkerServiceBase):
     def __init__(
         self,
         *,
-        slot_table: SlotTableActor,
-        hub: WatchHub,
+        slot_table: Inbox[SlotTableMessage],
+        hub: Inbox[WatchHubMessage],
         identity: WorkerIdentity,
         executors: Callable[[], Sequence[ExecutorView]],
         ready: Callable[[], bool],
-        shadow: ShadowForwarder | None = None,
+        shadow: Callable[[pb.TaskSpec], object] | None = None,
     ) -> None:
         self._slot_table = slot_table
         self.shadow = shadow
-        """Mirrors a sample of accepted submits to another worker (see `blockx.api._shadow`)."""
+        """Offered every accepted submit that is not itself a shadow (`ShadowForwarder.offer`)."""
         self._hub = hub
         self.identity = identity
         self._executors = executors
@@ -105,7 +100,7 @@ class WorkerService(pb.WorkerServiceBase):
             if not future.done():
                 future.set_result(answer)
 
-        if not self._slot_table.admit(make(reply)):
+        if not self._slot_table.admit(make(reply), backlog=MAX_BACKLOG):
             raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
         answer = await future
         if isinstance(answer, WorkerError):
@@ -124,14 +119,13 @@ class WorkerService(pb.WorkerServiceBase):
         if message.task is None:
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
         spec = spec_from_pb(message.task)
-        shadow = is_shadow(message.task)
-        if shadow:  # mirrored here by another worker: it must never write outputs
-            spec = strip_result_handler(spec)
+        if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
+            spec = spec.as_shadow()
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
-        if self.shadow is not None and not shadow and snapshot.state is TaskState.RUNNING:
-            self.shadow.offer(message.task, self.identity.worker_addr)
+        if self.shadow is not None and not spec.is_shadow and snapshot.state is TaskState.RUNNING:
+            self.shadow(message.task)
         return submit_response(snapshot)
 
     async def get_task_result(self, message: pb.GetTaskResultRequest) -> pb.GetTaskResultResponse:
@@ -202,7 +196,7 @@ class WorkerService(pb.WorkerServiceBase):
             )
         wake = asyncio.Event()
         stream = WatchStream(message.task_ids, wake=wake.set)
-        if not self._slot_table.admit(OpenWatch(stream=stream)):
+        if not self._slot_table.admit(OpenWatch(stream=stream), backlog=MAX_BACKLOG):
             raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
         broken = True
         try:

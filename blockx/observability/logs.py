@@ -10,7 +10,7 @@ is loaded), `TaskLog` (puts `task_id`, `slot_id`, `phase` and
 A task actor binds its `TaskLog` for its whole life (`TaskLog.bound`), in a
 context variable, so each Trio task has its own; the `TaskContextFilter` on the
 worker's handler adds those fields to any line logged from inside the actor
-(a builder's, a writer plugin's) that does not carry them itself.
+(a builder's, a plugin's) that does not carry them itself.
 
 Must never log from a formatter, never raise out of one on an odd value (a
 value JSON cannot hold is written as its `str`), and never touch a handler it
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final, TextIO
 
-from blockx.slots import TaskResult
+from blockx.slots import RUN_PHASES, TaskResult
 
 LOG_FORMATS: Final = ("json", "text")
 TASK_FINISHED: Final = "task_finished"
@@ -223,13 +223,10 @@ def task_finished_fields(result: TaskResult) -> dict[str, object]:
         "phase": result.phase.value,
         "task_code_epoch": result.task_code_epoch,
         "state": result.state.value,
-        "failure_code": result.failure_code,
+        "failure_code": result.failure_code or "",
         "result_message": message,
         "retryable": result.retryable,
-        "preparing_ms": timings.preparing_ms,
-        "builder_ms": timings.builder_ms,
-        "calls_ms": timings.calls_ms,
-        "plugin_ms": timings.plugin_ms,
+        **{f"{phase.value.lower()}_ms": timings.ms(phase) for phase in RUN_PHASES},
         "total_ms": timings.total_ms,
         "calls_total": stats.calls_total,
         "calls_succeeded": stats.calls_succeeded,

@@ -4,9 +4,10 @@ Owns a per-worker `CollectorRegistry` (never prometheus-client's global one:
 several workers in one test process must not share series). Counters and
 histograms are fed by hooks: `task_finished` sees every terminal result,
 `rpc_finished` every gRPC call. Gauges that mirror state (slots, live tasks,
-executors, watch streams, drain) are not stored at all: a collector reads them
-from a `WorkerProbe` at scrape time, on the Trio thread, so they are never
-stale and need no refresh task.
+executors, watch streams, drain) are not stored at all: each scrape renders
+them from a fresh `WorkerSnapshot` (`render`), which a `WorkerProbe` reads
+from the actors that own the state, so they are never stale and need no
+refresh task.
 
 Must never block, start a thread, or keep a second copy of slot or task
 state: the slot machine and the executor pool stay the only sources of truth.
@@ -17,25 +18,24 @@ from __future__ import annotations
 import collections
 import gc
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from typing import Final
+from collections.abc import Iterable, Iterator
+from typing import Final, Protocol
 
 import attrs
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from blockx._process import rss_bytes
 from blockx.executors import ExecutorState, ExecutorView
+from blockx.identity import WorkerIdentity
 from blockx.slots import (
+    RUN_PHASES,
     Heartbeat,
-    NotFound,
-    SlotMachine,
     SlotState,
     SlotView,
-    TaskPhase,
     TaskResult,
     TaskSnapshot,
 )
@@ -52,15 +52,15 @@ RPC_BUCKETS_S: Final = (
 """Unary calls answer in well under a millisecond to a few ms; WatchTasks lasts a task's life."""
 RECENT_RESULTS: Final = 20
 """Terminal results the status page lists (newest first)."""
-_PHASE_ORDER: Final = (TaskPhase.PREPARING, TaskPhase.BUILDER, TaskPhase.CALLS, TaskPhase.PLUGIN)
 _BYTES_PER_MIB: Final = 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
 class WorkerSnapshot:
-    """The worker's state at one moment, read in one go on the Trio thread."""
+    """The worker's state at one moment, as its actors answered for it."""
 
     at_ms: int
+    identity: WorkerIdentity
     heartbeat: Heartbeat
     slots: tuple[SlotView, ...]
     tasks: tuple[TaskSnapshot, ...]
@@ -74,52 +74,18 @@ class WorkerSnapshot:
         return sum(view.rss_bytes for view in self.executors)
 
 
-@attrs.frozen(kw_only=True)
-class WorkerProbe:
-    """Reads the current state of one worker; every read is synchronous.
+class WorkerProbe(Protocol):
+    """Reads the current state of one worker, asking the actors that own it."""
 
-    Reading the slot machine from outside its actor is safe only because it
-    happens on the Trio thread, between two of the actor's steps (a step
-    never awaits). Nothing here changes any state.
-    """
-
-    machine: SlotMachine
-    now_ms: Callable[[], int]
-    stream_count: Callable[[], int]
-    executor_views: Callable[[], tuple[ExecutorView, ...]]
-    worker_addr: str = ""
-    deployment: str = ""
-    version: str = ""
-    started_at_ms: int = 0
-
-    def snapshot(self) -> WorkerSnapshot:
-        now_ms = self.now_ms()
-        slots = self.machine.slot_views()
-        tasks = []
-        for slot in slots:
-            if slot.task_id is None:
-                continue
-            try:
-                tasks.append(self.machine.get_result(slot.task_id))
-            except NotFound:  # cannot happen while the machine's invariants hold
-                continue
-        return WorkerSnapshot(
-            at_ms=now_ms,
-            heartbeat=self.machine.heartbeat(now_ms),
-            slots=slots,
-            tasks=tuple(tasks),
-            executors=self.executor_views(),
-            watch_streams=self.stream_count(),
-            worker_rss_bytes=rss_bytes(),
-        )
+    async def snapshot(self) -> WorkerSnapshot: ...
 
 
 class WorkerMetrics:
     """The metrics of one worker: its registry, its hooks and its state collector.
 
     Make one per worker, hand `task_finished` to the slot table's
-    `on_finished` and `rpc_finished` to the gRPC front end, then call
-    `observe(probe)` once the actors exist so scrapes include the gauges.
+    `on_finished` and `rpc_finished` to the gRPC front end; `render` a scrape
+    with a snapshot of the worker for the gauges.
     """
 
     def __init__(self) -> None:
@@ -174,39 +140,38 @@ class WorkerMetrics:
         self.recent: collections.deque[TaskResult] = collections.deque(maxlen=RECENT_RESULTS)
         """The newest terminal results, oldest first."""
         self.finished_by_state: collections.Counter[str] = collections.Counter()
+        self._state = _StateCollector()
+        registry.register(self._state)
 
-    def observe(self, probe: WorkerProbe) -> None:
-        """Include the state gauges read from `probe` in every scrape.
-
-        Once per worker: a second call raises prometheus-client's `DuplicateTimeseries`.
-        """
-        self.registry.register(_StateCollector(probe))
+    def render(self, snapshot: WorkerSnapshot, accept: str) -> tuple[bytes, str]:
+        """A scrape in the format `accept` asks for, the gauges taken from `snapshot`:
+        (body, content type)."""
+        encode, content_type = choose_encoder(accept)
+        self._state.snapshot = snapshot
+        try:
+            return encode(self.registry), content_type
+        finally:
+            self._state.snapshot = None
 
     # ---------------------------------------------------------------- hooks
 
     def task_finished(self, result: TaskResult) -> None:
         """The slot table's `on_finished` hook: count one terminal result."""
         state = result.state.value
-        self.tasks_finished.labels(state=state, failure_code=result.failure_code).inc()
+        self.tasks_finished.labels(state=state, failure_code=result.failure_code or "").inc()
         self.finished_by_state[state] += 1
         self.recent.append(result)
         timings = result.timings
         self.task_duration.labels(state=state).observe(timings.total_ms / 1000)
-        phase_ms = {
-            TaskPhase.PREPARING: timings.preparing_ms,
-            TaskPhase.BUILDER: timings.builder_ms,
-            TaskPhase.CALLS: timings.calls_ms,
-            TaskPhase.PLUGIN: timings.plugin_ms,
-        }
         # A phase the task never reached has 0 ms in its timings; counting it
         # would pull every histogram towards zero.
         reached = (
-            _PHASE_ORDER[: _PHASE_ORDER.index(result.phase) + 1]
-            if result.phase in _PHASE_ORDER
-            else _PHASE_ORDER
+            RUN_PHASES[: RUN_PHASES.index(result.phase) + 1]
+            if result.phase in RUN_PHASES
+            else RUN_PHASES
         )
         for phase in reached:
-            self.phase_duration.labels(phase=phase.value).observe(phase_ms[phase] / 1000)
+            self.phase_duration.labels(phase=phase.value).observe(timings.ms(phase) / 1000)
         stats = result.call_stats
         self.calls.labels(outcome="succeeded").inc(stats.calls_succeeded)
         self.calls.labels(outcome="failed").inc(stats.calls_failed)
@@ -220,16 +185,18 @@ class WorkerMetrics:
 
 
 class _StateCollector:
-    """Gauges read from the probe at scrape time."""
+    """The state gauges of the scrape being rendered (none outside `WorkerMetrics.render`)."""
 
-    def __init__(self, probe: WorkerProbe) -> None:
-        self._probe = probe
+    def __init__(self) -> None:
+        self.snapshot: WorkerSnapshot | None = None
 
     def describe(self) -> Iterable[Metric]:
         return list(_state_families(None))
 
     def collect(self) -> Iterable[Metric]:
-        return list(_state_families(self._probe.snapshot()))
+        if self.snapshot is None:
+            return []
+        return list(_state_families(self.snapshot))
 
 
 def _state_families(snapshot: WorkerSnapshot | None) -> Iterator[Metric]:
@@ -258,7 +225,7 @@ def _state_families(snapshot: WorkerSnapshot | None) -> Iterator[Metric]:
         phase_counts = collections.Counter(
             task.phase.value if task.phase is not None else "RESERVED" for task in snapshot.tasks
         )
-        for phase in ("RESERVED", *(p.value for p in _PHASE_ORDER)):
+        for phase in ("RESERVED", *(p.value for p in RUN_PHASES)):
             tasks.add_metric([phase], phase_counts[phase])
         executor_counts = collections.Counter(view.state for view in snapshot.executors)
         for executor_state in ExecutorState:
@@ -281,7 +248,7 @@ async def log_memory_diagnostics(probe: WorkerProbe, *, interval_ms: int) -> Non
     how many tasks and watch streams are live (which memory should follow).
     """
     while True:
-        snapshot = probe.snapshot()
+        snapshot = await probe.snapshot()
         gc_counts = gc.get_count()
         gc_collections = tuple(generation["collections"] for generation in gc.get_stats())
         logger.info(

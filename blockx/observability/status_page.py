@@ -24,9 +24,10 @@ import attrs
 import h11
 import trio
 import trio_websocket
-from prometheus_client.exposition import choose_encoder
 
+from blockx.executors import ExecutorView
 from blockx.observability.metrics import WorkerMetrics, WorkerProbe, WorkerSnapshot
+from blockx.slots import TaskResult
 
 logger = logging.getLogger("blockx.status")
 
@@ -109,8 +110,8 @@ class StatusServer:
             return
         head = request.method == b"HEAD"
         if path == "/metrics":
-            encode, content_type = choose_encoder(_header(request, b"accept"))
-            body = encode(self.metrics.registry)
+            snapshot = await self.probe.snapshot()
+            body, content_type = self.metrics.render(snapshot, _header(request, b"accept"))
             await _respond(stream, connection, 200, body, content_type, head=head)
         elif path in ("/", "/index.html"):
             await _respond(stream, connection, 200, PAGE, "text/html; charset=utf-8", head=head)
@@ -158,7 +159,7 @@ class StatusServer:
         last_sent_s = float("-inf")
         sequence = 0
         while True:
-            message = snapshot_json(self.probe.snapshot(), self.metrics, self.probe)
+            message = snapshot_json(await self.probe.snapshot(), self.metrics)
             key = _change_key(message)
             if key != last_key or trio.current_time() - last_sent_s >= PUSH_INTERVAL_S:
                 sequence += 1
@@ -171,33 +172,20 @@ class StatusServer:
 # ------------------------------------------------------------------ snapshot JSON
 
 
-def snapshot_json(
-    snapshot: WorkerSnapshot, metrics: WorkerMetrics, probe: WorkerProbe
-) -> dict[str, Any]:
+def snapshot_json(snapshot: WorkerSnapshot, metrics: WorkerMetrics) -> dict[str, Any]:
     """What one WebSocket message carries: the worker's state as plain JSON values."""
-    beat = snapshot.heartbeat
+    identity = snapshot.identity
     return {
         "sequence": 0,
         "at_ms": snapshot.at_ms,
         "worker": {
-            "worker_addr": probe.worker_addr,
-            "deployment": probe.deployment,
-            "version": probe.version,
-            "started_at_ms": probe.started_at_ms,
+            "worker_addr": identity.worker_addr,
+            "deployment": identity.deployment,
+            "version": identity.version,
+            "started_at_ms": identity.started_at_ms,
         },
-        "draining": beat.draining,
-        "totals": {
-            "slots": beat.slots_total,
-            "free_slots": beat.free_slots,
-            "reserved_slots": beat.reserved_slots,
-            "running_tasks": beat.running_tasks,
-            "active_tasks": beat.active_tasks,
-            "watch_streams": snapshot.watch_streams,
-            "tasks_succeeded": metrics.finished_by_state["SUCCEEDED"],
-            "tasks_failed": metrics.finished_by_state["FAILED"],
-            "worker_rss_bytes": snapshot.worker_rss_bytes,
-            "executors_rss_bytes": snapshot.executors_rss_bytes,
-        },
+        "draining": snapshot.heartbeat.draining,
+        "totals": _totals(snapshot, metrics),
         "slots": [
             {"slot_id": slot.slot_id, "state": slot.state.value, "task_id": slot.task_id}
             for slot in snapshot.slots
@@ -212,30 +200,48 @@ def snapshot_json(
             }
             for task in snapshot.tasks
         ],
-        "recent": [
-            {
-                "task_id": result.task_id,
-                "state": result.state.value,
-                "failure_code": result.failure_code,
-                "phase": result.phase.value,
-                "total_ms": result.timings.total_ms,
-                "calls_total": result.call_stats.calls_total,
-                "finished_at_ms": result.finished_at_ms,
-            }
-            for result in reversed(metrics.recent)
-        ],
-        "executors": [
-            {
-                "executor_id": view.executor_id,
-                "state": view.state.value,
-                "pid": view.pid,
-                "rss_bytes": view.rss_bytes,
-                "calls_served": view.calls_served,
-                "restarts": view.restarts,
-                "running_call_id": view.running_call_id,
-            }
-            for view in snapshot.executors
-        ],
+        "recent": [_recent(result) for result in reversed(metrics.recent)],
+        "executors": [_executor(view) for view in snapshot.executors],
+    }
+
+
+def _totals(snapshot: WorkerSnapshot, metrics: WorkerMetrics) -> dict[str, int]:
+    beat = snapshot.heartbeat
+    return {
+        "slots": beat.slots_total,
+        "free_slots": beat.free_slots,
+        "reserved_slots": beat.reserved_slots,
+        "running_tasks": beat.running_tasks,
+        "active_tasks": beat.active_tasks,
+        "watch_streams": snapshot.watch_streams,
+        "tasks_succeeded": metrics.finished_by_state["SUCCEEDED"],
+        "tasks_failed": metrics.finished_by_state["FAILED"],
+        "worker_rss_bytes": snapshot.worker_rss_bytes,
+        "executors_rss_bytes": snapshot.executors_rss_bytes,
+    }
+
+
+def _recent(result: TaskResult) -> dict[str, Any]:
+    return {
+        "task_id": result.task_id,
+        "state": result.state.value,
+        "failure_code": result.failure_code or "",
+        "phase": result.phase.value,
+        "total_ms": result.timings.total_ms,
+        "calls_total": result.call_stats.calls_total,
+        "finished_at_ms": result.finished_at_ms,
+    }
+
+
+def _executor(view: ExecutorView) -> dict[str, Any]:
+    return {
+        "executor_id": view.executor_id,
+        "state": view.state.value,
+        "pid": view.pid,
+        "rss_bytes": view.rss_bytes,
+        "calls_served": view.calls_served,
+        "restarts": view.restarts,
+        "running_call_id": view.running_call_id,
     }
 
 

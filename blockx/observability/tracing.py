@@ -7,20 +7,20 @@ thread, which is shut down and flushed when the worker stops); without one it
 is the API's no-op tracer: no SDK object, no thread, and the task actor's
 calls cost a method call each.
 
-Must never set the global tracer provider (the tracer is passed down on
-`TaskRuntime`, so two workers in one process never share one) and never block
-the Trio thread on an export: spans end in memory and the shutdown flush runs
-in a worker thread under a deadline.
+Must never set the global tracer provider (the tracer is handed to the
+slot-table actor, so two workers in one process never share one) and never
+block the Trio thread on an export: spans end in memory and the shutdown
+flush runs in a worker thread under a deadline.
 
 Spans: "task" (`blockx.task_id`, `blockx.slot_id`, `blockx.task_code_epoch`,
 `blockx.task_state`, `blockx.failure_code`, `blockx.retryable`; status ERROR
-when the task failed) is started by the task actor and ended by the slot
-table's `on_finished` hook (`TaskTracing.task_finished`), since only the
-result knows how the task ended. Its children "builder" (`blockx.call_count`),
-"calls" (`blockx.calls_total`/`_succeeded`/`_failed`/`_retried`,
-`blockx.output_count`, `blockx.output_bytes`) and "writer" (`blockx.writer`,
-`blockx.records_written`) end with their phase; one cut short by the task's
-end is ended then, marked `blockx.cut_short`.
+when the task failed) and one child per phase it reached: "builder"
+(`blockx.call_count`), "calls" (`blockx.calls_total`/`_succeeded`/`_failed`/
+`_retried`, `blockx.output_count`, `blockx.output_bytes`) and "plugin"
+(`blockx.plugin`, `blockx.records_written`). The slot-table actor, which sees
+every transition, reports them: a task started, its epoch pinned, a phase
+started or ended, the task finished. A phase cut short by the task's end is
+ended then, marked `blockx.cut_short`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from blockx.calls import CallPhaseOutcome
 from blockx.slots import PhaseOutcome, TaskPhase, TaskResult, TaskState
 
 if TYPE_CHECKING:
@@ -46,31 +47,27 @@ INSTRUMENTATION_NAME: Final = "blockx"
 TRACES_PATH: Final = "/v1/traces"
 SHUTDOWN_GRACE_S: Final = 5.0
 """How long the final flush of spans may take when the worker stops."""
-PHASE_SPAN_NAMES: Final = {
-    TaskPhase.BUILDER: "builder",
-    TaskPhase.CALLS: "calls",
-    TaskPhase.PLUGIN: "writer",
-}
 
 
-class TaskTrace:
-    """The spans of one task, as the task actor sees them. This base records nothing."""
+class _NotTraced:
+    """What a task that is not traced reports to: nothing happens."""
 
     def epoch_pinned(self, task_code_epoch: str) -> None:
-        """The task's function-code epoch is known."""
+        pass
 
-    def phase_started(self, phase: TaskPhase, *, writer: str = "") -> None:
-        """`phase` starts (`writer`: the result handler's type, for the plugin phase)."""
+    def phase_started(self, phase: TaskPhase, plugin: str) -> None:
+        pass
 
-    def phase_ended(self, outcome: PhaseOutcome) -> None:
-        """The phase started last ended with `outcome`."""
-
-
-NOT_TRACED: Final = TaskTrace()
-"""The trace of a task that is not traced."""
+    def phase_ended(self, outcome: PhaseOutcome | CallPhaseOutcome) -> None:
+        pass
 
 
-class _RecordingTrace(TaskTrace):
+_NOT_TRACED: Final = _NotTraced()
+
+
+class _TaskTrace(_NotTraced):
+    """The spans of one task: its root and the span of the phase it is in."""
+
     def __init__(self, tracer: Tracer, root: Span) -> None:
         self._tracer = tracer
         self._root = root
@@ -79,38 +76,39 @@ class _RecordingTrace(TaskTrace):
     def epoch_pinned(self, task_code_epoch: str) -> None:
         self._root.set_attribute("blockx.task_code_epoch", task_code_epoch)
 
-    def phase_started(self, phase: TaskPhase, *, writer: str = "") -> None:
+    def phase_started(self, phase: TaskPhase, plugin: str) -> None:
         self._end_phase(cut_short=True)
         span = self._tracer.start_span(
-            PHASE_SPAN_NAMES.get(phase, phase.value.lower()),
+            phase.value.lower(),
             context=trace.set_span_in_context(self._root, otel_context.Context()),
         )
         if phase is TaskPhase.PLUGIN:
-            span.set_attribute("blockx.writer", writer)
+            span.set_attribute("blockx.plugin", plugin)
         self._phase = span
 
-    def phase_ended(self, outcome: PhaseOutcome) -> None:
+    def phase_ended(self, outcome: PhaseOutcome | CallPhaseOutcome) -> None:
         span = self._phase
         if span is None:
             return
         span.set_attribute("blockx.ok", outcome.ok)
-        if outcome.call_count:
-            span.set_attribute("blockx.call_count", outcome.call_count)
-        stats = outcome.call_stats
-        if stats is not None:
-            span.set_attributes(
-                {
-                    "blockx.calls_total": stats.calls_total,
-                    "blockx.calls_succeeded": stats.calls_succeeded,
-                    "blockx.calls_failed": stats.calls_failed,
-                    "blockx.calls_retried": stats.calls_retried,
-                    "blockx.output_count": outcome.output_count,
-                    "blockx.output_bytes": outcome.output_bytes,
-                }
-            )
-        if outcome.plugin_results:
-            written = sum(result.records_written for result in outcome.plugin_results)
-            span.set_attribute("blockx.records_written", written)
+        match outcome:
+            case CallPhaseOutcome(stats=stats):
+                span.set_attributes(
+                    {
+                        "blockx.calls_total": stats.calls_total,
+                        "blockx.calls_succeeded": stats.calls_succeeded,
+                        "blockx.calls_failed": stats.calls_failed,
+                        "blockx.calls_retried": stats.calls_retried,
+                        "blockx.output_count": outcome.output_count,
+                        "blockx.output_bytes": outcome.output_bytes,
+                    }
+                )
+            case PhaseOutcome(call_count=call_count, plugin_results=plugin_results):
+                if call_count:
+                    span.set_attribute("blockx.call_count", call_count)
+                if plugin_results:
+                    written = sum(result.records_written for result in plugin_results)
+                    span.set_attribute("blockx.records_written", written)
         if not outcome.ok:
             if outcome.failure_code:
                 span.set_attribute("blockx.failure_code", outcome.failure_code)
@@ -123,7 +121,7 @@ class _RecordingTrace(TaskTrace):
         root.set_attributes(
             {
                 "blockx.task_state": result.state.value,
-                "blockx.failure_code": result.failure_code,
+                "blockx.failure_code": result.failure_code or "",
                 "blockx.retryable": result.retryable,
                 "blockx.task_code_epoch": result.task_code_epoch,
             }
@@ -147,22 +145,23 @@ class _RecordingTrace(TaskTrace):
 
 
 class TaskTracing:
-    """The open spans of a worker's live tasks. Touched only from the Trio thread."""
+    """The open spans of a worker's live tasks, keyed by task id. Touched only from the
+    Trio thread (by the slot-table actor); without a real tracer every call returns at once."""
 
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
         self.enabled = not isinstance(tracer, trace.NoOpTracer)
-        self._open: dict[str, _RecordingTrace] = {}
+        self._open: dict[str, _TaskTrace] = {}
 
     @classmethod
     def disabled(cls) -> TaskTracing:
-        """Records nothing: the default of `TaskRuntime` and of a worker without an endpoint."""
+        """Records nothing: a worker without an endpoint."""
         return cls(trace.NoOpTracer())
 
-    def task_started(self, task_id: str, slot_id: str) -> TaskTrace:
-        """Open the task's root span; the task actor reports its phases to the answer."""
+    def task_started(self, task_id: str, slot_id: str) -> None:
+        """Open the task's root span."""
         if not self.enabled:
-            return NOT_TRACED
+            return
         stale = self._open.pop(task_id, None)
         if stale is not None:  # cannot happen while the slot table ends every task it starts
             stale.abandon()
@@ -171,9 +170,19 @@ class TaskTracing:
             context=otel_context.Context(),
             attributes={"blockx.task_id": task_id, "blockx.slot_id": slot_id},
         )
-        recording = _RecordingTrace(self.tracer, root)
-        self._open[task_id] = recording
-        return recording
+        self._open[task_id] = _TaskTrace(self.tracer, root)
+
+    def epoch_pinned(self, task_id: str, task_code_epoch: str) -> None:
+        """The task's function-code epoch is known."""
+        self._open.get(task_id, _NOT_TRACED).epoch_pinned(task_code_epoch)
+
+    def phase_started(self, task_id: str, phase: TaskPhase, plugin: str = "") -> None:
+        """`phase` starts (`plugin`: the result handler's type, for the plugin phase)."""
+        self._open.get(task_id, _NOT_TRACED).phase_started(phase, plugin)
+
+    def phase_ended(self, task_id: str, outcome: PhaseOutcome | CallPhaseOutcome) -> None:
+        """The phase started last ended with `outcome`."""
+        self._open.get(task_id, _NOT_TRACED).phase_ended(outcome)
 
     def task_finished(self, result: TaskResult) -> None:
         """End the task's spans with its result (a slot table `on_finished` hook)."""

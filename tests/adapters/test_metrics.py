@@ -156,7 +156,7 @@ async def test_finished_tasks_calls_slots_and_rpcs_are_counted_exactly() -> None
             assert value(samples, "blockx_live_tasks", phase="RESERVED") == 1
             assert value(samples, "blockx_live_tasks", phase="CALLS") == 0
             assert value(samples, "blockx_draining") == 0
-            assert value(samples, "blockx_executors", state="READY") == 0  # no pool here
+            assert value(samples, "blockx_executors", state="READY") == 1  # the one fake executor
             assert value(samples, "blockx_executor_restarts_total") == 0
             assert value(samples, "process_resident_memory_bytes") > 0
 

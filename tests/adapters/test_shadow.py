@@ -7,6 +7,7 @@ through its harness.
 
 from __future__ import annotations
 
+import inspect
 import json
 import socket
 from collections.abc import Awaitable, Callable
@@ -14,12 +15,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
+from blockx import app
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.api import _shadow
-from blockx.api._shadow import RECENT_TASKS, SHADOW_LABEL, ShadowForwarder
-from blockx.client import WorkerCallError, WorkerClient
+from blockx.client import ShadowForwarder, WorkerCallError, WorkerClient, _shadow
+from blockx.client._shadow import RECENT_TASKS
 from blockx.config import ConfigError
+from blockx.identity import WorkerIdentity
 from blockx.phases.plugins import test_outputs as stored_outputs
+from blockx.slots import SHADOW_LABEL
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
 from tests.worker_results import result_once_there
 
@@ -33,9 +36,13 @@ def closed_port() -> int:
 
 
 def forwarder_of(worker: Harness) -> ShadowForwarder:
-    shadow = worker.serving.front_end.service.shadow
-    assert shadow is not None
-    return shadow
+    """The forwarder whose `offer` the worker's SubmitTask handler calls."""
+    offer = worker.serving.front_end.service.shadow
+    assert inspect.ismethod(offer)
+    forwarder = offer.__self__
+    assert isinstance(forwarder, ShadowForwarder)
+    assert offer == forwarder.offer
+    return forwarder
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -81,7 +88,7 @@ async def with_target_and_primary(
 
 async def test_a_sampled_submit_reaches_the_target_without_its_result_handler() -> None:
     async def body(target: WorkerClient, primary: Harness) -> None:
-        # The primary's writer waits: had the shadow kept its handler, it would
+        # The primary's plugin waits: had the shadow kept its handler, it would
         # have written before its own result, while the store is still empty.
         reply = await submit(primary, written_task("mirrored", delay_ms=500))
         assert reply.state == pb.TaskState.RUNNING
@@ -194,41 +201,53 @@ async def test_a_shadow_submit_is_stripped_and_never_mirrored_again() -> None:
 async def test_offer_samples_at_the_rate_and_drops_when_the_queue_is_full() -> None:
     draws = iter([0.7, 0.2, 0.1, 0.3])
     shadow = ShadowForwarder(
-        target_addr=":9", sample_rate=0.5, queue_tasks=2, draw=lambda: next(draws)
+        target_addr=":9",
+        sample_rate=0.5,
+        source_addr="me:1",
+        queue_tasks=2,
+        draw=lambda: next(draws),
     )
     assert shadow.target_addr == "127.0.0.1:9"
-    offered = [shadow.offer(written_task(f"t{n}"), "me:1") for n in range(4)]
+    offered = [shadow.offer(written_task(f"t{n}")) for n in range(4)]
     assert offered == [False, True, True, False]
     assert (shadow.queued, shadow.dropped) == (2, 1)
 
 
 def test_a_repeat_submit_is_neither_drawn_again_nor_mirrored_twice() -> None:
     draws = iter([0.1, 0.9])
-    shadow = ShadowForwarder(target_addr=":9", sample_rate=0.5, draw=lambda: next(draws))
-    assert shadow.offer(written_task("sampled"), "me:1")
-    assert not shadow.offer(written_task("sampled"), "me:1")
-    assert not shadow.offer(written_task("not-sampled"), "me:1")
-    assert not shadow.offer(written_task("not-sampled"), "me:1")  # no third draw: none left
+    shadow = ShadowForwarder(
+        target_addr=":9", sample_rate=0.5, source_addr="me:1", draw=lambda: next(draws)
+    )
+    assert shadow.offer(written_task("sampled"))
+    assert not shadow.offer(written_task("sampled"))
+    assert not shadow.offer(written_task("not-sampled"))
+    assert not shadow.offer(written_task("not-sampled"))  # no third draw: none left
     assert shadow.queued == 1
 
 
 def test_only_the_most_recent_task_ids_are_remembered() -> None:
-    shadow = ShadowForwarder(target_addr=":9", sample_rate=1.0, queue_tasks=RECENT_TASKS + 2)
+    shadow = ShadowForwarder(
+        target_addr=":9", sample_rate=1.0, source_addr="me:1", queue_tasks=RECENT_TASKS + 2
+    )
     for n in range(RECENT_TASKS + 1):
-        assert shadow.offer(written_task(f"t{n}"), "me:1")
-    assert shadow.offer(written_task("t0"), "me:1")  # forgotten, so offered again
-    assert not shadow.offer(written_task(f"t{RECENT_TASKS}"), "me:1")
+        assert shadow.offer(written_task(f"t{n}"))
+    assert shadow.offer(written_task("t0"))  # forgotten, so offered again
+    assert not shadow.offer(written_task(f"t{RECENT_TASKS}"))
 
 
 def test_a_shadow_target_that_cannot_be_dialled_is_a_config_error() -> None:
+    identity = WorkerIdentity(
+        worker_addr="127.0.0.1:8081", deployment="block", version="0", started_at_ms=0
+    )
     with pytest.raises(ConfigError, match="shadowSubmitTargetAddr"):
-        ShadowForwarder.from_config(
-            worker_config(shadowSubmitTargetAddr="127.0.0.1:0", shadowSubmitSampleRate=1.0)
+        app._shadow(
+            worker_config(shadowSubmitTargetAddr="127.0.0.1:0", shadowSubmitSampleRate=1.0),
+            identity,
         )
-    assert ShadowForwarder.from_config(worker_config(shadowSubmitTargetAddr="none")) is None
+    assert app._shadow(worker_config(shadowSubmitTargetAddr="none"), identity) is None
     assert (
-        ShadowForwarder.from_config(
-            worker_config(shadowSubmitTargetAddr="NONE", shadowSubmitSampleRate=0.5)
+        app._shadow(
+            worker_config(shadowSubmitTargetAddr="NONE", shadowSubmitSampleRate=0.5), identity
         )
         is None
     )

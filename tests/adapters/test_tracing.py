@@ -22,7 +22,7 @@ from opentelemetry.trace import StatusCode
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.observability import tracing
 from blockx.observability.tracing import open_tracing, traces_url
-from blockx.slots import PhaseOutcome
+from blockx.slots import PhaseOutcome, TaskPhase
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
 
 BATCH_THREAD = "OtelBatchSpanRecordProcessor"
@@ -91,7 +91,7 @@ async def test_a_task_has_a_root_span_with_a_child_per_phase(
             assert final.state == pb.TaskState.SUCCEEDED
 
     spans = by_name(exporter.get_finished_spans())
-    assert set(spans) == {"task", "builder", "calls", "writer"}
+    assert set(spans) == {"task", "builder", "calls", "plugin"}
     root = spans["task"]
     assert root.parent is None
     assert root.attributes == {
@@ -103,7 +103,7 @@ async def test_a_task_has_a_root_span_with_a_child_per_phase(
         "blockx.retryable": False,
     }
     assert root.status.status_code is StatusCode.UNSET
-    for name in ("builder", "calls", "writer"):
+    for name in ("builder", "calls", "plugin"):
         assert parent_of(spans[name]) == span_id(root)
         assert spans[name].context is not None
         assert root.context is not None
@@ -126,9 +126,9 @@ async def test_a_task_has_a_root_span_with_a_child_per_phase(
         "calls_retried": 0,
         "output_count": 2,
     }
-    assert attribute(spans["writer"], "blockx.writer") == "test"
-    assert attribute(spans["writer"], "blockx.records_written") == 2
-    starts = [spans[name].start_time or 0 for name in ("builder", "calls", "writer")]
+    assert attribute(spans["plugin"], "blockx.plugin") == "test"
+    assert attribute(spans["plugin"], "blockx.records_written") == 2
+    starts = [spans[name].start_time or 0 for name in ("builder", "calls", "plugin")]
     assert starts == sorted(starts)
 
 
@@ -185,7 +185,10 @@ async def test_without_an_endpoint_no_sdk_provider_is_made(
         async with open_tracing("", service="s", version="v") as disabled:
             assert isinstance(disabled.tracer, trace.NoOpTracer)
             assert not disabled.enabled
-            disabled.task_started("t", "slot-0").phase_ended(PhaseOutcome(ok=True))
+            disabled.task_started("t", "slot-0")
+            disabled.epoch_pinned("t", "epoch-1")
+            disabled.phase_started("t", TaskPhase.BUILDER)
+            disabled.phase_ended("t", PhaseOutcome(ok=True))
             assert disabled.open_tasks == 0
     assert made == []
 

@@ -5,16 +5,37 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from blockx.actors import Unsubscribe, WatchHub, WatchStream
-from blockx.actors._messages import (
+from blockx.actors import (
     CloseAllStreams,
     Forget,
+    Inbox,
     Publish,
     SlotTableMessage,
     Subscribe,
+    Unsubscribe,
     WatchChanged,
+    WatchHub,
+    WatchHubMessage,
+    WatchStream,
 )
 from blockx.slots import NotFound, TaskPhase, TaskResult, TaskSnapshot, TaskState
+
+
+def new_hub() -> tuple[WatchHub, Inbox[WatchHubMessage], Inbox[SlotTableMessage]]:
+    """A hub with its own inbox, and the slot table's inbox it tells."""
+    inbox = Inbox[WatchHubMessage]()
+    slot_table = Inbox[SlotTableMessage]()
+    return WatchHub(inbox=inbox, slot_table=slot_table), inbox, slot_table
+
+
+def told(slot_table: Inbox[SlotTableMessage]) -> list[SlotTableMessage]:
+    """Everything the hub has told the slot table so far."""
+    messages: list[SlotTableMessage] = []
+    while True:
+        try:
+            messages.append(slot_table.receive.receive_nowait())
+        except trio.WouldBlock:
+            return messages
 
 
 def running(task_id: str, phase: TaskPhase) -> TaskSnapshot:
@@ -53,76 +74,73 @@ def test_a_slow_reader_holds_one_pending_update_per_task_and_keeps_the_terminal_
 
 
 async def test_the_hub_reports_first_and_last_streams_per_task() -> None:
-    told: list[SlotTableMessage] = []
-    hub = WatchHub(to_slot_table=told.append)
+    hub, inbox, slot_table = new_hub()
     one = WatchStream(["t"], wake=lambda: None)
     two = WatchStream(["t", "u"], wake=lambda: None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hub.run)
-        hub.post(Subscribe(stream=one, snapshots=(running("t", TaskPhase.CALLS),)))
-        hub.post(Subscribe(stream=two, snapshots=()))
-        hub.post(Unsubscribe(stream=one, broken=True))
-        hub.post(Unsubscribe(stream=two, broken=True))
+        await nursery.start(hub.run)
+        inbox.post(Subscribe(stream=one, snapshots=(running("t", TaskPhase.CALLS),)))
+        inbox.post(Subscribe(stream=two, snapshots=()))
+        inbox.post(Unsubscribe(stream=one, broken=True))
+        inbox.post(Unsubscribe(stream=two, broken=True))
         await trio.testing.wait_all_tasks_blocked()
-        assert told == [
+        assert told(slot_table) == [
             WatchChanged(task_id="t", attached=True),
             WatchChanged(task_id="u", attached=True),
             WatchChanged(task_id="t", attached=False, broken=True),
             WatchChanged(task_id="u", attached=False, broken=True),
         ]
         assert [s.task_id for s in one.take()] == ["t"]
-        assert hub.stream_count == 0
+        assert hub.open_streams == 0
         nursery.cancel_scope.cancel()
 
 
 async def test_a_terminal_update_ends_the_count_without_a_detach() -> None:
-    told: list[SlotTableMessage] = []
-    hub = WatchHub(to_slot_table=told.append)
+    hub, inbox, slot_table = new_hub()
     stream = WatchStream(["t"], wake=lambda: None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hub.run)
-        hub.post(Subscribe(stream=stream, snapshots=()))
-        hub.post(Publish(snapshot=ended("t")))
-        hub.post(Unsubscribe(stream=stream, broken=False))
+        await nursery.start(hub.run)
+        inbox.post(Subscribe(stream=stream, snapshots=()))
+        inbox.post(Publish(snapshot=ended("t")))
+        inbox.post(Unsubscribe(stream=stream, broken=False))
         await trio.testing.wait_all_tasks_blocked()
-        assert told == [WatchChanged(task_id="t", attached=True)]
+        assert told(slot_table) == [WatchChanged(task_id="t", attached=True)]
         assert stream.take()[0].is_terminal
         assert stream.finished
         nursery.cancel_scope.cancel()
 
 
 async def test_a_forgotten_task_fails_its_streams_and_close_all_ends_the_rest() -> None:
-    hub = WatchHub(to_slot_table=lambda message: None)
+    hub, inbox, _ = new_hub()
     gone = WatchStream(["r"], wake=lambda: None)
     other = WatchStream(["s"], wake=lambda: None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hub.run)
-        hub.post(Subscribe(stream=gone, snapshots=()))
-        hub.post(Subscribe(stream=other, snapshots=()))
-        hub.post(Forget(task_id="r"))
-        hub.post(CloseAllStreams())
+        await nursery.start(hub.run)
+        inbox.post(Subscribe(stream=gone, snapshots=()))
+        inbox.post(Subscribe(stream=other, snapshots=()))
+        inbox.post(Forget(task_id="r"))
+        inbox.post(CloseAllStreams())
         await trio.testing.wait_all_tasks_blocked()
         assert isinstance(gone.error, NotFound)
         assert gone.finished
         assert other.closed
         assert other.finished
-        hub.post(Unsubscribe(stream=other, broken=False))
+        inbox.post(Unsubscribe(stream=other, broken=False))
         with trio.fail_after(1):
             await hub.all_closed()
         nursery.cancel_scope.cancel()
 
 
 async def test_a_stream_abandoned_before_it_was_subscribed_is_never_followed() -> None:
-    told: list[SlotTableMessage] = []
-    hub = WatchHub(to_slot_table=told.append)
+    hub, inbox, slot_table = new_hub()
     stream = WatchStream(["t"], wake=lambda: None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hub.run)
+        await nursery.start(hub.run)
         # The reader left while its OpenWatch was still queued at the slot table.
         stream.abandoned = True
-        hub.post(Unsubscribe(stream=stream, broken=True))
-        hub.post(Subscribe(stream=stream, snapshots=(running("t", TaskPhase.CALLS),)))
+        inbox.post(Unsubscribe(stream=stream, broken=True))
+        inbox.post(Subscribe(stream=stream, snapshots=(running("t", TaskPhase.CALLS),)))
         await trio.testing.wait_all_tasks_blocked()
-        assert told == []
-        assert hub.stream_count == 0
+        assert told(slot_table) == []
+        assert hub.open_streams == 0
         nursery.cancel_scope.cancel()

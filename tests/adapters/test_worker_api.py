@@ -255,6 +255,19 @@ async def test_drain_refuses_new_work_and_ends_what_is_left_for_its_watchers(
         assert trio.current_time() >= 5.0  # waited for the drain timeout first
 
 
+async def test_a_drain_ends_as_soon_as_the_last_task_reaches_its_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = worker_config(drainTimeoutMs=30_000)
+    async with running_worker(config) as worker:
+        task = call_list_task("late", ("demo.hang", []), task_timeout_ms=2_000)
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        await worker.calls.hanging.wait()
+        worker.stop.set()  # no one watches the task: only its deadline ends it
+    assert 2.0 <= trio.current_time() < 3.0
+    assert worker.calls.cancelled == ["late"]
+
+
 async def test_health_serves_once_ready_and_reflection_lists_the_service() -> None:
     async with running_worker() as worker:
         health = HealthStub(worker.channel)
@@ -332,7 +345,7 @@ async def test_a_lapsed_reservation_frees_its_slot_when_its_lease_ends(
         assert code is Status.NOT_FOUND
 
 
-async def test_writer_failures_unknown_writers_and_slow_writers_end_with_their_codes(
+async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_codes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     config = worker_config(phaseIoTimeoutMs=1_000)

@@ -1,15 +1,15 @@
 """An in-process worker for front-end tests: real actors and gRPC, fake executors.
 
 `running_worker()` starts `blockx.app.serve` on 127.0.0.1 port 0 with
-in-memory function code and `FakeCalls` in place of executor processes, and
-yields a `Harness` whose `call` runs a stub method from Trio.
+in-memory function code and `FakeExecutors` in place of executor processes,
+and yields a `Harness` whose `call` runs a stub method from Trio.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -19,59 +19,116 @@ import trio_asyncio
 from grpclib.client import Channel
 from opentelemetry.trace import Tracer
 
+from blockx._clock import WorkerClock
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.app import BLOCK, Serving, serve
+from blockx.app import Serving, serve
+from blockx.calls import CallOutcome, FailureCode, decode_args, encode_value
 from blockx.config import WorkerConfig, load_config
-from blockx.executors import decode_args, encode_value
+from blockx.executors import (
+    CallRequest,
+    CallResults,
+    CancelCall,
+    ExecutorMessage,
+    ExecutorPoolConfig,
+    ExecutorState,
+    ExecutorUp,
+    ExecutorView,
+    PoolEvent,
+    RunCalls,
+    ToExecutor,
+    decode_payload,
+)
 from blockx.functions import MemorySource
-from blockx.phases import CallPhaseOutcome, CallPhaseStats, CallPolicy, CallSpec
+from blockx.profiles import BLOCK
 
 T = TypeVar("T")
 
+EXECUTOR_ID = "fake-0"
 
-class FakeCalls:
-    """Runs calls in-process: `demo.add(a, b)`, `demo.fail()` raises, `demo.hang()` never ends."""
 
-    def __init__(self) -> None:
+class FakeExecutors:
+    """One executor that runs calls in-process, implementing `ExecutorTransport`.
+
+    `demo.add(a, b)` returns the sum, `demo.fail()` raises, `demo.hang()` never
+    answers until it is cancelled. `started` lists the task id of each run of a
+    task's calls, `cancelled` the task ids whose hanging call was cancelled.
+    """
+
+    def __init__(
+        self, config: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: object
+    ) -> None:
+        self._events = events
+        self.first_healthy = trio.Event()
         self.started: list[str] = []
         self.cancelled: list[str] = []
         self.hanging = trio.Event()
+        self._runs: set[str] = set()
+        self._hung: dict[tuple[str, int], str] = {}  # (call id, attempt) -> task id
 
-    async def __aenter__(self) -> FakeCalls:
-        return self
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._events.send_nowait(ExecutorUp(executor_id=EXECUTOR_ID, pid=1))
+        self.first_healthy.set()
+        task_status.started()
+        await trio.sleep_forever()
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def stop(self) -> None:
         return None
 
-    async def run_calls(
-        self, task_id: str, epoch: str, calls: Sequence[CallSpec], policy: CallPolicy
-    ) -> CallPhaseOutcome:
-        self.started.append(task_id)
-        outputs = []
-        for call in calls:
-            args, _ = decode_args(call.args)
-            if call.function == "demo.add":
-                outputs.append(encode_value(sum(args)))
-            elif call.function == "demo.fail":
-                return CallPhaseOutcome(
-                    ok=False,
-                    failure_code="CALL_RAISED",
-                    message=f"{call.call_id}: ValueError('boom')",
-                    stats=CallPhaseStats(calls_total=len(calls), calls_failed=1),
-                )
-            elif call.function == "demo.hang":
-                self.hanging.set()
-                try:
-                    await trio.sleep_forever()
-                finally:
-                    self.cancelled.append(task_id)
-            else:
-                raise AssertionError(f"unexpected function {call.function}")
-        return CallPhaseOutcome(
-            ok=True,
-            outputs=tuple(outputs),
-            stats=CallPhaseStats(calls_total=len(calls), calls_succeeded=len(calls)),
+    def snapshot(self) -> tuple[ExecutorView, ...]:
+        return (
+            ExecutorView(
+                executor_id=EXECUTOR_ID,
+                state=ExecutorState.READY,
+                pid=1,
+                rss_bytes=0,
+                calls_served=0,
+                restarts=0,
+                running_call_id=None,
+            ),
         )
+
+    def send_frame(self, executor_id: str, frame: bytes) -> None:
+        message = decode_payload(frame[4:])
+        assert isinstance(message, RunCalls)
+        outcomes = [outcome for call in message.calls if (outcome := self._run(call)) is not None]
+        if outcomes:
+            self._answer(tuple(outcomes))
+
+    def send(self, executor_id: str, message: ToExecutor) -> None:
+        if isinstance(message, CancelCall):
+            task_id = self._hung.pop((message.call_id, message.attempt), None)
+            if task_id is not None:
+                self.cancelled.append(task_id)
+
+    def _run(self, call: CallRequest) -> CallOutcome | None:
+        run = call.call_id.partition(":")[0]
+        if run not in self._runs:
+            self._runs.add(run)
+            self.started.append(call.task_id)
+        args, _ = decode_args(call.args)
+        match call.function:
+            case "demo.add":
+                return CallOutcome.success(
+                    call_id=call.call_id, attempt=call.attempt, value=encode_value(sum(args))
+                )
+            case "demo.fail":
+                return CallOutcome.failure(
+                    call_id=call.call_id,
+                    attempt=call.attempt,
+                    error_code=FailureCode.CALL_RAISED,
+                    error_message="ValueError('boom')",
+                    retryable=False,
+                )
+            case "demo.hang":
+                self._hung[(call.call_id, call.attempt)] = call.task_id
+                self.hanging.set()
+                return None
+            case _:
+                raise AssertionError(f"unexpected function {call.function}")
+
+    def _answer(self, outcomes: tuple[CallOutcome, ...]) -> None:
+        results = CallResults(results=outcomes)
+        self._events.send_nowait(ExecutorMessage(executor_id=EXECUTOR_ID, message=results))
 
 
 @attrs.define
@@ -79,7 +136,7 @@ class Harness:
     serving: Serving
     stub: pb.WorkerServiceStub
     channel: Channel
-    calls: FakeCalls
+    calls: FakeExecutors
     stop: trio.Event
 
     async def call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -104,7 +161,14 @@ async def running_worker(
 ) -> AsyncIterator[Harness]:
     source = MemorySource()
     source.publish({"demo": "def add(a, b):\n    return a + b\n"})
-    calls = FakeCalls()
+    made: list[FakeExecutors] = []
+
+    def executors(
+        config: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: WorkerClock
+    ) -> FakeExecutors:
+        made.append(FakeExecutors(config, events, clock))
+        return made[0]
+
     stop = trio.Event()
     async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
         serving: Serving = await nursery.start(
@@ -114,7 +178,7 @@ async def running_worker(
                 BLOCK,
                 stop=stop,
                 source=source,
-                executors=calls,
+                executors=executors,
                 tracer=tracer,
             )
         )
@@ -124,7 +188,7 @@ async def running_worker(
                 serving=serving,
                 stub=pb.WorkerServiceStub(channel),
                 channel=channel,
-                calls=calls,
+                calls=made[0],
                 stop=stop,
             )
         finally:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from blockx.calls import CallStats, FailureCode
 from blockx.observability.logs import (
     RESULT_MESSAGE_LIMIT_CHARS,
     JsonFormatter,
@@ -20,7 +21,7 @@ from blockx.observability.logs import (
     setup_logging,
     task_logger,
 )
-from blockx.slots import CallStats, PhaseTimings, TaskPhase, TaskResult, TaskState
+from blockx.slots import PhaseTimings, TaskPhase, TaskResult, TaskState
 
 CREATED_S = 1_700_000_000.123
 CREATED_TEXT = "2023-11-14T22:13:20.123Z"
@@ -225,7 +226,7 @@ def test_the_task_finished_line_carries_the_results_statistics(task_lines: Lines
             slot_id="slot-2",
             state=TaskState.FAILED,
             phase=TaskPhase.CALLS,
-            failure_code="CALL_RAISED",
+            failure_code=FailureCode.CALL_RAISED,
             message=long_message,
             retryable=True,
             output_count=2,
@@ -267,4 +268,52 @@ def test_the_task_finished_line_carries_the_results_statistics(task_lines: Lines
         "output_bytes": 40,
         "accepted_at_ms": 1_000,
         "finished_at_ms": 1_033,
+    }
+
+
+def test_the_task_finished_line_of_a_success_has_an_empty_failure_code(
+    task_lines: Lines,
+) -> None:
+    log_task_finished(
+        TaskResult(
+            task_id="t2",
+            slot_id="slot-0",
+            state=TaskState.SUCCEEDED,
+            phase=TaskPhase.TERMINAL,
+            output_count=1,
+            output_bytes=3,
+            call_stats=CallStats(calls_total=1, calls_succeeded=1),
+            timings=PhaseTimings(preparing_ms=1, builder_ms=1, calls_ms=5, plugin_ms=2, total_ms=9),
+            task_code_epoch="e2",
+            accepted_at_ms=2_000,
+            finished_at_ms=2_009,
+        )
+    )
+    (line,) = task_lines.json()
+    del line["ts"]
+    assert line == {
+        "level": "INFO",
+        "logger": "blockx.task",
+        "msg": "task_finished",
+        "task_id": "t2",
+        "slot_id": "slot-0",
+        "phase": "TERMINAL",
+        "task_code_epoch": "e2",
+        "state": "SUCCEEDED",
+        "failure_code": "",
+        "result_message": "",
+        "retryable": False,
+        "preparing_ms": 1,
+        "builder_ms": 1,
+        "calls_ms": 5,
+        "plugin_ms": 2,
+        "total_ms": 9,
+        "calls_total": 1,
+        "calls_succeeded": 1,
+        "calls_failed": 0,
+        "calls_retried": 0,
+        "output_count": 1,
+        "output_bytes": 3,
+        "accepted_at_ms": 2_000,
+        "finished_at_ms": 2_009,
     }

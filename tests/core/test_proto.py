@@ -2,12 +2,14 @@
 
 These pin down the behaviours the API layer relies on: exact round trips,
 field presence of sub-messages (unset is `None`, set-but-empty survives), and
-unknown enum values from newer peers surviving a round trip.
+unknown enum values from newer peers surviving a round trip. The last tests
+pin how a domain result's failure code reaches its message.
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from blockx import slots
 from blockx._proto.blockx.worker.v1 import (
     CallFailurePolicy,
     CallRetryPolicy,
@@ -23,6 +25,8 @@ from blockx._proto.blockx.worker.v1 import (
     TaskState,
     TaskUpdate,
 )
+from blockx.api._convert import result_to_pb
+from blockx.calls import CallStats, FailureCode
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
 UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -203,3 +207,52 @@ def test_unknown_enum_value_from_a_newer_peer_survives_a_round_trip() -> None:
     assert parsed.state == 99
     assert parsed.state not in set(TaskState)
     assert bytes(parsed) == bytes(update)
+
+
+def domain_result(failure_code: FailureCode | None, state: slots.TaskState) -> slots.TaskResult:
+    return slots.TaskResult(
+        task_id="task-0001",
+        slot_id="slot-0",
+        state=state,
+        phase=slots.TaskPhase.TERMINAL,
+        failure_code=failure_code,
+        output_count=2,
+        output_bytes=6,
+        call_stats=CallStats(calls_total=2, calls_succeeded=2),
+        timings=slots.PhaseTimings(
+            preparing_ms=1, builder_ms=2, calls_ms=3, plugin_ms=4, total_ms=10
+        ),
+        task_code_epoch="epoch-7",
+        accepted_at_ms=1_000,
+        finished_at_ms=1_010,
+    )
+
+
+def expected_pb(failure_code: str, state: TaskState) -> TaskResult:
+    return TaskResult(
+        task_id="task-0001",
+        state=state,
+        phase=TaskPhase.TERMINAL,
+        failure_code=failure_code,
+        message="",
+        retryable=False,
+        execute_result=ExecuteResult(output_count=2, output_bytes=6, plugin_results=[]),
+        timings=PhaseTimings(preparing_ms=1, builder_ms=2, calls_ms=3, plugin_ms=4, total_ms=10),
+        call_stats=CallStatistics(calls_total=2, calls_succeeded=2),
+        task_code_epoch="epoch-7",
+        accepted_at_ms=1_000,
+        finished_at_ms=1_010,
+    )
+
+
+def test_a_successful_result_has_an_empty_failure_code_on_the_wire() -> None:
+    result = domain_result(None, slots.TaskState.SUCCEEDED)
+    assert result_to_pb(result) == expected_pb("", TaskState.SUCCEEDED)
+
+
+def test_a_failed_result_carries_its_failure_code_by_name() -> None:
+    result = domain_result(FailureCode.CALL_RAISED, slots.TaskState.FAILED)
+    converted = result_to_pb(result)
+    assert converted == expected_pb("CALL_RAISED", TaskState.FAILED)
+    assert TaskResult.parse(bytes(converted)) == expected_pb("CALL_RAISED", TaskState.FAILED)
+    assert converted.to_dict()["failureCode"] == "CALL_RAISED"

@@ -69,7 +69,7 @@ async def test_the_cli_submits_and_follows_a_task_from_another_process() -> None
             "--task-id", "cli-1",
             "--builder", "call_list",
             "--payload", json.dumps({"calls": [{"function": "demo.add", "args": [20, 22]}]}),
-            "--writer", "test",
+            "--plugin", "test",
             "--watch",
         ]  # fmt: skip
         done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, cwd=REPO)

@@ -1,0 +1,193 @@
+"""The actor graph of one worker: its inboxes first, then its actors, started in order.
+
+Every inbox is opened before any actor exists (`Inboxes`), so each actor is
+built with everything it talks to and nothing is wired later. `run_actors`
+starts the watch hub, the executors, the dispatcher and the slot-table actor
+with `nursery.start`, each reporting ready; task actors run in a nursery of
+their own, which closes (every task actor ended) before the executors stop.
+`ActorProbe` reads the worker's state the way everyone else must: through the
+slot table's inbox and what the other actors publish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import attrs
+import trio
+
+from blockx._clock import WorkerClock
+from blockx._process import rss_bytes
+from blockx.actors._dispatcher import DispatcherActor
+from blockx.actors._inbox import Inbox
+from blockx.actors._messages import (
+    CodeLoaded,
+    DispatcherMessage,
+    GetStatus,
+    SlotTableMessage,
+    WatchHubMessage,
+    WorkerStatus,
+)
+from blockx.actors._slot_table import SlotTableActor
+from blockx.actors._task import Admission, TaskRuntime
+from blockx.actors._watch import WatchHub
+from blockx.calls import StimulusIds
+from blockx.config import WorkerConfig
+from blockx.executors import ExecutorPoolConfig, ExecutorTransport, PoolEvent
+from blockx.functions import FunctionCodeView, FunctionSnapshot
+from blockx.identity import WorkerIdentity
+from blockx.observability.metrics import WorkerSnapshot
+from blockx.observability.tracing import TaskTracing
+from blockx.phases.builders import builder_registry
+from blockx.phases.plugins import plugin_registry
+from blockx.profiles import Profile
+from blockx.slots import SlotMachine, TaskResult
+
+TransportFactory = Callable[
+    [ExecutorPoolConfig, trio.MemorySendChannel[PoolEvent], WorkerClock], ExecutorTransport
+]
+"""Makes the executors (`ExecutorPoolManager`, or a test's fake) from their settings, the
+channel their events go to (the dispatcher's inbox) and the worker's clock."""
+
+
+@attrs.frozen
+class Inboxes:
+    """Every inbox of the worker's actors, opened before any actor exists."""
+
+    slot_table: Inbox[SlotTableMessage] = attrs.Factory(Inbox)
+    dispatcher: Inbox[DispatcherMessage] = attrs.Factory(Inbox)
+    hub: Inbox[WatchHubMessage] = attrs.Factory(Inbox)
+
+    def code_loaded(self, snapshot: FunctionSnapshot) -> None:
+        """Where the code refresher delivers each new snapshot."""
+        self.slot_table.post(CodeLoaded(snapshot=snapshot))
+
+    def executor_events(self) -> trio.MemorySendChannel[PoolEvent]:
+        """The channel executors' events go to: the dispatcher's inbox."""
+        return self.dispatcher.sender
+
+
+@attrs.frozen(kw_only=True)
+class WorkerActors:
+    """The running actors, as the rest of the worker sees them."""
+
+    inboxes: Inboxes
+    transport: ExecutorTransport
+    hub: WatchHub
+    probe: ActorProbe
+    drained: trio.Event
+    """Set once draining started and no task is live any more."""
+
+
+@attrs.frozen(kw_only=True)
+class ActorProbe:
+    """Reads the worker's state from its actors; see `blockx.observability.metrics.WorkerProbe`."""
+
+    slot_table: Inbox[SlotTableMessage]
+    hub: WatchHub
+    transport: ExecutorTransport
+    identity: WorkerIdentity
+    clock: WorkerClock
+
+    async def snapshot(self) -> WorkerSnapshot:
+        status: WorkerStatus = await self.slot_table.ask(lambda reply: GetStatus(reply=reply))
+        return WorkerSnapshot(
+            at_ms=self.clock.now_ms(),
+            identity=self.identity,
+            heartbeat=status.heartbeat,
+            slots=status.slots,
+            tasks=status.tasks,
+            executors=self.transport.snapshot(),
+            watch_streams=self.hub.open_streams,
+            worker_rss_bytes=rss_bytes(),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ActorParts:
+    """Everything the actor graph is built from; the inboxes are already open."""
+
+    config: WorkerConfig
+    profile: Profile
+    inboxes: Inboxes
+    code: FunctionCodeView
+    """Holds the first snapshot of function code; the slot-table actor owns it from now on."""
+    executors: TransportFactory
+    identity: WorkerIdentity
+    clock: WorkerClock
+    tracing: TaskTracing
+    on_finished: Sequence[Callable[[TaskResult], None]] = ()
+
+
+@contextlib.asynccontextmanager
+async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[WorkerActors]:
+    """Start the worker's actors in `nursery`; on exit, end every task actor, then stop
+    the executors. The hub and the slot table keep running until `nursery` ends."""
+    config, inboxes = parts.config, parts.inboxes
+    stimuli = StimulusIds()
+    hub = WatchHub(inbox=inboxes.hub, slot_table=inboxes.slot_table)
+    await nursery.start(hub.run)
+    transport = parts.executors(
+        config.executor.pool_config(), inboxes.executor_events(), parts.clock
+    )
+    await nursery.start(transport.run)
+    dispatcher = DispatcherActor(
+        inbox=inboxes.dispatcher,
+        transport=transport,
+        slot_table=inboxes.slot_table,
+        settings=config.dispatcher,
+        clock=parts.clock,
+        stimuli=stimuli,
+    )
+    await nursery.start(dispatcher.run)
+    try:
+        async with trio.open_nursery() as task_nursery:
+            slot_table = SlotTableActor(
+                machine=SlotMachine(config.worker.slot_config()),
+                code=parts.code,
+                inbox=inboxes.slot_table,
+                hub=inboxes.hub,
+                dispatcher=inboxes.dispatcher,
+                runtime=_task_runtime(parts),
+                task_nursery=task_nursery,
+                clock=parts.clock,
+                stimuli=stimuli,
+                tracing=parts.tracing,
+                on_finished=parts.on_finished,
+            )
+            await nursery.start(slot_table.run)
+            probe = ActorProbe(
+                slot_table=inboxes.slot_table,
+                hub=hub,
+                transport=transport,
+                identity=parts.identity,
+                clock=parts.clock,
+            )
+            yield WorkerActors(
+                inboxes=inboxes,
+                transport=transport,
+                hub=hub,
+                probe=probe,
+                drained=slot_table.drained,
+            )
+    finally:
+        with trio.CancelScope(shield=True):
+            await transport.stop()
+
+
+def _task_runtime(parts: ActorParts) -> TaskRuntime:
+    admission = parts.config.admission
+    return TaskRuntime(
+        builders=builder_registry(parts.profile.builders),
+        plugins=plugin_registry(parts.profile.plugins),
+        admission=Admission.of(
+            builder=admission.builder_slots,
+            executor=admission.executor_task_slots,
+            plugin=admission.plugin_slots,
+            scan=admission.scan_slots,
+        ),
+        phase_io_timeout_ms=parts.config.phase_io_timeout_ms,
+        slot_table=parts.inboxes.slot_table,
+        dispatcher=parts.inboxes.dispatcher,
+    )

@@ -127,14 +127,12 @@ class _TaskRun:
             self.log.set_phase(phase.phase.value)
             match phase:
                 case StartBuilderPhase():
-                    self._report(TaskPhase.BUILDER, await self._guarded(self._build))
+                    await self._run_phase(phase, self._build)
                     phase = await self._next()
                 case StartCallPhase():
                     phase = await self._run_calls()
                 case StartPluginPhase(outputs=outputs):
-                    self._report(
-                        TaskPhase.PLUGIN, await self._guarded(lambda: self._plugin(outputs))
-                    )
+                    await self._run_phase(phase, lambda: self._plugin(outputs))
                     return
 
     async def _next(self) -> StartPhase | None:
@@ -143,16 +141,18 @@ class _TaskRun:
         except trio.EndOfChannel:
             return None
 
-    def _report(self, phase: TaskPhase, outcome: PhaseOutcome) -> None:
-        self._rt.slot_table.post(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
-
-    async def _guarded(self, body: Callable[[], Awaitable[PhaseOutcome]]) -> PhaseOutcome:
+    async def _run_phase(
+        self, command: StartPhase, body: Callable[[], Awaitable[PhaseOutcome]]
+    ) -> None:
+        """Run the phase `command` started and report how it ended. A bug in a builder or
+        plugin fails its phase, never the worker."""
+        phase = command.phase
         try:
-            return await body()
-        except Exception as error:  # a bug in a builder or plugin must not take the worker down
-            phase = self.log.fields["phase"]
-            self.log.exception("task %s: %s phase raised", self._task_id, phase)
-            return PhaseOutcome(ok=False, message=f"{str(phase).lower()} raised {error!r}")
+            outcome = await body()
+        except Exception as error:
+            self.log.exception("task %s: %s phase raised", self._task_id, phase.value)
+            outcome = PhaseOutcome(ok=False, message=f"{phase.value.lower()} raised {error!r}")
+        self._rt.slot_table.post(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
 
     async def _build(self) -> PhaseOutcome:
         kind = self._spec.function_call.type

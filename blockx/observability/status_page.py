@@ -14,7 +14,6 @@ worker state: it only reads the `WorkerProbe` and the `WorkerMetrics`.
 from __future__ import annotations
 
 import contextlib
-import http
 import importlib.resources
 import json
 import logging
@@ -25,6 +24,14 @@ import h11
 import trio
 import trio_websocket
 
+from blockx._http import (
+    ReplayedStream,
+    header,
+    is_websocket_upgrade,
+    new_connection,
+    read_request,
+    respond,
+)
 from blockx.executors import ExecutorView
 from blockx.observability.metrics import WorkerMetrics, WorkerProbe, WorkerSnapshot
 from blockx.slots import TaskResult
@@ -39,13 +46,8 @@ POLL_INTERVAL_S: Final = 0.1
 REQUEST_HEAD_TIMEOUT_S: Final = 10.0
 RESPONSE_TIMEOUT_S: Final = 30.0
 HANDSHAKE_TIMEOUT_S: Final = 10.0
-MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
 MAX_WEBSOCKETS: Final = 32
 """Open status-page sockets beyond this are refused with 503."""
-RECEIVE_BYTES: Final = 16 * 1024
-LINGER_S: Final = 1.0
-LINGER_BYTES: Final = 256 * 1024
-_KNOWN_STATUSES: Final = frozenset(status.value for status in http.HTTPStatus)
 PAGE: Final = (
     importlib.resources.files("blockx.observability").joinpath("status_page.html").read_bytes()
 )
@@ -79,15 +81,15 @@ class StatusServer:
                 logger.exception("status page: request failed")
 
     async def _serve(self, stream: trio.SocketStream) -> None:
-        connection = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
+        connection = new_connection()
         received = bytearray()
         request: h11.Request | None = None
         try:
             with trio.move_on_after(REQUEST_HEAD_TIMEOUT_S):
-                request = await _read_request(stream, connection, received)
+                request = await read_request(stream, connection, received)
         except h11.RemoteProtocolError as error:
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
-                await _respond(
+                await respond(
                     stream, connection, error.error_status_hint, f"bad request: {error}\n"
                 )
             return
@@ -104,19 +106,19 @@ class StatusServer:
         self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request, path: str
     ) -> None:
         if request.method not in (b"GET", b"HEAD"):
-            await _respond(
+            await respond(
                 stream, connection, 405, "only GET and HEAD\n", extra=[("allow", "GET, HEAD")]
             )
             return
         head = request.method == b"HEAD"
         if path == "/metrics":
             snapshot = await self.probe.snapshot()
-            body, content_type = self.metrics.render(snapshot, _header(request, b"accept"))
-            await _respond(stream, connection, 200, body, content_type, head=head)
+            body, content_type = self.metrics.render(snapshot, header(request, b"accept"))
+            await respond(stream, connection, 200, body, content_type, head=head)
         elif path in ("/", "/index.html"):
-            await _respond(stream, connection, 200, PAGE, "text/html; charset=utf-8", head=head)
+            await respond(stream, connection, 200, PAGE, "text/html; charset=utf-8", head=head)
         else:
-            await _respond(stream, connection, 404, f"not found: {path}\n", head=head)
+            await respond(stream, connection, 404, f"not found: {path}\n", head=head)
 
     async def _websocket(
         self,
@@ -125,9 +127,9 @@ class StatusServer:
         request: h11.Request,
         received: bytes,
     ) -> None:
-        if not _is_websocket_upgrade(request):
+        if not is_websocket_upgrade(request):
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
-                await _respond(
+                await respond(
                     stream,
                     connection,
                     400,
@@ -136,7 +138,7 @@ class StatusServer:
             return
         if self._websockets_open >= MAX_WEBSOCKETS:
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
-                await _respond(stream, connection, 503, "too many status-page sockets open\n")
+                await respond(stream, connection, 503, "too many status-page sockets open\n")
             return
         self._websockets_open += 1
         try:
@@ -144,7 +146,7 @@ class StatusServer:
                 socket: trio_websocket.WebSocketConnection | None = None
                 with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
                     handshake = await trio_websocket.wrap_server_stream(
-                        nursery, _ReplayedStream(stream, received)
+                        nursery, ReplayedStream(stream, received)
                     )
                     socket = await handshake.accept()
                 if socket is not None:
@@ -256,108 +258,3 @@ def _change_key(message: dict[str, Any]) -> str:
     ]
     lasting = {**message, "at_ms": 0, "totals": totals, "executors": executors}
     return json.dumps(lasting)
-
-
-# ------------------------------------------------------------------ HTTP helpers
-
-
-async def _read_request(
-    stream: trio.SocketStream, connection: h11.Connection, received: bytearray
-) -> h11.Request | None:
-    """The request head, or None if the client closed first. Raises h11.RemoteProtocolError."""
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            data = await stream.receive_some(RECEIVE_BYTES)
-            received += data
-            connection.receive_data(data)  # b"" tells h11 the client closed
-            continue
-        if isinstance(event, h11.Request):
-            return event
-        return None  # ConnectionClosed (or nothing sensible before a request)
-
-
-async def _respond(
-    stream: trio.SocketStream,
-    connection: h11.Connection,
-    status: int,
-    body: bytes | str,
-    content_type: str = "text/plain; charset=utf-8",
-    *,
-    head: bool = False,
-    extra: list[tuple[str, str]] | None = None,
-) -> None:
-    """Send one whole response (headers only for HEAD); the connection is done after it."""
-    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-        return  # h11 cannot answer any more
-    data = body.encode() if isinstance(body, str) else body
-    headers = [
-        ("content-type", content_type),
-        ("content-length", str(len(data))),
-        ("cache-control", "no-store"),
-        ("connection", "close"),
-        *(extra or ()),
-    ]
-    reason = http.HTTPStatus(status).phrase.encode() if status in _KNOWN_STATUSES else b""
-    out = connection.send(h11.Response(status_code=status, headers=headers, reason=reason)) or b""
-    if data and not head:
-        out += connection.send(h11.Data(data=data)) or b""
-    out += connection.send(h11.EndOfMessage()) or b""
-    await stream.send_all(out)
-    await _close_gently(stream)
-
-
-async def _close_gently(stream: trio.SocketStream) -> None:
-    """Half-close, then read (briefly) what the client still sends before the socket closes.
-
-    Closing a socket that has unread input makes the kernel answer with a
-    reset, which can destroy the response before the client reads it (after a
-    request head that was too large, or a body that was never read).
-    """
-    with trio.move_on_after(LINGER_S):
-        await stream.send_eof()
-        discarded = 0
-        while discarded < LINGER_BYTES and (chunk := await stream.receive_some(RECEIVE_BYTES)):
-            discarded += len(chunk)
-
-
-def _header(request: h11.Request, name: bytes) -> str:
-    values = [value.decode("latin-1") for key, value in request.headers if key == name]
-    return ",".join(values)
-
-
-def _is_websocket_upgrade(request: h11.Request) -> bool:
-    connection_tokens = {
-        token.strip().lower() for token in _header(request, b"connection").split(",")
-    }
-    return (
-        request.method == b"GET"
-        and "upgrade" in connection_tokens
-        and _header(request, b"upgrade").strip().lower() == "websocket"
-        and bool(_header(request, b"sec-websocket-key"))
-    )
-
-
-class _ReplayedStream(trio.abc.Stream):
-    """`stream`, with `prefix` (the bytes already read from it) returned first."""
-
-    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
-        self._stream = stream
-        self._prefix = prefix
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self._prefix:
-            size = len(self._prefix) if max_bytes is None else max_bytes
-            chunk, self._prefix = self._prefix[:size], self._prefix[size:]
-            await trio.lowlevel.checkpoint()
-            return chunk
-        return await self._stream.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()

@@ -1,0 +1,147 @@
+"""HTTP/1.1 on Trio with h11, one request per connection, and the hand-over to WebSocket.
+
+What the metrics port and the hub's port share: reading a request head (and a
+bounded body), answering with one whole response (`Connection: close`),
+closing without a reset, and handing an upgrade request to trio-websocket
+with the bytes already read replayed. Must never let one client's bytes do
+more than fail that client's request.
+"""
+
+from __future__ import annotations
+
+import http
+from typing import Final
+
+import h11
+import trio
+
+RECEIVE_BYTES: Final = 16 * 1024
+MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
+LINGER_S: Final = 1.0
+LINGER_BYTES: Final = 256 * 1024
+_KNOWN_STATUSES: Final = frozenset(status.value for status in http.HTTPStatus)
+
+
+class BodyTooLarge(Exception):
+    """A request body larger than the caller allows."""
+
+
+def new_connection() -> h11.Connection:
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
+
+
+async def read_request(
+    stream: trio.SocketStream, connection: h11.Connection, received: bytearray
+) -> h11.Request | None:
+    """The request head, or None if the client closed first. Raises h11.RemoteProtocolError."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            received += data
+            connection.receive_data(data)  # b"" tells h11 the client closed
+            continue
+        if isinstance(event, h11.Request):
+            return event
+        return None  # ConnectionClosed (or nothing sensible before a request)
+
+
+async def respond(
+    stream: trio.SocketStream,
+    connection: h11.Connection,
+    status: int,
+    body: bytes | str,
+    content_type: str = "text/plain; charset=utf-8",
+    *,
+    head: bool = False,
+    extra: list[tuple[str, str]] | None = None,
+) -> None:
+    """Send one whole response (headers only for HEAD); the connection is done after it."""
+    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return  # h11 cannot answer any more
+    data = body.encode() if isinstance(body, str) else body
+    headers = [
+        ("content-type", content_type),
+        ("content-length", str(len(data))),
+        ("cache-control", "no-store"),
+        ("connection", "close"),
+        *(extra or ()),
+    ]
+    reason = http.HTTPStatus(status).phrase.encode() if status in _KNOWN_STATUSES else b""
+    out = connection.send(h11.Response(status_code=status, headers=headers, reason=reason)) or b""
+    if data and not head:
+        out += connection.send(h11.Data(data=data)) or b""
+    out += connection.send(h11.EndOfMessage()) or b""
+    await stream.send_all(out)
+    await close_gently(stream)
+
+
+async def read_body(stream: trio.SocketStream, connection: h11.Connection, limit: int) -> bytes:
+    """The whole body of the request just read; `BodyTooLarge` above `limit` bytes."""
+    body = bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await stream.receive_some(RECEIVE_BYTES))
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > limit:
+                raise BodyTooLarge(f"a request body of more than {limit} bytes")
+        else:
+            return bytes(body)  # EndOfMessage, or the client closed
+
+
+async def close_gently(stream: trio.SocketStream) -> None:
+    """Half-close, then read (briefly) what the client still sends before the socket closes.
+
+    Closing a socket that has unread input makes the kernel answer with a
+    reset, which can destroy the response before the client reads it (after a
+    request head that was too large, or a body that was never read).
+    """
+    with trio.move_on_after(LINGER_S):
+        await stream.send_eof()
+        discarded = 0
+        while discarded < LINGER_BYTES and (chunk := await stream.receive_some(RECEIVE_BYTES)):
+            discarded += len(chunk)
+
+
+def header(request: h11.Request, name: bytes) -> str:
+    values = [value.decode("latin-1") for key, value in request.headers if key == name]
+    return ",".join(values)
+
+
+def is_websocket_upgrade(request: h11.Request) -> bool:
+    connection_tokens = {
+        token.strip().lower() for token in header(request, b"connection").split(",")
+    }
+    return (
+        request.method == b"GET"
+        and "upgrade" in connection_tokens
+        and header(request, b"upgrade").strip().lower() == "websocket"
+        and bool(header(request, b"sec-websocket-key"))
+    )
+
+
+class ReplayedStream(trio.abc.Stream):
+    """`stream`, with `prefix` (the bytes already read from it) returned first."""
+
+    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._prefix:
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            chunk, self._prefix = self._prefix[:size], self._prefix[size:]
+            await trio.lowlevel.checkpoint()
+            return chunk
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -1,0 +1,107 @@
+"""The committer: the hub's one writer, committing operations in groups.
+
+Every change to the hub's state is an operation handed to `do` (or `submit`).
+The committer takes whatever operations are waiting, runs them in order in
+one transaction (one fsync), and only then answers each of them: so the
+operations that arrive while a commit is in flight all ride on the next one,
+and nothing is acknowledged before it is durable. A batch that fails is rolled
+back and its operations are run again one transaction each, so one bad
+operation (a conflict with another hub, a bug) fails alone, with
+`StoreError`; when the database itself went away, each of them fails so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import attrs
+import trio
+
+from blockx.hub._store import Store, StoreError, Tx
+
+T = TypeVar("T")
+
+logger = logging.getLogger("blockx.hub")
+
+MAX_BATCH: Final = 4_096
+
+
+@attrs.define(eq=False)
+class _Pending:
+    operation: Callable[[Tx], Any]
+    reply: Callable[[Any], None]
+
+
+class Committer:
+    """The actor. Start `run` with `nursery.start`; `use_thread=False` runs the database on
+    the Trio thread (tests on a virtual clock)."""
+
+    def __init__(self, store: Store, *, use_thread: bool = True) -> None:
+        self.store = store
+        self._use_thread = use_thread
+        self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
+        self.batches = 0
+        """Published: transactions committed so far."""
+
+    def submit(self, operation: Callable[[Tx], T], reply: Callable[[T | StoreError], None]) -> None:
+        """Run `operation` in the next batch; `reply` gets its result once committed."""
+        self._send.send_nowait(_Pending(operation=operation, reply=reply))
+
+    async def do(self, operation: Callable[[Tx], T]) -> T:
+        """Run `operation` in the next batch and wait until it is committed."""
+        done = trio.Event()
+        results: list[T | StoreError] = []
+
+        def reply(result: T | StoreError) -> None:
+            results.append(result)
+            done.set()
+
+        self.submit(operation, reply)
+        await done.wait()
+        result = results[0]
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async for first in self._receive:
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            results = await self._commit([pending.operation for pending in batch])
+            self.batches += 1
+            for pending, result in zip(batch, results, strict=True):
+                pending.reply(result)
+
+    async def _commit(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
+        try:
+            return await self._run_batch(operations)
+        except Exception as error:
+            if len(operations) == 1:
+                return [self._failed(error)]
+        results = []
+        for operation in operations:
+            try:
+                results.extend(await self._run_batch([operation]))
+            except Exception as error:
+                results.append(self._failed(error))
+        return results
+
+    async def _run_batch(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
+        if not self._use_thread:
+            return self.store.run_batch(operations)
+        # Not abandoned on cancellation: a commit that started is let finish.
+        return await trio.to_thread.run_sync(self.store.run_batch, operations)
+
+    def _failed(self, error: Exception) -> StoreError:
+        if isinstance(error, StoreError):
+            return error
+        logger.error("hub: an operation failed", exc_info=error)
+        return StoreError(url=self.store.name, reason=f"an operation failed: {error!r}")

@@ -1,0 +1,422 @@
+"""Operations on the hub's database: each reads rows, asks the rules, writes what they say.
+
+An operation is a function of one open transaction (`Tx`). The committer runs
+many of them in one transaction; none of them commits. Control messages go
+through `answered`, which keeps the answer as a receipt under the sender's
+message id, in the same transaction as the change it answers: a repeated id
+gets the very same answer, and an answer is never sent for a change that was
+not committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Final, TypeAlias
+
+import attrs
+
+from blockx.hub import _rules
+from blockx.hub._model import Attempt, Credential, Submission, Task, TaskState
+from blockx.hub._rules import Change, Refusal, Timing
+from blockx.hub._store import Tx
+from blockx.hub.protocol import (
+    CODE_FORM,
+    MAX_JSON_BYTES,
+    Answer,
+    AttemptRef,
+    Capability,
+    ControlMessage,
+    Failed,
+    Finish,
+    Granted,
+    Offer,
+    Recorded,
+    RefusalCode,
+    Refused,
+    Renew,
+    ResumedAttempt,
+    Start,
+    Succeeded,
+    encode_message,
+)
+
+Operation: TypeAlias = Callable[[Tx], object]
+Decide: TypeAlias = Callable[[Tx], Answer]
+"""Works out the answer to one control message (and makes the change it asks for)."""
+
+
+def new_id() -> str:
+    """A new task or attempt id."""
+    return uuid.uuid4().hex
+
+
+class Reused:
+    """A message id that came again with a different message."""
+
+
+REUSED: Final = Reused()
+
+
+def digest(message: ControlMessage) -> str:
+    """What identifies a control message's content, for telling resends from reuses."""
+    return hashlib.sha256(encode_message(message)).hexdigest()[:32]
+
+
+def answered(
+    instance_id: str,
+    message: ControlMessage,
+    now_ms: int,
+    decide: Callable[[Tx], Answer],
+) -> Callable[[Tx], bytes | Reused]:
+    """`decide` once per message id: its encoded answer, kept as the message's receipt."""
+    fingerprint = digest(message)
+
+    def operation(tx: Tx) -> bytes | Reused:
+        kept = tx.receipt(instance_id, message.message_id)
+        if kept is not None:
+            return kept[1] if kept[0] == fingerprint else REUSED
+        answer = encode_message(decide(tx))
+        tx.keep_receipt(instance_id, message.message_id, fingerprint, answer, now_ms)
+        return answer
+
+    return operation
+
+
+def _write(tx: Tx, change: Change, *, before: Task, new_attempt: bool = False) -> None:
+    if change.task != before:
+        tx.update_task(change.task)
+    if change.attempt is not None:
+        tx.put_attempt(change.attempt, new=new_attempt)
+    tx.note(change.history)
+
+
+# --------------------------------------------------------------- control messages
+
+
+def start(message: Start, instance_id: str, now_ms: int, timing: Timing) -> Callable[[Tx], Answer]:
+    def decide(tx: Tx) -> Answer:
+        found = _attempt_and_task(tx, message.attempt_id)
+        if isinstance(found, Refused):
+            return attrs.evolve(found, reply_to=message.message_id)
+        attempt, task = found
+        result = _rules.start(
+            task,
+            attempt,
+            instance_id=instance_id,
+            epoch=message.epoch,
+            now_ms=now_ms,
+            timing=timing,
+        )
+        return _granted(tx, message, task, attempt, result)
+
+    return decide
+
+
+def renew(message: Renew, instance_id: str, now_ms: int, timing: Timing) -> Callable[[Tx], Answer]:
+    def decide(tx: Tx) -> Answer:
+        found = _attempt_and_task(tx, message.attempt_id)
+        if isinstance(found, Refused):
+            return attrs.evolve(found, reply_to=message.message_id)
+        attempt, task = found
+        result = _rules.renew(
+            task,
+            attempt,
+            instance_id=instance_id,
+            epoch=message.epoch,
+            now_ms=now_ms,
+            timing=timing,
+        )
+        return _granted(tx, message, task, attempt, result)
+
+    return decide
+
+
+def _granted(
+    tx: Tx, message: Start | Renew, task: Task, attempt: Attempt, result: Change | Refusal
+) -> Answer:
+    if isinstance(result, Refusal):
+        return Refused(
+            reply_to=message.message_id,
+            attempt_id=message.attempt_id,
+            code=result.code,
+            message=result.message,
+        )
+    if result.attempt != attempt or result.task != task:
+        _write(tx, result, before=task)
+    assert result.attempt is not None
+    return Granted(
+        reply_to=message.message_id,
+        attempt_id=message.attempt_id,
+        lease_deadline_ms=result.attempt.lease_deadline_ms,
+    )
+
+
+def finish(
+    message: Finish, instance_id: str, now_ms: int, timing: Timing
+) -> Callable[[Tx], Answer]:
+    problem = check_report(message)
+
+    def decide(tx: Tx) -> Answer:
+        if problem is not None:
+            code, text = problem
+            return Refused(
+                reply_to=message.message_id, attempt_id=message.attempt_id, code=code, message=text
+            )
+        found = _attempt_and_task(tx, message.attempt_id)
+        if isinstance(found, Refused):
+            return attrs.evolve(found, reply_to=message.message_id)
+        attempt, task = found
+        result = _rules.finish(
+            task,
+            attempt,
+            instance_id=instance_id,
+            epoch=message.epoch,
+            outcome=message.outcome,
+            now_ms=now_ms,
+            timing=timing,
+        )
+        if isinstance(result, Refusal):
+            return Refused(
+                reply_to=message.message_id,
+                attempt_id=message.attempt_id,
+                code=result.code,
+                message=result.message,
+            )
+        change, disposition = result
+        _write(tx, change, before=task)
+        return Recorded(
+            reply_to=message.message_id, attempt_id=message.attempt_id, disposition=disposition
+        )
+
+    return decide
+
+
+def check_report(message: Finish) -> tuple[RefusalCode, str] | None:
+    """Why the hub cannot take a report as it is (size, JSON, code form), or None."""
+    match message.outcome:
+        case Succeeded(result=text):
+            texts = [("result", text)]
+        case Failed(details=text):
+            texts = [("details", text)]
+        case _:
+            texts = []
+    code = getattr(message.outcome, "code", None)
+    if code is not None and not CODE_FORM.fullmatch(code):
+        return RefusalCode.INVALID_REPORT, f"code {code!r} must match {CODE_FORM.pattern}"
+    for name, text in texts:
+        size = len(text.encode("utf-8"))
+        if size > MAX_JSON_BYTES:
+            return RefusalCode.TOO_LARGE, f"{name} of {size} bytes; at most {MAX_JSON_BYTES}"
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as error:
+            return RefusalCode.INVALID_REPORT, f"{name} is not JSON text ({error})"
+        if name == "result" and value is None:
+            return RefusalCode.INVALID_REPORT, "result must not be null"
+    return None
+
+
+def resume(
+    attempts: Sequence[AttemptRef], instance_id: str, now_ms: int
+) -> Callable[[Tx], tuple[ResumedAttempt, ...]]:
+    def look(tx: Tx) -> tuple[ResumedAttempt, ...]:
+        found = []
+        for ref in attempts:
+            status, deadline = _rules.resume_status(
+                tx.attempt(ref.attempt_id), instance_id=instance_id, epoch=ref.epoch, now_ms=now_ms
+            )
+            found.append(
+                ResumedAttempt(
+                    attempt_id=ref.attempt_id,
+                    epoch=ref.epoch,
+                    status=status,
+                    lease_deadline_ms=deadline,
+                )
+            )
+        return tuple(found)
+
+    return look
+
+
+def _attempt_and_task(tx: Tx, attempt_id: str) -> tuple[Attempt, Task] | Refused:
+    attempt = tx.attempt(attempt_id)
+    task = None if attempt is None else tx.task(attempt.task_id)
+    if attempt is None or task is None:
+        return Refused(
+            reply_to="",
+            attempt_id=attempt_id,
+            code=RefusalCode.UNKNOWN_ATTEMPT,
+            message=f"no attempt {attempt_id!r}",
+        )
+    return attempt, task
+
+
+# ----------------------------------------------------------------- offers, lapses
+
+
+def offer(
+    queue_id: str,
+    capabilities: Sequence[Capability],
+    instance_id: str,
+    *,
+    room: int,
+    now_ms: int,
+    timing: Timing,
+    new_id: Callable[[], str],
+) -> Callable[[Tx], list[Offer]]:
+    """Offer up to `room` matching tasks of `queue_id` to `instance_id`."""
+    keys = [capability.key for capability in capabilities]
+
+    def claim(tx: Tx) -> list[Offer]:
+        offers = []
+        for task in tx.offerable(queue_id, keys, now_ms, room):
+            change = _rules.offer(
+                task, attempt_id=new_id(), instance_id=instance_id, now_ms=now_ms, timing=timing
+            )
+            _write(tx, change, before=task, new_attempt=True)
+            attempt = change.attempt
+            assert attempt is not None
+            offers.append(
+                Offer(
+                    attempt_id=attempt.attempt_id,
+                    epoch=attempt.epoch,
+                    task_id=task.task_id,
+                    capability=task.capability,
+                    payload=task.payload,
+                    offer_deadline_ms=attempt.offer_deadline_ms,
+                    attempt_timeout_ms=task.attempt_timeout_ms,
+                    task_deadline_ms=task.deadline_at_ms,
+                )
+            )
+        return offers
+
+    return claim
+
+
+@attrs.frozen(kw_only=True)
+class Swept:
+    """What a sweep ended: (instance id, attempt id) of each lapsed attempt, and how many
+    queued tasks ran out of time; `next_due_ms` is when the next one is due."""
+
+    attempts: tuple[tuple[str, str], ...]
+    timed_out: int
+    next_due_ms: int | None
+
+
+def sweep(now_ms: int, timing: Timing, limit: int) -> Callable[[Tx], Swept]:
+    """End lapsed offers and leases, and queued tasks past their deadline (up to `limit` each)."""
+
+    def run(tx: Tx) -> Swept:
+        lapsed = []
+        for attempt in tx.due_attempts(now_ms, limit):
+            task = tx.task(attempt.task_id)
+            assert task is not None
+            change = _rules.expire(task, attempt, now_ms, timing)
+            if change is not None:
+                _write(tx, change, before=task)
+                lapsed.append((attempt.instance_id, attempt.attempt_id))
+        timed_out = 0
+        for task in tx.overdue_tasks(now_ms, limit):
+            change = _rules.time_out(task, now_ms)
+            if change is not None:
+                _write(tx, change, before=task)
+                timed_out += 1
+        return Swept(attempts=tuple(lapsed), timed_out=timed_out, next_due_ms=tx.next_due_ms())
+
+    return run
+
+
+# ------------------------------------------------------------------------ tasks
+
+
+@attrs.frozen(kw_only=True)
+class SubmitRefusal:
+    field: str
+    message: str
+    conflict: bool = False
+    """True when a task of that id exists with other content (HTTP 409)."""
+
+
+@attrs.frozen(kw_only=True)
+class Submitted:
+    task: Task
+    created: bool
+    """False for a repeat of an earlier submission of the same task id."""
+
+
+def submit(
+    submission: Submission, now_ms: int, new_id: Callable[[], str]
+) -> Callable[[Tx], Submitted | SubmitRefusal]:
+    """Queue a task; a repeat of the same submission (same task id) returns the task."""
+
+    def run(tx: Tx) -> Submitted | SubmitRefusal:
+        if not tx.queue_exists(submission.queue_id):
+            return SubmitRefusal(field="queue", message=f"no queue {submission.queue_id!r}")
+        task = Task(
+            task_id=submission.task_id or new_id(),
+            queue_id=submission.queue_id,
+            capability=submission.capability,
+            payload=submission.payload,
+            idempotency=submission.idempotency,
+            max_attempts=submission.max_attempts,
+            attempt_timeout_ms=submission.attempt_timeout_ms,
+            created_at_ms=now_ms,
+            deadline_at_ms=now_ms + submission.total_deadline_ms,
+            state=TaskState.QUEUED,
+            available_at_ms=now_ms,
+        )
+        existing = tx.task(task.task_id)
+        if existing is not None:
+            if _same_submission(existing, task):
+                return Submitted(task=existing, created=False)
+            return SubmitRefusal(
+                field="task_id",
+                message=f"task {task.task_id!r} exists with other content",
+                conflict=True,
+            )
+        tx.insert_task(task)
+        tx.note([_rules.submitted(task, now_ms)])
+        return Submitted(task=task, created=True)
+
+    return run
+
+
+def _same_submission(existing: Task, new: Task) -> bool:
+    keep = (
+        "queue_id",
+        "capability",
+        "payload",
+        "idempotency",
+        "max_attempts",
+        "attempt_timeout_ms",
+    )
+    return all(getattr(existing, name) == getattr(new, name) for name in keep)
+
+
+# ----------------------------------------------------------------- operators
+
+
+def create_queue(queue_id: str, now_ms: int) -> Callable[[Tx], bool]:
+    """Create queue `queue_id`; False if it exists already."""
+
+    def run(tx: Tx) -> bool:
+        if tx.queue_exists(queue_id):
+            return False
+        tx.create_queue(queue_id, now_ms)
+        return True
+
+    return run
+
+
+def create_credential(
+    credential: Credential, secret_hash: str, now_ms: int
+) -> Callable[[Tx], None]:
+    return lambda tx: tx.create_credential(credential, secret_hash, now_ms)
+
+
+def forget_receipts(before_ms: int) -> Callable[[Tx], None]:
+    """Drop the answers kept for message ids older than `before_ms`."""
+    return lambda tx: tx.forget_receipts(before_ms)

@@ -1,0 +1,598 @@
+"""The hub's durable state: a SQLite file by default, PostgreSQL by URL.
+
+Owns the schema (and its migrations), the mapping between records and rows,
+and transactions. Every call blocks (file or network IO): the hub runs them
+in a worker thread through its committer, which hands a whole batch of
+operations to `run_batch` to run in one transaction, committed with one
+fsync. Nothing here decides anything: the rules do (`_rules`).
+
+SQLite runs in WAL mode with `synchronous=FULL`, so a committed transaction
+survives a crash of the process or the machine. With PostgreSQL several hub
+processes share one database: the rows an operation reads are locked until
+its batch commits (`FOR UPDATE`; claims skip rows another hub has locked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from blockx.errors import BlockxError
+from blockx.hub._model import (
+    Attempt,
+    AttemptState,
+    Credential,
+    HistoryEntry,
+    Idempotency,
+    Right,
+    Task,
+    TaskState,
+)
+from blockx.hub.protocol import CONVERTER, Capability, Outcome
+
+if TYPE_CHECKING:
+    import psycopg
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_S: Final = 30.0
+
+_MIGRATIONS: Final[tuple[str, ...]] = (
+    """
+    CREATE TABLE queues (
+        queue_id TEXT PRIMARY KEY,
+        created_at_ms BIGINT NOT NULL
+    );
+    CREATE TABLE credentials (
+        credential_id TEXT PRIMARY KEY,
+        secret_hash TEXT NOT NULL,
+        queue_id TEXT NOT NULL,
+        rights TEXT NOT NULL,
+        revoked SMALLINT NOT NULL,
+        created_at_ms BIGINT NOT NULL
+    );
+    CREATE TABLE tasks (
+        task_id TEXT PRIMARY KEY,
+        queue_id TEXT NOT NULL,
+        capability TEXT NOT NULL,
+        handler TEXT NOT NULL,
+        handler_version TEXT NOT NULL,
+        payload_version TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        idempotency TEXT NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        attempt_timeout_ms BIGINT NOT NULL,
+        created_at_ms BIGINT NOT NULL,
+        deadline_at_ms BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        available_at_ms BIGINT NOT NULL,
+        epoch INTEGER NOT NULL,
+        attempt_id TEXT NOT NULL,
+        started_attempts INTEGER NOT NULL,
+        uncertain SMALLINT NOT NULL,
+        result TEXT,
+        failure_code TEXT NOT NULL,
+        failure_details TEXT NOT NULL,
+        finished_at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX tasks_queued ON tasks (queue_id, capability, available_at_ms)
+        WHERE state = 'QUEUED';
+    CREATE INDEX tasks_waiting ON tasks (deadline_at_ms) WHERE state = 'QUEUED';
+    CREATE INDEX tasks_by_queue ON tasks (queue_id, created_at_ms);
+    CREATE TABLE attempts (
+        attempt_id TEXT PRIMARY KEY,
+        task_id TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        instance_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        offered_at_ms BIGINT NOT NULL,
+        offer_deadline_ms BIGINT NOT NULL,
+        started_at_ms BIGINT NOT NULL,
+        lease_deadline_ms BIGINT NOT NULL,
+        finished_at_ms BIGINT NOT NULL,
+        due_at_ms BIGINT NOT NULL,
+        outcome TEXT
+    );
+    CREATE INDEX attempts_due ON attempts (due_at_ms) WHERE state IN ('OFFERED', 'RUNNING');
+    CREATE INDEX attempts_of_task ON attempts (task_id, epoch);
+    CREATE TABLE history (
+        entry_id {serial},
+        task_id TEXT NOT NULL,
+        at_ms BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        attempt_id TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX history_of_task ON history (task_id, entry_id);
+    CREATE TABLE receipts (
+        instance_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        answer {blob} NOT NULL,
+        at_ms BIGINT NOT NULL,
+        PRIMARY KEY (instance_id, message_id)
+    );
+    CREATE INDEX receipts_by_age ON receipts (at_ms);
+    """,
+)
+"""Each entry takes the schema one version further; the applied count is kept in the database."""
+
+_TASK_COLUMNS: Final = (
+    "task_id, queue_id, capability, handler, handler_version, payload_version, payload, "
+    "idempotency, max_attempts, attempt_timeout_ms, created_at_ms, deadline_at_ms, state, "
+    "available_at_ms, epoch, attempt_id, started_attempts, uncertain, result, failure_code, "
+    "failure_details, finished_at_ms"
+)
+_ATTEMPT_COLUMNS: Final = (
+    "attempt_id, task_id, epoch, instance_id, state, offered_at_ms, offer_deadline_ms, "
+    "started_at_ms, lease_deadline_ms, finished_at_ms, due_at_ms, outcome"
+)
+NEVER: Final = 2**62
+"""`due_at_ms` of an attempt that has ended."""
+
+
+class StoreError(BlockxError):
+    """The database could not be opened or used; `url` says which."""
+
+    def __init__(self, *, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"hub database {url}: {reason}")
+
+
+class Tx:
+    """The operations' view of one open transaction."""
+
+    def __init__(self, execute: Callable[[str, Sequence[object]], Any], *, locks: bool) -> None:
+        self._execute = execute
+        self._locks = locks
+
+    def rows(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self._execute(sql, params).fetchall()
+        return rows
+
+    def run(self, sql: str, *params: object) -> None:
+        self._execute(sql, params)
+
+    def _lock(self, sql: str, *, skip_locked: bool = False) -> str:
+        if not self._locks:
+            return sql
+        return sql + (" FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE")
+
+    # --- tasks -------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task | None:
+        rows = self.rows(
+            self._lock(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?"), task_id
+        )
+        return _task(rows[0]) if rows else None
+
+    def insert_task(self, task: Task) -> None:
+        marks = ", ".join("?" * len(_TASK_COLUMNS.split(", ")))
+        self.run(f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({marks})", *_task_row(task))
+
+    def update_task(self, task: Task) -> None:
+        self.run(
+            "UPDATE tasks SET state = ?, available_at_ms = ?, epoch = ?, attempt_id = ?, "
+            "started_attempts = ?, uncertain = ?, result = ?, failure_code = ?, "
+            "failure_details = ?, finished_at_ms = ? WHERE task_id = ?",
+            task.state.value,
+            task.available_at_ms,
+            task.epoch,
+            task.attempt_id,
+            task.started_attempts,
+            int(task.uncertain),
+            task.result,
+            task.failure_code,
+            task.failure_details,
+            task.finished_at_ms,
+            task.task_id,
+        )
+
+    def offerable(
+        self, queue_id: str, capabilities: Sequence[str], now_ms: int, limit: int
+    ) -> list[Task]:
+        """QUEUED tasks of `queue_id` matching a capability key, oldest first."""
+        marks = ", ".join("?" * len(capabilities))
+        sql = (
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND queue_id = ? "
+            f"AND capability IN ({marks}) AND available_at_ms <= ? AND deadline_at_ms > ? "
+            "AND started_attempts < max_attempts ORDER BY available_at_ms, created_at_ms LIMIT ?"
+        )
+        rows = self.rows(
+            self._lock(sql, skip_locked=True), queue_id, *capabilities, now_ms, now_ms, limit
+        )
+        return [_task(row) for row in rows]
+
+    def overdue_tasks(self, now_ms: int, limit: int) -> list[Task]:
+        """QUEUED tasks whose total deadline has passed."""
+        sql = (
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND deadline_at_ms <= ? "
+            "ORDER BY deadline_at_ms LIMIT ?"
+        )
+        return [_task(row) for row in self.rows(self._lock(sql, skip_locked=True), now_ms, limit)]
+
+    def tasks_of_queue(self, queue_id: str, state: str | None, limit: int) -> list[Task]:
+        where = "queue_id = ?" + (" AND state = ?" if state else "")
+        params: tuple[object, ...] = (queue_id, state) if state else (queue_id,)
+        sql = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE {where} ORDER BY created_at_ms LIMIT ?"
+        return [_task(row) for row in self.rows(sql, *params, limit)]
+
+    # --- attempts ----------------------------------------------------------------------
+
+    def attempt(self, attempt_id: str) -> Attempt | None:
+        sql = self._lock(f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ?")
+        rows = self.rows(sql, attempt_id)
+        return _attempt(rows[0]) if rows else None
+
+    def attempts_of(self, task_id: str) -> list[Attempt]:
+        sql = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ? ORDER BY epoch"
+        return [_attempt(row) for row in self.rows(sql, task_id)]
+
+    def due_attempts(self, now_ms: int, limit: int) -> list[Attempt]:
+        """Live attempts whose offer or lease has run out, earliest first."""
+        sql = (
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state IN ('OFFERED', 'RUNNING') "
+            "AND due_at_ms <= ? ORDER BY due_at_ms LIMIT ?"
+        )
+        return [
+            _attempt(row) for row in self.rows(self._lock(sql, skip_locked=True), now_ms, limit)
+        ]
+
+    def next_due_ms(self) -> int | None:
+        """When the next live attempt's offer or lease runs out, or a queued task's deadline."""
+        attempts = self.rows(
+            "SELECT MIN(due_at_ms) FROM attempts WHERE state IN ('OFFERED', 'RUNNING')"
+        )
+        tasks = self.rows("SELECT MIN(deadline_at_ms) FROM tasks WHERE state = 'QUEUED'")
+        dues = [row[0] for row in (*attempts, *tasks) if row[0] is not None]
+        return min(dues, default=None)
+
+    def put_attempt(self, attempt: Attempt, *, new: bool) -> None:
+        row = _attempt_row(attempt)
+        if new:
+            marks = ", ".join("?" * len(row))
+            self.run(f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({marks})", *row)
+            return
+        self.run(
+            "UPDATE attempts SET state = ?, started_at_ms = ?, lease_deadline_ms = ?, "
+            "finished_at_ms = ?, due_at_ms = ?, outcome = ? WHERE attempt_id = ?",
+            row[4],
+            row[7],
+            row[8],
+            row[9],
+            row[10],
+            row[11],
+            attempt.attempt_id,
+        )
+
+    # --- history and receipts ----------------------------------------------------------
+
+    def note(self, entries: Iterable[HistoryEntry]) -> None:
+        for entry in entries:
+            self.run(
+                "INSERT INTO history (task_id, at_ms, kind, attempt_id, detail) "
+                "VALUES (?, ?, ?, ?, ?)",
+                entry.task_id,
+                entry.at_ms,
+                entry.kind,
+                entry.attempt_id,
+                entry.detail,
+            )
+
+    def history(self, task_id: str) -> list[HistoryEntry]:
+        rows = self.rows(
+            "SELECT task_id, at_ms, kind, attempt_id, detail FROM history "
+            "WHERE task_id = ? ORDER BY entry_id",
+            task_id,
+        )
+        return [
+            HistoryEntry(task_id=r[0], at_ms=r[1], kind=r[2], attempt_id=r[3], detail=r[4])
+            for r in rows
+        ]
+
+    def receipt(self, instance_id: str, message_id: str) -> tuple[str, bytes] | None:
+        rows = self.rows(
+            "SELECT digest, answer FROM receipts WHERE instance_id = ? AND message_id = ?",
+            instance_id,
+            message_id,
+        )
+        return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+    def keep_receipt(
+        self, instance_id: str, message_id: str, digest: str, answer: bytes, now_ms: int
+    ) -> None:
+        self.run(
+            "INSERT INTO receipts (instance_id, message_id, digest, answer, at_ms) "
+            "VALUES (?, ?, ?, ?, ?)",
+            instance_id,
+            message_id,
+            digest,
+            answer,
+            now_ms,
+        )
+
+    def forget_receipts(self, before_ms: int) -> None:
+        self.run("DELETE FROM receipts WHERE at_ms < ?", before_ms)
+
+    # --- queues and credentials --------------------------------------------------------
+
+    def queue_exists(self, queue_id: str) -> bool:
+        return bool(self.rows("SELECT 1 FROM queues WHERE queue_id = ?", queue_id))
+
+    def create_queue(self, queue_id: str, now_ms: int) -> None:
+        self.run("INSERT INTO queues (queue_id, created_at_ms) VALUES (?, ?)", queue_id, now_ms)
+
+    def queues(self) -> list[str]:
+        return [row[0] for row in self.rows("SELECT queue_id FROM queues ORDER BY queue_id")]
+
+    def create_credential(self, credential: Credential, secret_hash: str, now_ms: int) -> None:
+        self.run(
+            "INSERT INTO credentials (credential_id, secret_hash, queue_id, rights, revoked, "
+            "created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+            credential.credential_id,
+            secret_hash,
+            credential.queue_id,
+            ",".join(sorted(right.value for right in credential.rights)),
+            int(credential.revoked),
+            now_ms,
+        )
+
+    def credential(self, credential_id: str) -> tuple[Credential, str] | None:
+        rows = self.rows(
+            "SELECT credential_id, queue_id, rights, revoked, secret_hash FROM credentials "
+            "WHERE credential_id = ?",
+            credential_id,
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        rights = frozenset(Right(name) for name in row[2].split(",") if name)
+        credential = Credential(
+            credential_id=row[0], queue_id=row[1], rights=rights, revoked=bool(row[3])
+        )
+        return credential, row[4]
+
+
+# ------------------------------------------------------------------------------ rows
+
+
+def _task_row(task: Task) -> tuple[object, ...]:
+    capability = task.capability
+    return (
+        task.task_id,
+        task.queue_id,
+        capability.key,
+        capability.handler,
+        capability.handler_version,
+        capability.payload_version,
+        task.payload,
+        task.idempotency.value,
+        task.max_attempts,
+        task.attempt_timeout_ms,
+        task.created_at_ms,
+        task.deadline_at_ms,
+        task.state.value,
+        task.available_at_ms,
+        task.epoch,
+        task.attempt_id,
+        task.started_attempts,
+        int(task.uncertain),
+        task.result,
+        task.failure_code,
+        task.failure_details,
+        task.finished_at_ms,
+    )
+
+
+def _task(row: Sequence[Any]) -> Task:
+    return Task(
+        task_id=row[0],
+        queue_id=row[1],
+        capability=Capability(handler=row[3], handler_version=row[4], payload_version=row[5]),
+        payload=row[6],
+        idempotency=Idempotency(row[7]),
+        max_attempts=row[8],
+        attempt_timeout_ms=row[9],
+        created_at_ms=row[10],
+        deadline_at_ms=row[11],
+        state=TaskState(row[12]),
+        available_at_ms=row[13],
+        epoch=row[14],
+        attempt_id=row[15],
+        started_attempts=row[16],
+        uncertain=bool(row[17]),
+        result=row[18],
+        failure_code=row[19],
+        failure_details=row[20],
+        finished_at_ms=row[21],
+    )
+
+
+def _attempt_row(attempt: Attempt) -> tuple[object, ...]:
+    if attempt.state is AttemptState.OFFERED:
+        due = attempt.offer_deadline_ms
+    elif attempt.state is AttemptState.RUNNING:
+        due = attempt.lease_deadline_ms
+    else:
+        due = NEVER
+    outcome = None if attempt.outcome is None else json.dumps(_outcome_fields(attempt.outcome))
+    return (
+        attempt.attempt_id,
+        attempt.task_id,
+        attempt.epoch,
+        attempt.instance_id,
+        attempt.state.value,
+        attempt.offered_at_ms,
+        attempt.offer_deadline_ms,
+        attempt.started_at_ms,
+        attempt.lease_deadline_ms,
+        attempt.finished_at_ms,
+        due,
+        outcome,
+    )
+
+
+def _outcome_fields(outcome: Outcome) -> dict[str, Any]:
+    fields: dict[str, Any] = CONVERTER.unstructure(outcome, Outcome)
+    return fields
+
+
+def _attempt(row: Sequence[Any]) -> Attempt:
+    outcome = (
+        None if row[11] is None else CONVERTER.structure(json.loads(row[11]), Outcome)  # type: ignore[arg-type]
+    )
+    return Attempt(
+        attempt_id=row[0],
+        task_id=row[1],
+        epoch=row[2],
+        instance_id=row[3],
+        state=AttemptState(row[4]),
+        offered_at_ms=row[5],
+        offer_deadline_ms=row[6],
+        started_at_ms=row[7],
+        lease_deadline_ms=row[8],
+        finished_at_ms=row[9],
+        outcome=outcome,
+    )
+
+
+# ----------------------------------------------------------------------------- stores
+
+
+class Store:
+    """One connection to the hub's database; `run_batch` is its one way to change it.
+
+    Calls may come from different threads, never at the same time (the
+    committer runs one batch after another).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.Lock()
+        self.postgres = url.startswith(("postgresql://", "postgres://"))
+        self.name = _redact(url) if self.postgres else url
+        """The URL as messages show it (without a password)."""
+        try:
+            if self.postgres:
+                self._pg = _connect_postgres(url)
+            else:
+                self._sqlite = _connect_sqlite(url)
+            self._migrate()
+        except (sqlite3.Error, OSError) as error:
+            raise StoreError(url=self.name, reason=str(error)) from error
+        except Exception as error:
+            if self.postgres and _is_psycopg_error(error):
+                raise StoreError(url=self.name, reason=str(error)) from error
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            (self._pg if self.postgres else self._sqlite).close()
+
+    def run_batch(self, operations: Sequence[Callable[[Tx], T]]) -> list[T]:
+        """Every operation, in order, in one transaction; all or none take effect.
+
+        `StoreError` when the database fails (the transaction is rolled back). A
+        PostgreSQL connection that was lost is opened again for the next batch.
+        """
+        with self._lock:
+            try:
+                if self.postgres and self._pg.closed:
+                    self._pg = _connect_postgres(self.url)
+                return self._transaction(lambda tx: [op(tx) for op in operations])
+            except sqlite3.Error as error:
+                raise StoreError(url=self.name, reason=str(error)) from error
+            except Exception as error:
+                if self.postgres and _is_psycopg_error(error):
+                    raise StoreError(url=self.name, reason=str(error)) from error
+                raise
+
+    def read(self, operation: Callable[[Tx], T]) -> T:
+        """One operation in its own transaction (for commands and tests)."""
+        return self.run_batch([operation])[0]
+
+    def _transaction(self, work: Callable[[Tx], T]) -> T:
+        if self.postgres:
+            with self._pg.transaction():
+                cursor = self._pg.cursor()
+                return work(
+                    Tx(lambda sql, params: cursor.execute(_pg_sql(sql), params), locks=True)
+                )
+        connection = self._sqlite
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            result = work(Tx(connection.execute, locks=False))
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+        return result
+
+    def _migrate(self) -> None:
+        serial, blob = (
+            ("BIGSERIAL PRIMARY KEY", "BYTEA") if self.postgres else ("INTEGER PRIMARY KEY", "BLOB")
+        )
+
+        def migrate(tx: Tx) -> None:
+            tx.run("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            rows = tx.rows("SELECT version FROM schema_version")
+            applied = rows[0][0] if rows else 0
+            if not rows:
+                tx.run("INSERT INTO schema_version (version) VALUES (0)")
+            for script in _MIGRATIONS[applied:]:
+                for statement in script.format(serial=serial, blob=blob).split(";"):
+                    if statement.strip():
+                        tx.run(statement)
+            tx.run("UPDATE schema_version SET version = ?", len(_MIGRATIONS))
+
+        if self.postgres:
+            with self._pg.transaction():
+                self._pg.execute("SELECT pg_advisory_xact_lock(7304015)")  # one migrator at a time
+                cursor = self._pg.cursor()
+                migrate(Tx(lambda sql, params: cursor.execute(_pg_sql(sql), params), locks=False))
+            return
+        self._transaction(migrate)
+
+
+def _connect_sqlite(url: str) -> sqlite3.Connection:
+    path = url.removeprefix("sqlite:///").removeprefix("sqlite:")
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    connection = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("PRAGMA foreign_keys = ON")
+    return connection
+
+
+def _connect_postgres(url: str) -> psycopg.Connection[Any]:
+    import psycopg  # noqa: PLC0415 - a hub on SQLite never loads it
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def _pg_sql(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+def _is_psycopg_error(error: BaseException) -> bool:
+    import psycopg  # noqa: PLC0415
+
+    return isinstance(error, psycopg.Error)
+
+
+def _redact(url: str) -> str:
+    """`url` without its password."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}"

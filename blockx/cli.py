@@ -44,6 +44,7 @@ from blockx.client import (
 from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError, InvalidValue
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
+from blockx.hub import add_commands as add_hub_commands
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -75,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_status(commands)
     _add_workers(commands)
     _add_functions(commands)
+    add_hub_commands(commands)
     return parser
 
 

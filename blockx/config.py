@@ -437,7 +437,7 @@ class ObservabilitySection:
 
     def metrics_host_port(self) -> tuple[str, int]:
         """(host, port) of the metrics and status-page listener."""
-        return _parse_listen_addr(self.metrics_listen_addr)
+        return parse_listen_addr(self.metrics_listen_addr)
 
 
 @attrs.frozen(kw_only=True)
@@ -524,7 +524,7 @@ class WorkerConfig:
             if optional and addr.lower() in ("", "none"):
                 continue
             try:
-                _parse_listen_addr(addr)
+                parse_listen_addr(addr)
             except ValueError as error:
                 raise ConfigError(field=field, value=addr, allowed=str(error)) from error
 
@@ -565,7 +565,7 @@ class WorkerConfig:
 
     def listen_host_port(self) -> tuple[str, int]:
         """(host, port) to bind; ":8081" binds every IPv4 interface."""
-        return _parse_listen_addr(self.listen_addr)
+        return parse_listen_addr(self.listen_addr)
 
     def resolve_worker_addr(
         self, bound_port: int, *, outbound_ip: Callable[[], str] | None = None
@@ -613,7 +613,11 @@ def outbound_ipv4() -> str:
     return address if address != "0.0.0.0" else "127.0.0.1"
 
 
-def _parse_listen_addr(text: str) -> tuple[str, int]:
+def parse_listen_addr(text: str) -> tuple[str, int]:
+    """(host, port) to bind of "host:port", ":port" (every IPv4 interface) or "[v6]:port".
+
+    Raises ValueError saying what is allowed, for the caller's own error.
+    """
     form = 'must be "host:port" or ":port" with a port from 0 to 65535 (0 = any free port)'
     host, colon, port_text = text.rpartition(":")
     if not colon or not re.fullmatch(r"[0-9]{1,5}", port_text) or int(port_text) > 65535:
@@ -820,4 +824,5 @@ __all__ = [
     "load_config",
     "outbound_ipv4",
     "parse_duration_ms",
+    "parse_listen_addr",
 ]

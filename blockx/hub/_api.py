@@ -1,0 +1,302 @@
+"""The producers' HTTP JSON API, and the JSON forms of submissions and tasks.
+
+    POST /v1/queues/{queue}/tasks      submit a task (201 with the task; 200 for a repeat)
+    GET  /v1/queues/{queue}/tasks      list a queue's tasks (?state=...&limit=...)
+    GET  /v1/tasks/{task}              one task with its attempts, evidence and history
+
+Every request carries `Authorization: Bearer <token>` of a credential with
+the producer right on the queue (or admin). A bad request is answered 400
+with `{"error": ..., "field": ...}` naming the JSON key that is wrong.
+`submission_from_json` and `task_json` are the same forms the command line
+uses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import h11
+import trio
+
+from blockx._clock import WorkerClock
+from blockx._http import BodyTooLarge, header, read_body, respond
+from blockx.errors import InvalidValue
+from blockx.hub import _ops
+from blockx.hub._auth import check
+from blockx.hub._committer import Committer
+from blockx.hub._model import (
+    Attempt,
+    Credential,
+    HistoryEntry,
+    Idempotency,
+    Right,
+    Submission,
+    Task,
+    TaskState,
+)
+from blockx.hub._store import StoreError, Tx
+from blockx.hub.protocol import CONVERTER, MAX_ID_CHARS, MAX_JSON_BYTES, Capability
+
+MAX_BODY_BYTES: Final = MAX_JSON_BYTES + 64 * 1024
+DEFAULTS: Final[Mapping[str, object]] = {
+    "idempotency": Idempotency.NON_IDEMPOTENT.value,
+    "max_attempts": 3,
+    "total_deadline_ms": 3_600_000,
+    "attempt_timeout_ms": 300_000,
+}
+"""What a submission that does not say gets: the safe choice (not idempotent)."""
+LIMITS: Final = {
+    "max_attempts": 100,
+    "total_deadline_ms": 30 * 86_400_000,
+    "attempt_timeout_ms": 30 * 86_400_000,
+}
+SUBMISSION_KEYS: Final = (
+    "handler",
+    "handler_version",
+    "payload_version",
+    "payload",
+    "task_id",
+    *DEFAULTS,
+)
+MAX_LIST: Final = 1_000
+_QUEUE_TASKS: Final = re.compile(r"/v1/queues/([^/]+)/tasks")
+_TASK: Final = re.compile(r"/v1/tasks/([^/]+)")
+
+
+class InvalidSubmission(InvalidValue):
+    """A key of a submission (its JSON form) is missing or wrong."""
+
+
+def submission_from_json(document: object, queue_id: str) -> Submission:
+    """The submission `document` describes; `InvalidSubmission` naming the key otherwise."""
+    if not isinstance(document, dict):
+        raise InvalidSubmission(field="(body)", value=document, allowed="must be a JSON object")
+    unknown = sorted(set(document) - set(SUBMISSION_KEYS))
+    if unknown:
+        raise InvalidSubmission(
+            field=unknown[0],
+            value=document[unknown[0]],
+            allowed=f"keys: {', '.join(SUBMISSION_KEYS)}",
+        )
+    fields = {**DEFAULTS, **document}
+    texts = {
+        name: _text(fields, name) for name in ("handler", "handler_version", "payload_version")
+    }
+    if "payload" not in fields:
+        raise InvalidSubmission(field="payload", value=None, allowed="is required (any JSON value)")
+    payload = json.dumps(fields["payload"], separators=(",", ":"))
+    InvalidSubmission.check(
+        len(payload.encode()) <= MAX_JSON_BYTES,
+        field="payload",
+        value=f"{len(payload)} characters",
+        allowed=f"at most {MAX_JSON_BYTES} bytes of JSON",
+    )
+    idempotency = fields["idempotency"]
+    InvalidSubmission.check(
+        idempotency in set(Idempotency),
+        field="idempotency",
+        value=idempotency,
+        allowed=" or ".join(Idempotency),
+    )
+    task_id = fields.get("task_id", "")
+    InvalidSubmission.check(
+        isinstance(task_id, str) and len(task_id) <= MAX_ID_CHARS,
+        field="task_id",
+        value=task_id,
+        allowed=f"a string of at most {MAX_ID_CHARS} characters",
+    )
+    return Submission(
+        queue_id=queue_id,
+        capability=Capability(**texts),
+        payload=payload,
+        idempotency=Idempotency(idempotency),
+        task_id=task_id,
+        **{name: _count(fields, name) for name in LIMITS},
+    )
+
+
+def _text(fields: Mapping[str, object], name: str) -> str:
+    value = fields.get(name)
+    InvalidSubmission.check(
+        isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS,
+        field=name,
+        value=value,
+        allowed=f"is required: a string of 1 to {MAX_ID_CHARS} characters",
+    )
+    assert isinstance(value, str)
+    return value
+
+
+def _count(fields: Mapping[str, object], name: str) -> int:
+    value = fields[name]
+    InvalidSubmission.check(
+        type(value) is int and 0 < value <= LIMITS[name],
+        field=name,
+        value=value,
+        allowed=f"an integer from 1 to {LIMITS[name]}",
+    )
+    assert isinstance(value, int)
+    return value
+
+
+def task_json(
+    task: Task, attempts: list[Attempt] | None = None, history: list[HistoryEntry] | None = None
+) -> dict[str, Any]:
+    """A task as the API and the command line show it."""
+    shown: dict[str, Any] = {
+        "task_id": task.task_id,
+        "queue_id": task.queue_id,
+        "handler": task.capability.handler,
+        "handler_version": task.capability.handler_version,
+        "payload_version": task.capability.payload_version,
+        "payload": json.loads(task.payload),
+        "idempotency": task.idempotency.value,
+        "max_attempts": task.max_attempts,
+        "attempt_timeout_ms": task.attempt_timeout_ms,
+        "state": task.state.value,
+        "created_at_ms": task.created_at_ms,
+        "deadline_at_ms": task.deadline_at_ms,
+        "started_attempts": task.started_attempts,
+        "uncertain": task.uncertain,
+        "result": None if task.result is None else json.loads(task.result),
+        "failure": None
+        if not task.failure_code
+        else {"code": task.failure_code, "details": _json_or_text(task.failure_details)},
+        "finished_at_ms": task.finished_at_ms or None,
+    }
+    if attempts is not None:
+        shown["attempts"] = [_attempt_json(attempt) for attempt in attempts]
+    if history is not None:
+        shown["evidence"] = [_entry_json(e) for e in history if e.kind == "EVIDENCE"]
+        shown["history"] = [_entry_json(e) for e in history]
+    return shown
+
+
+def _attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt.attempt_id,
+        "epoch": attempt.epoch,
+        "instance_id": attempt.instance_id,
+        "state": attempt.state.value,
+        "offered_at_ms": attempt.offered_at_ms,
+        "started_at_ms": attempt.started_at_ms or None,
+        "lease_deadline_ms": attempt.lease_deadline_ms or None,
+        "finished_at_ms": attempt.finished_at_ms or None,
+        "outcome": None if attempt.outcome is None else CONVERTER.unstructure(attempt.outcome),
+    }
+
+
+def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
+    return {
+        "at_ms": entry.at_ms,
+        "kind": entry.kind,
+        "attempt_id": entry.attempt_id or None,
+        "detail": _json_or_text(entry.detail),
+    }
+
+
+def _json_or_text(text: str) -> object:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def load_task(task_id: str) -> Callable[[Tx], dict[str, Any] | None]:
+    """The JSON form of task `task_id` with its attempts and history, or None."""
+
+    def read(tx: Tx) -> dict[str, Any] | None:
+        task = tx.task(task_id)
+        if task is None:
+            return None
+        return task_json(task, tx.attempts_of(task_id), tx.history(task_id))
+
+    return read
+
+
+class ProducerApi:
+    """Answers one HTTP request per connection."""
+
+    def __init__(
+        self,
+        committer: Committer,
+        *,
+        clock: WorkerClock,
+        new_id: Callable[[], str],
+        on_submit: Callable[[], None],
+    ) -> None:
+        self._committer = committer
+        self._clock = clock
+        self._new_id = new_id
+        self._on_submit = on_submit
+
+    async def serve(
+        self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request
+    ) -> None:
+        try:
+            status, body = await self._answer(stream, connection, request)
+        except BodyTooLarge as error:
+            status, body = 413, {"error": str(error)}
+        except StoreError as error:
+            status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
+        await respond(stream, connection, status, json.dumps(body) + "\n", "application/json")
+
+    async def _answer(
+        self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request
+    ) -> tuple[int, Any]:
+        target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
+        token = header(request, b"authorization").removeprefix("Bearer ").strip()
+        credential = await self._committer.do(lambda tx: check(tx, token))
+        if credential is None:
+            return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
+        if (match := _QUEUE_TASKS.fullmatch(target.path)) is not None:
+            queue_id = urllib.parse.unquote(match[1])
+            if not credential.allows(Right.PRODUCER, queue_id):
+                return 403, {"error": f"this credential may not use queue {queue_id!r}"}
+            if request.method == b"POST":
+                body = await read_body(stream, connection, MAX_BODY_BYTES)
+                return await self._submit(body, queue_id)
+            if request.method == b"GET":
+                return await self._list(queue_id, urllib.parse.parse_qs(target.query))
+            return 405, {"error": "GET or POST"}
+        if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
+            return await self._task(urllib.parse.unquote(match[1]), credential)
+        return 404, {"error": f"no such resource: {request.method.decode()} {target.path}"}
+
+    async def _submit(self, body: bytes, queue_id: str) -> tuple[int, Any]:
+        try:
+            submission = submission_from_json(json.loads(body), queue_id)
+        except ValueError as error:
+            return 400, {"error": f"the body is not JSON: {error}", "field": "(body)"}
+        except InvalidSubmission as error:
+            return 400, {"error": str(error), "field": error.field}
+        now_ms = self._clock.now_ms()
+        outcome = await self._committer.do(_ops.submit(submission, now_ms, self._new_id))
+        if isinstance(outcome, _ops.SubmitRefusal):
+            status = 409 if outcome.conflict else 404
+            return status, {"error": outcome.message, "field": outcome.field}
+        self._on_submit()
+        return (201 if outcome.created else 200), task_json(outcome.task)
+
+    async def _list(self, queue_id: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        state = query.get("state", [""])[0] or None
+        if state is not None and state not in set(TaskState):
+            return 400, {"error": f"state must be one of {', '.join(TaskState)}", "field": "state"}
+        limit_text = query.get("limit", ["100"])[0]
+        if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_LIST:
+            return 400, {"error": f"limit must be 1 to {MAX_LIST}", "field": "limit"}
+        limit = int(limit_text)
+        tasks = await self._committer.do(lambda tx: tx.tasks_of_queue(queue_id, state, limit))
+        return 200, {"tasks": [task_json(task) for task in tasks]}
+
+    async def _task(self, task_id: str, credential: Credential) -> tuple[int, Any]:
+        shown = await self._committer.do(load_task(task_id))
+        if shown is None or not credential.allows(Right.PRODUCER, shown["queue_id"]):
+            return 404, {"error": f"no task {task_id!r}"}
+        return 200, shown

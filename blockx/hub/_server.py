@@ -1,0 +1,514 @@
+"""The hub server: worker sessions over WebSocket and the producers' HTTP JSON API, one port.
+
+`GET /v1/worker` upgrades to the worker protocol (`blockx.hub.protocol`);
+everything else under `/v1/` is the producers' API (see `_api`). Behind both
+is the committer (`_committer`), the only writer of the database: every
+answer a worker gets was committed first.
+
+Per connection, a reader decodes frames and hands each control message to
+the committer as an operation with its receipt; answers go to the
+connection's outbox as they are committed, and a writer sends whatever the
+outbox holds in one frame. So a worker may pipeline, and many answers share
+one commit. In memory the hub keeps only what it can lose: the open
+sessions, with the attempts each holds (to offer no more than the capacity
+the worker declared). The dispatcher offers work to sessions with room, the
+sweeper ends lapsed offers and leases; both write through the committer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+import msgpack  # type: ignore[import-untyped]  # ships no type information
+import trio
+import trio_websocket
+
+from blockx._clock import WorkerClock
+from blockx._http import (
+    ReplayedStream,
+    is_websocket_upgrade,
+    new_connection,
+    read_request,
+    respond,
+)
+from blockx.hub import _ops
+from blockx.hub._api import ProducerApi
+from blockx.hub._auth import authenticate
+from blockx.hub._committer import Committer
+from blockx.hub._config import HubConfig
+from blockx.hub._model import Credential, Right
+from blockx.hub._store import Store, StoreError
+from blockx.hub.protocol import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    AttemptStatus,
+    Capability,
+    ControlMessage,
+    Drain,
+    DrainAck,
+    Error,
+    ErrorCode,
+    Finish,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    Message,
+    Offer,
+    OpenSession,
+    ProtocolError,
+    RefusalCode,
+    Renew,
+    Resume,
+    Resumed,
+    SessionOpened,
+    Start,
+    Welcome,
+    decode,
+    encode,
+    encode_message,
+    frame,
+)
+
+logger = logging.getLogger("blockx.hub")
+
+WORKER_PATH: Final = "/v1/worker"
+HANDSHAKE_TIMEOUT_S: Final = 10.0
+SWEEP_LIMIT: Final = 1_000
+RECEIPT_SWEEP_EVERY_MS: Final = 60_000
+_KEEPS_ATTEMPT: Final = frozenset(
+    {RefusalCode.NOT_STARTED, RefusalCode.TOO_LARGE, RefusalCode.INVALID_REPORT}
+)
+"""Refusals after which the worker still holds the attempt (it may report again)."""
+_UNAVAILABLE: Final = Error(
+    code=ErrorCode.UNAVAILABLE, message="the hub cannot reach its database; reconnect later"
+)
+
+
+class _Closed(Exception):
+    """The session must end: `error` says why, to the worker."""
+
+    def __init__(self, error: Error) -> None:
+        self.error = error
+        super().__init__(error.message)
+
+
+@attrs.define(eq=False)
+class _Link:
+    """One worker connection: where its answers go, and how to end it."""
+
+    outbox: trio.MemorySendChannel[bytes]
+    scope: trio.CancelScope
+    fatal: Error | None = None
+
+    def send(self, encoded: bytes) -> None:
+        # A connection that is gone takes nothing: the worker resumes elsewhere.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            self.outbox.send_nowait(encoded)
+
+    def fail(self, error: Error) -> None:
+        """End the connection, telling the worker why."""
+        if self.fatal is None:
+            self.fatal = error
+        self.scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Session:
+    instance_id: str
+    queue_id: str
+    link: _Link
+    capabilities: tuple[Capability, ...]
+    capacity: int = 0
+    held: dict[str, AttemptStatus] = attrs.Factory(dict)
+    """Attempts offered to or started by this worker and not yet ended."""
+    draining: bool = False
+    offering: bool = False
+    """A claim for this session is in the committer: no second one meanwhile."""
+    closed: bool = False
+
+    @property
+    def room(self) -> int:
+        if self.draining or self.closed:
+            return 0
+        return max(self.capacity - len(self.held), 0)
+
+    def send(self, encoded: bytes) -> None:
+        if not self.closed:
+            self.link.send(encoded)
+
+
+class Hub:
+    """One hub process. Start `run` with `nursery.start`; it reports the bound port."""
+
+    def __init__(
+        self,
+        config: HubConfig,
+        store: Store,
+        *,
+        clock: WorkerClock | None = None,
+        new_id: Callable[[], str] = _ops.new_id,
+        use_thread: bool = True,
+    ) -> None:
+        self.config = config
+        self.committer = Committer(store, use_thread=use_thread)
+        self.hub_id = new_id()
+        self._clock = clock or WorkerClock()
+        self._new_id = new_id
+        self._timing = config.timing
+        self._sessions: dict[str, _Session] = {}  # by instance id
+        self._wake_dispatcher = trio.Event()
+        self._sweep_by: trio.CancelScope | None = None
+        self.api = ProducerApi(
+            self.committer, clock=self._clock, new_id=new_id, on_submit=self.wake
+        )
+
+    def now_ms(self) -> int:
+        return self._clock.now_ms()
+
+    def wake(self) -> None:
+        """There may be work to offer: the dispatcher looks now."""
+        self._wake_dispatcher.set()
+
+    async def run(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.committer.run)
+            await nursery.start(self._dispatch)
+            await nursery.start(self._sweep)
+            listeners = await trio.open_tcp_listeners(port, host=host)
+            bound = int(listeners[0].socket.getsockname()[1])
+            nursery.start_soon(trio.serve_listeners, self._connection, listeners)
+            logger.info("hub %s listening on %s:%d", self.hub_id, host, bound)
+            task_status.started(bound)
+
+    # ---------------------------------------------------------------- connections
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                await self._serve(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away
+            except Exception:
+                logger.exception("hub: a connection failed")
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        connection = new_connection()
+        received = bytearray()
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            request = await read_request(stream, connection, received)
+            if request is None:
+                return
+            path = request.target.decode("ascii", "replace").partition("?")[0]
+            if path == WORKER_PATH and is_websocket_upgrade(request):
+                async with trio.open_nursery() as nursery:
+                    handshake = await trio_websocket.wrap_server_stream(
+                        nursery,
+                        ReplayedStream(stream, bytes(received)),
+                        max_message_size=MAX_FRAME_BYTES,
+                    )
+                    socket = await handshake.accept()
+                    nursery.cancel_scope.deadline = math.inf
+                    await self._worker(socket)
+                    nursery.cancel_scope.cancel()
+                return
+        if request is None or path == WORKER_PATH:
+            await respond(stream, connection, 400, "GET /v1/worker with a WebSocket upgrade\n")
+            return
+        await self.api.serve(stream, connection, request)
+
+    # ------------------------------------------------------------------- sessions
+
+    async def _worker(self, socket: trio_websocket.WebSocketConnection) -> None:
+        send, outbox = trio.open_memory_channel[bytes](math.inf)
+        link = _Link(outbox=send, scope=trio.CancelScope())
+        sessions: list[_Session] = []
+        with link.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_write_frames, socket, outbox)
+                await self._read(socket, link, sessions)
+                nursery.cancel_scope.cancel()
+        send.close()
+        for session in sessions:
+            session.closed = True
+            if self._sessions.get(session.instance_id) is session:
+                del self._sessions[session.instance_id]
+        if link.fatal is not None:
+            await _close(socket, link.fatal)
+
+    async def _read(
+        self, socket: trio_websocket.WebSocketConnection, link: _Link, sessions: list[_Session]
+    ) -> None:
+        """Take the worker's frames until it leaves, or until it must be told to go."""
+        session: _Session | None = None
+        try:
+            credential = await self._hello(socket)
+            while True:
+                for message in decode(await self._next_frame(socket)):
+                    session = self._on_message(session, credential, link, message)
+                    if not sessions:
+                        sessions.append(session)
+        except ProtocolError as error:
+            link.fatal = Error(code=ErrorCode.PROTOCOL_ERROR, message=error.reason)
+        except _Closed as closed:
+            link.fatal = closed.error
+        except trio_websocket.ConnectionClosed:
+            pass
+
+    async def _next_frame(self, socket: trio_websocket.WebSocketConnection) -> bytes | str:
+        with trio.move_on_after(self.config.session_ttl_ms / 1000):
+            return await socket.get_message()
+        raise _Closed(
+            Error(code=ErrorCode.SESSION_EXPIRED, message="nothing within the session TTL")
+        )
+
+    async def _hello(self, socket: trio_websocket.WebSocketConnection) -> Credential:
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            messages = decode(await socket.get_message())
+            hello = messages[0]
+            if len(messages) != 1 or not isinstance(hello, Hello):
+                raise ProtocolError(reason="the first frame must hold one hello")
+            if hello.protocol_version != PROTOCOL_VERSION:
+                raise _Closed(
+                    Error(
+                        code=ErrorCode.VERSION_MISMATCH,
+                        message=f"this hub speaks protocol {PROTOCOL_VERSION}",
+                    )
+                )
+            try:
+                credential = await authenticate(self.committer, hello.credential)
+            except StoreError as error:
+                logger.warning("hub: %s", error)
+                raise _Closed(_UNAVAILABLE) from None
+            if credential is None:
+                raise _Closed(Error(code=ErrorCode.AUTH_FAILED, message="unknown credential"))
+            await socket.send_message(
+                encode([Welcome(protocol_version=PROTOCOL_VERSION, hub_id=self.hub_id)])
+            )
+            return credential
+        raise _Closed(Error(code=ErrorCode.PROTOCOL_ERROR, message="no hello in time"))
+
+    def _on_message(
+        self, session: _Session | None, credential: Credential, link: _Link, message: Message
+    ) -> _Session:
+        if isinstance(message, OpenSession):
+            if session is not None:
+                raise ProtocolError(reason="a session is open already on this connection")
+            return self._open(message, credential, link)
+        if session is None:
+            raise ProtocolError(reason=f"{type(message).__name__} before open_session")
+        now_ms = self.now_ms()
+        instance_id = session.instance_id
+        match message:
+            case Heartbeat(capacity=capacity):
+                session.capacity = capacity
+                session.send(
+                    encode_message(HeartbeatAck(session_ttl_ms=self.config.session_ttl_ms))
+                )
+                self.wake()
+            case Start():
+                self._control(
+                    session, message, _ops.start(message, instance_id, now_ms, self._timing)
+                )
+            case Renew():
+                self._control(
+                    session, message, _ops.renew(message, instance_id, now_ms, self._timing)
+                )
+            case Finish():
+                self._control(
+                    session, message, _ops.finish(message, instance_id, now_ms, self._timing)
+                )
+            case Resume(message_id=message_id, attempts=attempts):
+                look = _ops.resume(attempts, instance_id, now_ms)
+                self._control(
+                    session, message, lambda tx: Resumed(reply_to=message_id, attempts=look(tx))
+                )
+            case Drain(message_id=message_id):
+                session.draining = True
+                offered = tuple(a for a, s in session.held.items() if s is AttemptStatus.OFFERED)
+                self._control(
+                    session, message, lambda tx: DrainAck(reply_to=message_id, offered=offered)
+                )
+            case _:
+                raise ProtocolError(reason=f"a worker never sends {type(message).__name__}")
+        return session
+
+    def _open(self, message: OpenSession, credential: Credential, link: _Link) -> _Session:
+        if not credential.allows(Right.WORKER, message.queue_id):
+            raise _Closed(
+                Error(
+                    code=ErrorCode.PERMISSION_DENIED,
+                    message=f"this credential may not run queue {message.queue_id!r}",
+                )
+            )
+        old = self._sessions.get(message.instance_id)
+        if old is not None:  # the instance reconnected: its old connection is done
+            old.closed = True
+            old.link.scope.cancel()
+        session = _Session(
+            instance_id=message.instance_id,
+            queue_id=message.queue_id,
+            link=link,
+            capabilities=message.capabilities,
+            capacity=message.capacity,
+        )
+        self._sessions[message.instance_id] = session
+        ttl = self.config.session_ttl_ms
+        reply_to = message.message_id
+        self._control(
+            session, message, lambda tx: SessionOpened(reply_to=reply_to, session_ttl_ms=ttl)
+        )
+        self.wake()  # its offers are committed after its opening, so they follow the answer
+        return session
+
+    def _control(self, session: _Session, message: ControlMessage, decide: _ops.Decide) -> None:
+        operation = _ops.answered(session.instance_id, message, self.now_ms(), decide)
+        self.committer.submit(operation, functools.partial(self._answered, session))
+
+    def _answered(self, session: _Session, result: bytes | _ops.Reused | StoreError) -> None:
+        if isinstance(result, StoreError):
+            logger.warning("hub: %s", result)
+            session.link.fail(_UNAVAILABLE)
+            return
+        if isinstance(result, _ops.Reused):
+            message = "a message id came again with another message"
+            session.link.fail(Error(code=ErrorCode.MESSAGE_ID_REUSED, message=message))
+            return
+        session.send(result)
+        answer = msgpack.unpackb(result)
+        attempt_id = answer.get("attempt_id")
+        match answer.get("type"):
+            case "granted":
+                session.held[attempt_id] = AttemptStatus.RUNNING
+                self._sweep_soon(answer["lease_deadline_ms"])
+            case "refused" if RefusalCode(answer["code"]) not in _KEEPS_ATTEMPT:
+                session.held.pop(attempt_id, None)
+                self.wake()
+            case "recorded":
+                session.held.pop(attempt_id, None)
+                self.wake()
+            case "resumed":
+                for item in answer["attempts"]:
+                    status = AttemptStatus(item["status"])
+                    if status is not AttemptStatus.LOST:
+                        session.held[item["attempt_id"]] = status
+            case _:
+                pass
+
+    # --------------------------------------------------------- the dispatcher
+
+    async def _dispatch(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Offer work to sessions with room: when woken, and every `poll_ms` anyway."""
+        task_status.started()
+        while True:
+            with trio.move_on_after(self.config.poll_ms / 1000):
+                await self._wake_dispatcher.wait()
+            self._wake_dispatcher = trio.Event()
+            now_ms = self.now_ms()
+            for session in list(self._sessions.values()):
+                room = session.room
+                if room > 0 and not session.offering:
+                    session.offering = True
+                    claim = _ops.offer(
+                        session.queue_id,
+                        session.capabilities,
+                        session.instance_id,
+                        room=room,
+                        now_ms=now_ms,
+                        timing=self._timing,
+                        new_id=self._new_id,
+                    )
+                    self.committer.submit(claim, functools.partial(self._offered, session))
+
+    def _offered(self, session: _Session, result: list[Offer] | StoreError) -> None:
+        session.offering = False
+        if isinstance(result, StoreError):
+            logger.warning("hub: %s", result)
+            return
+        for offer in result:
+            session.held[offer.attempt_id] = AttemptStatus.OFFERED
+            session.send(encode_message(offer))
+        if result:
+            self._sweep_soon(min(offer.offer_deadline_ms for offer in result))
+            if session.room > 0:
+                self.wake()  # there may be more
+
+    # ------------------------------------------------------------ the sweeper
+
+    async def _sweep(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """End lapsed offers, leases and queued tasks, at each one's due time."""
+        task_status.started()
+        receipts_swept_at = 0
+        while True:
+            now_ms = self.now_ms()
+            try:
+                due_ms = await self._sweep_once(now_ms)
+                if now_ms - receipts_swept_at >= RECEIPT_SWEEP_EVERY_MS:
+                    retention = self.config.receipt_retention_ms
+                    await self.committer.do(_ops.forget_receipts(now_ms - retention))
+                    receipts_swept_at = now_ms
+            except StoreError as error:
+                logger.warning("hub: a sweep failed, tried again soon: %s", error)
+                due_ms = now_ms + self.config.poll_ms * 5
+            if due_ms <= now_ms:
+                continue  # more are due already
+            with trio.CancelScope(deadline=self._clock.trio_time(due_ms)) as scope:
+                self._sweep_by = scope
+                await trio.sleep_forever()
+            self._sweep_by = None
+
+    async def _sweep_once(self, now_ms: int) -> int:
+        """One sweep; when the next one is due."""
+        swept = await self.committer.do(_ops.sweep(now_ms, self._timing, SWEEP_LIMIT))
+        for instance_id, attempt_id in swept.attempts:
+            session = self._sessions.get(instance_id)
+            if session is not None:
+                session.held.pop(attempt_id, None)
+        if swept.attempts or swept.timed_out:
+            self.wake()
+        if len(swept.attempts) >= SWEEP_LIMIT or swept.timed_out >= SWEEP_LIMIT:
+            return now_ms
+        due_ms = now_ms + self.config.poll_ms * 5
+        if swept.next_due_ms is not None:
+            due_ms = min(due_ms, max(swept.next_due_ms, now_ms + 1))
+        return due_ms
+
+    def _sweep_soon(self, due_ms: int) -> None:
+        """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""
+        if self._sweep_by is not None:
+            self._sweep_by.deadline = min(self._sweep_by.deadline, self._clock.trio_time(due_ms))
+
+
+async def _write_frames(
+    socket: trio_websocket.WebSocketConnection, outbox: trio.MemoryReceiveChannel[bytes]
+) -> None:
+    """Send what the outbox holds, as few frames as it takes."""
+    async for first in outbox:
+        batch = [first]
+        while len(batch) < 1024:
+            try:
+                batch.append(outbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        try:
+            await socket.send_message(frame(batch))
+        except trio_websocket.ConnectionClosed:
+            return  # the reader sees it too
+
+
+async def _close(socket: trio_websocket.WebSocketConnection, error: Error) -> None:
+    """Tell the worker why, then close (1008: policy violation)."""
+    with trio.move_on_after(1), contextlib.suppress(trio_websocket.ConnectionClosed):
+        await socket.send_message(encode([error]))
+        await socket.aclose(code=1008, reason=error.code.value)

@@ -31,13 +31,13 @@ def new_connection() -> h11.Connection:
 
 
 async def read_request(
-    stream: trio.SocketStream, connection: h11.Connection, received: bytearray
+    stream: trio.abc.HalfCloseableStream, connection: h11.Connection, received: bytearray
 ) -> h11.Request | None:
     """The request head, or None if the client closed first. Raises h11.RemoteProtocolError."""
     while True:
         event = connection.next_event()
         if event is h11.NEED_DATA:
-            data = await stream.receive_some(RECEIVE_BYTES)
+            data = bytes(await stream.receive_some(RECEIVE_BYTES))
             received += data
             connection.receive_data(data)  # b"" tells h11 the client closed
             continue
@@ -47,7 +47,7 @@ async def read_request(
 
 
 async def respond(
-    stream: trio.SocketStream,
+    stream: trio.abc.HalfCloseableStream,
     connection: h11.Connection,
     status: int,
     body: bytes | str,
@@ -76,13 +76,13 @@ async def respond(
     await close_gently(stream)
 
 
-async def read_body(stream: trio.SocketStream, connection: h11.Connection, limit: int) -> bytes:
+async def read_body(stream: trio.abc.HalfCloseableStream, connection: h11.Connection, limit: int) -> bytes:
     """The whole body of the request just read; `BodyTooLarge` above `limit` bytes."""
     body = bytearray()
     while True:
         event = connection.next_event()
         if event is h11.NEED_DATA:
-            connection.receive_data(await stream.receive_some(RECEIVE_BYTES))
+            connection.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
         elif isinstance(event, h11.Data):
             body += event.data
             if len(body) > limit:
@@ -91,7 +91,7 @@ async def read_body(stream: trio.SocketStream, connection: h11.Connection, limit
             return bytes(body)  # EndOfMessage, or the client closed
 
 
-async def close_gently(stream: trio.SocketStream) -> None:
+async def close_gently(stream: trio.abc.HalfCloseableStream) -> None:
     """Half-close, then read (briefly) what the client still sends before the socket closes.
 
     Closing a socket that has unread input makes the kernel answer with a
@@ -125,7 +125,7 @@ def is_websocket_upgrade(request: h11.Request) -> bool:
 class ReplayedStream(trio.abc.Stream):
     """`stream`, with `prefix` (the bytes already read from it) returned first."""
 
-    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream, prefix: bytes) -> None:
         self._stream = stream
         self._prefix = prefix
 
@@ -135,7 +135,7 @@ class ReplayedStream(trio.abc.Stream):
             chunk, self._prefix = self._prefix[:size], self._prefix[size:]
             await trio.lowlevel.checkpoint()
             return chunk
-        return await self._stream.receive_some(max_bytes)
+        return bytes(await self._stream.receive_some(max_bytes))
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.send_all(data)

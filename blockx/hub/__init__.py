@@ -8,10 +8,12 @@ the committer, which commits in groups and answers nothing before it is
 durable. `python -m blockx hub` runs one.
 """
 
+from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._cli import add_commands
 from blockx.hub._config import HubConfig
 from blockx.hub._model import (
+    ANY_QUEUE,
     Attempt,
     AttemptState,
     Credential,
@@ -21,10 +23,12 @@ from blockx.hub._model import (
     Task,
     TaskState,
 )
+from blockx.hub._ops import SubmitRefusal, Submitted
 from blockx.hub._server import WORKER_PATH, Hub
 from blockx.hub._store import Store, StoreError
 
 __all__ = [
+    "ANY_QUEUE",
     "WORKER_PATH",
     "Attempt",
     "AttemptState",
@@ -37,9 +41,16 @@ __all__ = [
     "Store",
     "StoreError",
     "Submission",
+    "SubmitRefusal",
+    "Submitted",
     "Task",
     "TaskState",
+    "UnknownQueue",
     "add_commands",
+    "create_credential",
+    "create_queue",
+    "show_task",
     "submission_from_json",
+    "submit",
     "task_json",
 ]

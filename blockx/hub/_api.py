@@ -237,7 +237,7 @@ class ProducerApi:
         self._on_submit = on_submit
 
     async def serve(
-        self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request
+        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
     ) -> None:
         try:
             status, body = await self._answer(stream, connection, request)
@@ -248,7 +248,7 @@ class ProducerApi:
         await respond(stream, connection, status, json.dumps(body) + "\n", "application/json")
 
     async def _answer(
-        self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request
+        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
     ) -> tuple[int, Any]:
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()

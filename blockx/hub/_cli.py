@@ -24,11 +24,11 @@ from typing import Any
 import trio
 
 from blockx.errors import InvalidValue
-from blockx.hub import _ops
-from blockx.hub._api import load_task, submission_from_json, task_json
-from blockx.hub._auth import new_token
+from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
+from blockx.hub._api import submission_from_json, task_json
 from blockx.hub._config import HubConfig
-from blockx.hub._model import ANY_QUEUE, Credential, Right
+from blockx.hub._model import ANY_QUEUE, Right
+from blockx.hub._ops import SubmitRefusal
 from blockx.hub._server import Hub
 from blockx.hub._store import Store
 
@@ -116,8 +116,7 @@ def _now_ms() -> int:
 
 
 def _create_queue(args: argparse.Namespace) -> int:
-    store = _store(args)
-    created = store.read(_ops.create_queue(args.queue_id, _now_ms()))
+    created = create_queue(_store(args), args.queue_id, _now_ms())
     print(f"queue {args.queue_id} {'created' if created else 'exists already'}")
     return 0
 
@@ -131,13 +130,10 @@ def _create_credential(args: argparse.Namespace) -> int:
         ) from None
     if not rights:
         raise CommandError(field="--rights", value=args.rights, allowed="name at least one right")
-    store = _store(args)
-    if args.queue != ANY_QUEUE and not store.read(lambda tx: tx.queue_exists(args.queue)):
-        raise CommandError(field="--queue", value=args.queue, allowed="no such queue")
-    credential_id, token, secret_hash = new_token()
-    credential = Credential(credential_id=credential_id, queue_id=args.queue, rights=rights)
-    store.read(_ops.create_credential(credential, secret_hash, _now_ms()))
-    print(token)
+    try:
+        print(create_credential(_store(args), args.queue, rights, _now_ms()))
+    except UnknownQueue:
+        raise CommandError(field="--queue", value=args.queue, allowed="no such queue") from None
     return 0
 
 
@@ -163,10 +159,8 @@ def _submit(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             document[key] = value
-    submission = submission_from_json(document, args.queue)
-    store = _store(args)
-    outcome = store.read(_ops.submit(submission, _now_ms(), _ops.new_id))
-    if isinstance(outcome, _ops.SubmitRefusal):
+    outcome = submit(_store(args), submission_from_json(document, args.queue), _now_ms())
+    if isinstance(outcome, SubmitRefusal):
         flag = "--" + outcome.field.replace("_", "-")
         raise CommandError(field=flag, value=getattr(args, outcome.field), allowed=outcome.message)
     print(json.dumps(task_json(outcome.task), indent=2))
@@ -174,7 +168,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _show_task(args: argparse.Namespace) -> int:
-    shown = _store(args).read(load_task(args.task_id))
+    shown = show_task(_store(args), args.task_id)
     if shown is None:
         raise CommandError(field="TASK", value=args.task_id, allowed="no such task")
     print(json.dumps(shown, indent=2))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Final
 
 import attrs
+import h11
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
@@ -46,6 +47,7 @@ from blockx.hub._model import Credential, Right
 from blockx.hub._store import Store, StoreError
 from blockx.hub.protocol import (
     MAX_FRAME_BYTES,
+    MAX_FRAME_MESSAGES,
     PROTOCOL_VERSION,
     AttemptStatus,
     Capability,
@@ -79,6 +81,11 @@ logger = logging.getLogger("blockx.hub")
 
 WORKER_PATH: Final = "/v1/worker"
 HANDSHAKE_TIMEOUT_S: Final = 10.0
+"""For a request's head, a WebSocket handshake, and a worker's hello."""
+_FRAME_ROOM: Final = MAX_FRAME_BYTES - 3
+"""What the messages of one frame may take: a frame's array header takes up to 3 bytes."""
+REQUEST_TIMEOUT_S: Final = 60.0
+"""For a producer's whole request, its answer included."""
 SWEEP_LIMIT: Final = 1_000
 RECEIPT_SWEEP_EVERY_MS: Final = 60_000
 _KEEPS_ATTEMPT: Final = frozenset(
@@ -179,18 +186,27 @@ class Hub:
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.committer.run)
-            await nursery.start(self._dispatch)
-            await nursery.start(self._sweep)
+            await nursery.start(self.run_actors)
             listeners = await trio.open_tcp_listeners(port, host=host)
             bound = int(listeners[0].socket.getsockname()[1])
-            nursery.start_soon(trio.serve_listeners, self._connection, listeners)
+            nursery.start_soon(trio.serve_listeners, self.serve_connection, listeners)
             logger.info("hub %s listening on %s:%d", self.hub_id, host, bound)
             task_status.started(bound)
 
+    async def run_actors(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The committer, the dispatcher and the sweeper: `serve_connection` needs them running."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.committer.run)
+            await nursery.start(self._dispatch)
+            await nursery.start(self._sweep)
+            task_status.started()
+
     # ---------------------------------------------------------------- connections
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
+    async def serve_connection(self, stream: trio.abc.HalfCloseableStream) -> None:
+        """One client connection (a worker's WebSocket, or one HTTP request), until it ends."""
         async with stream:
             try:
                 await self._serve(stream)
@@ -199,30 +215,38 @@ class Hub:
             except Exception:
                 logger.exception("hub: a connection failed")
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
+    async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:
         connection = new_connection()
         received = bytearray()
+        request = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-            request = await read_request(stream, connection, received)
-            if request is None:
+            try:
+                request = await read_request(stream, connection, received)
+            except h11.RemoteProtocolError as error:
+                await respond(stream, connection, 400, f"not HTTP/1.1: {error}\n")
                 return
-            path = request.target.decode("ascii", "replace").partition("?")[0]
-            if path == WORKER_PATH and is_websocket_upgrade(request):
-                async with trio.open_nursery() as nursery:
-                    handshake = await trio_websocket.wrap_server_stream(
-                        nursery,
-                        ReplayedStream(stream, bytes(received)),
-                        max_message_size=MAX_FRAME_BYTES,
-                    )
-                    socket = await handshake.accept()
-                    nursery.cancel_scope.deadline = math.inf
-                    await self._worker(socket)
-                    nursery.cancel_scope.cancel()
-                return
-        if request is None or path == WORKER_PATH:
+        if request is None:
+            return  # closed, or nothing in time
+        path = request.target.decode("ascii", "replace").partition("?")[0]
+        if path == WORKER_PATH and is_websocket_upgrade(request):
+            await self._upgrade(ReplayedStream(stream, bytes(received)))
+        elif path == WORKER_PATH:
             await respond(stream, connection, 400, "GET /v1/worker with a WebSocket upgrade\n")
-            return
-        await self.api.serve(stream, connection, request)
+        else:
+            with trio.move_on_after(REQUEST_TIMEOUT_S):
+                await self.api.serve(stream, connection, request)
+
+    async def _upgrade(self, stream: ReplayedStream) -> None:
+        socket: trio_websocket.WebSocketConnection | None = None
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                handshake = await trio_websocket.wrap_server_stream(
+                    nursery, stream, max_message_size=MAX_FRAME_BYTES
+                )
+                socket = await handshake.accept()
+            if socket is not None:
+                await self._worker(socket)
+            nursery.cancel_scope.cancel()
 
     # ------------------------------------------------------------------- sessions
 
@@ -493,14 +517,25 @@ class Hub:
 async def _write_frames(
     socket: trio_websocket.WebSocketConnection, outbox: trio.MemoryReceiveChannel[bytes]
 ) -> None:
-    """Send what the outbox holds, as few frames as it takes."""
-    async for first in outbox:
-        batch = [first]
-        while len(batch) < 1024:
+    """Send what the outbox holds, as few frames as it takes (each within `MAX_FRAME_BYTES`)."""
+    waiting: bytes | None = None
+    while True:
+        try:
+            first = waiting if waiting is not None else await outbox.receive()
+        except trio.EndOfChannel:
+            return
+        waiting = None
+        batch, size = [first], len(first)
+        while len(batch) < MAX_FRAME_MESSAGES:
             try:
-                batch.append(outbox.receive_nowait())
+                encoded = outbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
+            if size + len(encoded) > _FRAME_ROOM:
+                waiting = encoded
+                break
+            batch.append(encoded)
+            size += len(encoded)
         try:
             await socket.send_message(frame(batch))
         except trio_websocket.ConnectionClosed:

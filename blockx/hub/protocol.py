@@ -45,6 +45,10 @@ MAX_JSON_BYTES: Final = 256 * 1024
 """Largest result, details or payload JSON text."""
 MAX_FRAME_MESSAGES: Final = 1024
 MAX_ID_CHARS: Final = 128
+MAX_CAPACITY: Final = 10_000
+"""The most attempts one worker may hold at once."""
+MAX_INT: Final = 2**63 - 1
+"""Every integer in a message is from 0 to this (a database's BIGINT)."""
 CODE_FORM: Final = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 """A failure code: upper-case letters, digits and underscores, starting with a letter."""
 TYPE_KEY: Final = "type"
@@ -359,10 +363,22 @@ def _strict(expected: type[Any]) -> Any:
     return structure
 
 
+def _choice(value: object, type_: type[enum.StrEnum]) -> enum.StrEnum:
+    if type(value) is not str:
+        raise TypeError(f"expected str, got {type(value).__name__}")
+    try:
+        return type_(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is none of {', '.join(type_)}") from None
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     for primitive in (str, int, bool):
         converter.register_structure_hook(primitive, _strict(primitive))
+    for choice in (ErrorCode, RefusalCode, Disposition, AttemptStatus):
+        # Each by name: the hook for str would otherwise take these str subclasses too.
+        converter.register_structure_hook(choice, _choice)
     configure_tagged_union(
         Outcome,
         converter,
@@ -387,6 +403,7 @@ def encode_message(message: Message) -> bytes:
 def frame(encoded: Sequence[bytes]) -> bytes:
     """One frame of messages already encoded by `encode_message` (a msgpack array of them)."""
     count = len(encoded)
+    assert count <= MAX_FRAME_MESSAGES, count
     header = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
     return header + b"".join(encoded)
 
@@ -440,19 +457,39 @@ _OUTCOMES: Final = (Succeeded, Failed, Unknown)
 def _reason(error: BaseException, type_: type | None) -> str:
     if isinstance(error, TypeError | ValueError) and str(error):
         return str(error)
+    if isinstance(error, AttributeError):
+        return "expected a map"
     return cattrs.v.format_exception(error, type_)
 
 
 def check(message: Message) -> None:
     """`ProtocolError` if a decoded message breaks a rule its types do not say."""
+    _check_numbers(message)
     for name in ("message_id", "instance_id", "attempt_id", "queue_id"):
         value = getattr(message, name, None)
         if value is not None and not 0 < len(value) <= MAX_ID_CHARS:
             raise ProtocolError(reason=f"{name} must have 1 to {MAX_ID_CHARS} characters")
     match message:
-        case OpenSession(capacity=capacity) | Heartbeat(capacity=capacity) if capacity < 0:
-            raise ProtocolError(reason=f"capacity must be >= 0, not {capacity}")
+        case OpenSession(capacity=capacity) | Heartbeat(capacity=capacity) if (
+            capacity > MAX_CAPACITY
+        ):
+            raise ProtocolError(reason=f"capacity must be at most {MAX_CAPACITY}, not {capacity}")
         case OpenSession(capabilities=capabilities) if not capabilities:
             raise ProtocolError(reason="a session needs at least one capability")
         case _:
             pass
+
+
+def _check_numbers(value: object) -> None:
+    """Every integer in a message is from 0 to `MAX_INT` (epochs, times, counts)."""
+    if isinstance(value, tuple):
+        for item in value:
+            _check_numbers(item)
+        return
+    if not attrs.has(type(value)):
+        return
+    for field in attrs.fields(type(value)):  # type: ignore[arg-type]  # attrs.has said so
+        item = getattr(value, field.name)
+        if type(item) is int and not 0 <= item <= MAX_INT:
+            raise ProtocolError(reason=f"{field.name} must be from 0 to {MAX_INT}, not {item}")
+        _check_numbers(item)

@@ -22,12 +22,14 @@ import contextlib
 import glob
 import os
 import pwd
+import queue
 import re
 import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -345,7 +347,7 @@ def _cluster_dir(tmp_path: Path, run_as: str | None) -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _create_database(admin_url: str, name: str) -> None:
+def create_database(admin_url: str, name: str) -> None:
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as connection:
         connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
@@ -370,7 +372,43 @@ async def postgres_server(tmp_path: Path) -> AsyncIterator[PostgresServer]:
         await server.initdb()
         await server.start()
         try:
-            await trio.to_thread.run_sync(_create_database, server.admin_url, server.dbname)
+            await trio.to_thread.run_sync(create_database, server.admin_url, server.dbname)
             yield server
         finally:
             await server.stop()
+
+
+@contextlib.contextmanager
+def postgres_in_background(tmp_path: Path) -> Iterator[PostgresServer]:
+    """`postgres_server` held open by a Trio run in a thread of its own.
+
+    For a session-scoped (synchronous) fixture: one server for many tests,
+    each of which makes a database of its own with `create_database`.
+    """
+    handed: queue.Queue[tuple[PostgresServer, trio.Event, trio.lowlevel.TrioToken] | BaseException]
+    handed = queue.Queue()
+
+    async def hold() -> None:
+        stop = trio.Event()
+        async with postgres_server(tmp_path) as server:
+            handed.put((server, stop, trio.lowlevel.current_trio_token()))
+            await stop.wait()
+
+    def run() -> None:
+        try:
+            trio.run(hold)
+        except BaseException as error:  # handed to the test thread, which raises it
+            handed.put(error)
+
+    thread = threading.Thread(target=run, name="postgres", daemon=True)
+    thread.start()
+    item = handed.get(timeout=START_TIMEOUT_S * 2)
+    if isinstance(item, BaseException):
+        raise AssertionError(f"postgres did not start: {item!r}") from item
+    server, stop, token = item
+    try:
+        yield server
+    finally:
+        trio.from_thread.run_sync(stop.set, trio_token=token)
+        thread.join(timeout=STOP_GRACE_S * 3)
+        assert not thread.is_alive(), "postgres did not stop"

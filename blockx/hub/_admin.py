@@ -1,0 +1,50 @@
+"""What an operator does to a hub's database directly: queues, credentials, tasks.
+
+The command line's `hub queue create`, `credential create`, `submit` and
+`task show` are these, and so are the tests' set-ups. Each runs in its own
+transaction on a `Store`; a running hub sees the result at its next look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from blockx.hub import _ops
+from blockx.hub._api import load_task
+from blockx.hub._auth import new_token
+from blockx.hub._model import ANY_QUEUE, Credential, Right, Submission
+from blockx.hub._store import Store
+
+
+class UnknownQueue(LookupError):
+    def __init__(self, queue_id: str) -> None:
+        self.queue_id = queue_id
+        super().__init__(f"no queue {queue_id!r}")
+
+
+def create_queue(store: Store, queue_id: str, now_ms: int) -> bool:
+    """Create queue `queue_id`; False if it exists already."""
+    return store.read(_ops.create_queue(queue_id, now_ms))
+
+
+def create_credential(store: Store, queue_id: str, rights: frozenset[Right], now_ms: int) -> str:
+    """A new credential on `queue_id` (or `ANY_QUEUE`) with `rights`: its token, shown once."""
+    if queue_id != ANY_QUEUE and not store.read(lambda tx: tx.queue_exists(queue_id)):
+        raise UnknownQueue(queue_id)
+    credential_id, token, secret_hash = new_token()
+    credential = Credential(credential_id=credential_id, queue_id=queue_id, rights=rights)
+    store.read(_ops.create_credential(credential, secret_hash, now_ms))
+    return token
+
+
+def submit(
+    store: Store, submission: Submission, now_ms: int, new_id: Callable[[], str] = _ops.new_id
+) -> _ops.Submitted | _ops.SubmitRefusal:
+    """Queue a task (a repeat of the same task id returns the task as it is)."""
+    return store.read(_ops.submit(submission, now_ms, new_id))
+
+
+def show_task(store: Store, task_id: str) -> dict[str, Any] | None:
+    """Task `task_id` in its JSON form, with its attempts and history; None if there is none."""
+    return store.read(load_task(task_id))

@@ -1,0 +1,253 @@
+"""What the hub does with bad input: malformed frames, wrong order, bad credentials, bad requests.
+
+A worker that breaks the protocol gets an `Error` naming what is wrong and
+its connection is closed; the hub carries on serving everyone else. A
+producer's bad request gets a 4xx naming the field. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import attrs
+import msgpack  # type: ignore[import-untyped]  # ships no type information
+import pytest
+import trio
+import trio.testing
+
+from blockx.hub import Right
+from blockx.hub.protocol import (
+    MAX_JSON_BYTES,
+    PROTOCOL_VERSION,
+    Disposition,
+    ErrorCode,
+    Hello,
+    OpenSession,
+    Start,
+    Succeeded,
+    encode,
+)
+from tests.adapters.hub_harness import CAPABILITY, TEST_CONFIG, HubClient, HubRig, running_hub
+
+
+async def still_serves(rig: HubRig, token: str) -> None:
+    """A task submitted now is claimed and finished by a new worker."""
+    task = await rig.submit(token, payload={"after": "the bad one"})
+    async with rig.worker(token, instance_id="healthy") as worker:
+        offer = await worker.offer()
+        assert offer.task_id == task["task_id"]
+        await worker.start(offer)
+        recorded = await worker.finish(offer, Succeeded(result="1"))
+    assert recorded.disposition is Disposition.ACCEPTED  # type: ignore[union-attr]
+
+
+OPEN = OpenSession(
+    message_id="open", instance_id="w1", queue_id="q1", capabilities=(CAPABILITY,), capacity=1
+)
+BAD_SESSION_FRAMES = {
+    "text frame": "[]",
+    "not msgpack": b"\xc1\xc1\xc1",
+    "not an array": msgpack.packb({"type": "start"}),
+    "empty array": msgpack.packb([]),
+    "not a map": msgpack.packb([7]),
+    "unknown type": msgpack.packb([{"type": "steal", "message_id": "x"}]),
+    "missing field": msgpack.packb([{"type": "start", "message_id": "x", "epoch": 1}]),
+    "extra field": msgpack.packb(
+        [{"type": "drain", "message_id": "x", "please": True}],
+    ),
+    "wrong type": msgpack.packb(
+        [{"type": "start", "message_id": "x", "attempt_id": "a", "epoch": "1"}]
+    ),
+    "empty message id": msgpack.packb([{"type": "drain", "message_id": ""}]),
+    "negative capacity": msgpack.packb([{"type": "heartbeat", "capacity": -1}]),
+    "hub's message": msgpack.packb([{"type": "welcome", "protocol_version": 1, "hub_id": "x"}]),
+    "second session": encode([OPEN]),
+    "second hello": encode([Hello(protocol_version=PROTOCOL_VERSION, credential="x")]),
+}
+
+
+@pytest.mark.parametrize("frame", BAD_SESSION_FRAMES.values(), ids=BAD_SESSION_FRAMES.keys())
+async def test_a_malformed_frame_closes_the_connection_with_a_protocol_error(
+    hub_url: str, frame: bytes | str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        async with rig.worker(token) as worker:
+            await worker.socket.send_message(frame)
+            error = await worker.closed()
+        assert error is not None
+        assert error.code is ErrorCode.PROTOCOL_ERROR
+        assert error.message
+        await still_serves(rig, token)
+
+
+async def test_a_message_before_the_session_is_a_protocol_error(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        async with rig.connected(token) as client:
+            await client.send(Start(message_id="s", attempt_id="a", epoch=1))
+            error = await client.closed()
+        assert error is not None
+        assert (error.code, error.message) == (
+            ErrorCode.PROTOCOL_ERROR,
+            "Start before open_session",
+        )
+        await still_serves(rig, token)
+
+
+@pytest.mark.parametrize(
+    ("hello", "code"),
+    [
+        (encode([OPEN]), ErrorCode.PROTOCOL_ERROR),
+        (encode([Hello(protocol_version=PROTOCOL_VERSION + 1, credential="")]), None),
+        (encode([Hello(protocol_version=PROTOCOL_VERSION, credential="bxc_no.such")]), None),
+        (b"\x92", ErrorCode.PROTOCOL_ERROR),
+    ],
+    ids=["no hello", "another version", "unknown credential", "truncated"],
+)
+async def test_a_bad_hello_is_answered_with_an_error(
+    hub_url: str, hello: bytes, code: ErrorCode | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        socket = await rig.open_socket()
+        client = HubClient(socket=socket)
+        await socket.send_message(hello)
+        error = await client.closed()
+        assert error is not None
+        expected = code or (
+            ErrorCode.VERSION_MISMATCH if b"bxc_" not in hello else ErrorCode.AUTH_FAILED
+        )
+        assert error.code is expected
+        await still_serves(rig, token)
+
+
+async def test_a_silent_worker_is_closed_after_the_session_ttl(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url, attrs.evolve(TEST_CONFIG, session_ttl_ms=3_000)) as rig:
+        token = rig.credential()
+        async with rig.worker(token) as worker:
+            started = trio.current_time()
+            error = await worker.closed()
+            assert trio.current_time() - started == pytest.approx(3.0)
+    assert error is not None
+    assert error.code is ErrorCode.SESSION_EXPIRED
+
+
+async def test_producer_requests_need_a_credential_with_the_right(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        worker_only = rig.credential("q1", Right.WORKER)
+        admin = rig.credential("*", Right.ADMIN)
+        body = {"handler": "h", "handler_version": "1", "payload_version": "1", "payload": 1}
+        answers = [
+            await rig.http("POST", "/v1/queues/q1/tasks", body=body),
+            await rig.http("POST", "/v1/queues/q1/tasks", token="bxc_x.y", body=body),
+            await rig.http("POST", "/v1/queues/q1/tasks", token=worker_only, body=body),
+            await rig.http("POST", "/v1/queues/nope/tasks", token=admin, body=body),
+            await rig.http("POST", "/v1/queues/q1/tasks", token=admin, body=body),
+        ]
+    assert [status for status, _ in answers] == [401, 401, 403, 404, 201]
+    assert answers[3][1] == {"error": "no queue 'nope'", "field": "queue"}
+
+
+BAD_SUBMISSIONS = {
+    "handler": ({"handler_version": "1", "payload_version": "1", "payload": 1}, 400),
+    "payload": ({"handler": "h", "handler_version": "1", "payload_version": "1"}, 400),
+    "idempotency": ({"idempotency": "SOMETIMES"}, 400),
+    "max_attempts": ({"max_attempts": 0}, 400),
+    "total_deadline_ms": ({"total_deadline_ms": "soon"}, 400),
+    "attempt_timeout_ms": ({"attempt_timeout_ms": True}, 400),
+    "colour": ({"colour": "blue"}, 400),
+    "(body)": ([1, 2], 400),
+}
+
+
+@pytest.mark.parametrize("field", BAD_SUBMISSIONS)
+async def test_a_bad_submission_is_answered_400_naming_the_field(
+    hub_url: str, field: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    document, status = BAD_SUBMISSIONS[field]
+    if isinstance(document, dict) and field not in ("handler", "payload"):
+        document = {
+            "handler": "h",
+            "handler_version": "1",
+            "payload_version": "1",
+            "payload": 1,
+            **document,
+        }
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        answer = await rig.http("POST", "/v1/queues/q1/tasks", token=token, body=document)
+        listed = await rig.http("GET", "/v1/queues/q1/tasks", token=token)
+    assert answer[0] == status
+    assert answer[1]["field"] == field
+    assert field in answer[1]["error"]
+    assert listed == (200, {"tasks": []})
+
+
+async def test_bodies_that_are_not_json_or_too_large_are_refused(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        not_json = await rig.http("POST", "/v1/queues/q1/tasks", token=token, raw=b"{nope")
+        huge = {"handler": "h", "handler_version": "1", "payload_version": "1"}
+        too_large = await rig.http(
+            "POST", "/v1/queues/q1/tasks", token=token, body={**huge, "payload": "x" * 2**20}
+        )
+        big_payload = await rig.http(
+            "POST",
+            "/v1/queues/q1/tasks",
+            token=token,
+            body={**huge, "payload": "x" * MAX_JSON_BYTES},
+        )
+    assert not_json[0] == 400
+    assert not_json[1]["field"] == "(body)"
+    assert too_large[0] == 413
+    assert (big_payload[0], big_payload[1]["field"]) == (400, "payload")
+
+
+async def test_task_ids_repeat_idempotently_and_conflict_on_other_content(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        first = await rig.submit(token, task_id="order-17")
+        again = await rig.http(
+            "POST",
+            "/v1/queues/q1/tasks",
+            token=token,
+            body={
+                "handler": CAPABILITY.handler,
+                "handler_version": CAPABILITY.handler_version,
+                "payload_version": CAPABILITY.payload_version,
+                "payload": {"n": 1},
+                "task_id": "order-17",
+            },
+        )
+        other = await rig.http(
+            "POST",
+            "/v1/queues/q1/tasks",
+            token=token,
+            body={
+                "handler": "h",
+                "handler_version": "1",
+                "payload_version": "1",
+                "payload": 2,
+                "task_id": "order-17",
+            },
+        )
+        missing = await rig.http("GET", "/v1/tasks/order-18", token=token)
+        wrong_method = await rig.http("DELETE", "/v1/queues/q1/tasks", token=token)
+        unknown = await rig.http("GET", "/v2/everything", token=token)
+        bad_state = await rig.http("GET", "/v1/queues/q1/tasks?state=DONE", token=token)
+        queued = await rig.http("GET", "/v1/queues/q1/tasks?state=QUEUED&limit=5", token=token)
+    assert first["task_id"] == "order-17"
+    assert again == (200, first)
+    assert (other[0], other[1]["field"]) == (409, "task_id")
+    assert missing == (404, {"error": "no task 'order-18'"})
+    assert [wrong_method[0], unknown[0], bad_state[0]] == [405, 404, 400]
+    assert queued == (200, {"tasks": [first]})

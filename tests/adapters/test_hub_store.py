@@ -1,0 +1,151 @@
+"""The hub's store and committer: migrations, durability settings, group commits, isolation
+of a failing operation, and several hubs claiming from one PostgreSQL database."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+from blockx.hub import Idempotency, StoreError, Submission, Submitted, create_queue, submit
+from blockx.hub._committer import Committer
+from blockx.hub._ops import offer
+from blockx.hub._rules import Timing
+from blockx.hub._store import Store, Tx
+from blockx.hub.protocol import Capability, Offer
+
+CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")
+TIMING = Timing(lease_ms=1_000, offer_ttl_ms=60_000, retry_backoff_ms=10, max_retry_backoff_ms=10)
+
+
+def queue_tasks(store: Store, count: int) -> None:
+    create_queue(store, "q", 0)
+    for n in range(count):
+        submitted = submit(
+            store,
+            Submission(
+                queue_id="q",
+                capability=CAPABILITY,
+                payload=str(n),
+                idempotency=Idempotency.IDEMPOTENT,
+                max_attempts=1,
+                total_deadline_ms=3_600_000,
+                attempt_timeout_ms=60_000,
+            ),
+            now_ms=n,
+        )
+        assert isinstance(submitted, Submitted)
+
+
+def schema_version(tx: Tx) -> int:
+    return int(tx.rows("SELECT version FROM schema_version")[0][0])
+
+
+def test_opening_a_database_again_migrates_nothing_twice(hub_url: str) -> None:
+    first = Store(hub_url)
+    queue_tasks(first, 1)
+    first.close()
+    again = Store(hub_url)
+    try:
+        assert again.read(schema_version) == 1
+        assert again.read(lambda tx: tx.queues()) == ["q"]
+    finally:
+        again.close()
+
+
+def test_sqlite_commits_durably(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite3"))
+    try:
+        assert store.read(lambda tx: tx.rows("PRAGMA journal_mode")) == [("wal",)]
+        assert store.read(lambda tx: tx.rows("PRAGMA synchronous")) == [(2,)]  # FULL
+    finally:
+        store.close()
+
+
+def test_a_database_that_cannot_be_opened_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match=re.escape("file/hub.sqlite3")):
+        Store(str(tmp_path / "file" / "hub.sqlite3"))
+    with pytest.raises(StoreError, match=r"postgresql://me:\*\*\*@127.0.0.1:1/x"):
+        Store("postgresql://me:secret@127.0.0.1:1/x?connect_timeout=2")
+
+
+async def test_operations_waiting_for_a_commit_share_the_next_one(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite3"))
+    committer = Committer(store)
+    answers: list[object] = []
+    async with trio.open_nursery() as nursery:
+        for n in range(200):
+            committer.submit(
+                functools.partial(Tx.create_queue, queue_id=f"q{n}", now_ms=n), answers.append
+            )
+        await nursery.start(committer.run)
+        await committer.do(lambda tx: None)
+        nursery.cancel_scope.cancel()
+    assert answers == [None] * 200
+    assert committer.batches == 2  # the 200 together, then the last one
+    assert len(store.read(lambda tx: tx.queues())) == 200
+    store.close()
+
+
+async def test_a_failing_operation_fails_alone(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite3"))
+    committer = Committer(store, use_thread=False)
+    answers: list[object] = []
+
+    def broken(tx: Tx) -> None:
+        tx.create_queue("never", 0)
+        raise KeyError("a bug")
+
+    async with trio.open_nursery() as nursery:
+        committer.submit(lambda tx: tx.create_queue("a", 0), answers.append)
+        committer.submit(broken, answers.append)
+        committer.submit(lambda tx: tx.create_queue("a", 0), answers.append)  # a duplicate key
+        committer.submit(lambda tx: tx.create_queue("b", 0), answers.append)
+        await nursery.start(committer.run)
+        await committer.do(lambda tx: None)
+        nursery.cancel_scope.cancel()
+    assert answers[0] is None
+    assert isinstance(answers[1], StoreError)
+    assert "KeyError" in answers[1].reason
+    assert isinstance(answers[2], StoreError)
+    assert "UNIQUE" in answers[2].reason
+    assert answers[3] is None
+    assert store.read(lambda tx: tx.queues()) == ["a", "b"]
+    store.close()
+
+
+def test_hubs_sharing_a_postgresql_database_never_offer_a_task_twice(postgres_url: str) -> None:
+    hub_url = postgres_url
+    setup = Store(hub_url)
+    queue_tasks(setup, 300)
+    setup.close()
+    claimed: dict[str, list[Offer]] = {}
+
+    def hub(name: str) -> None:
+        store = Store(hub_url)
+        got = claimed.setdefault(name, [])
+        while True:
+            ids = (f"{name}-{n}" for n in itertools.count(len(got)))
+            claim = offer(
+                "q", [CAPABILITY], name, room=7, now_ms=10_000, timing=TIMING, new_id=ids.__next__
+            )
+            batch = store.read(claim)
+            if not batch:
+                break
+            got.extend(batch)
+        store.close()
+
+    threads = [threading.Thread(target=hub, args=(f"hub{n}",)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tasks = [o.task_id for offers in claimed.values() for o in offers]
+    assert len(tasks) == len(set(tasks)) == 300
+    assert all(claimed.values()), "every hub claimed some"

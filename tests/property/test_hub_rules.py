@@ -1,0 +1,287 @@
+"""The hub's rules under random traffic: tasks are offered, started, renewed, reported on,
+forgotten by their workers and overtaken by time, in any order, by the right and the
+wrong instance, under the current and stale epochs.
+
+The machine keeps tasks and attempts as the rules hand them back (what the
+store would write) and checks, after every step:
+
+* a task that ended never changes again;
+* epochs count the task's attempts, 1, 2, 3 ..., the newest being the task's
+  current attempt, and at most that one is live (offered or running);
+* the task's state agrees with its current attempt's;
+* no more attempts start than the task allows;
+* a SUCCEEDED task's result is the one its current attempt reported;
+* a non-idempotent task never runs again after an attempt of unknown effect:
+  it goes to NEEDS_REVIEW;
+* a report is accepted only from the instance holding a running attempt under
+  its own epoch, within its lease; anything else is refused or evidence only,
+  and evidence never ends a task as it reports.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from hypothesis import event, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from blockx.hub import Attempt, AttemptState, Idempotency, Task, TaskState
+from blockx.hub._rules import (
+    Change,
+    Refusal,
+    Timing,
+    can_offer,
+    expire,
+    finish,
+    offer,
+    renew,
+    start,
+    time_out,
+)
+from blockx.hub.protocol import Capability, Disposition, Failed, Outcome, Succeeded, Unknown
+
+TIMING = Timing(lease_ms=1_000, offer_ttl_ms=500, retry_backoff_ms=100, max_retry_backoff_ms=400)
+CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")
+INSTANCES = ("a", "b")
+OUTCOMES = st.one_of(
+    st.builds(Succeeded, result=st.integers(0, 9).map(str)),
+    st.builds(
+        Failed,
+        code=st.sampled_from(["BAD", "BUSY"]),
+        details=st.just("{}"),
+        retryable=st.booleans(),
+    ),
+    st.builds(Unknown, code=st.just("LOST")),
+)
+UNCERTAIN = (AttemptState.UNKNOWN, AttemptState.LEASE_EXPIRED)
+STARTED = (AttemptState.RUNNING, AttemptState.SUCCEEDED, AttemptState.FAILED, *UNCERTAIN)
+
+
+class HubRules(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now_ms = 0
+        self.tasks: dict[str, Task] = {}
+        self.attempts: dict[str, Attempt] = {}
+        self.ended: dict[str, Task] = {}
+        self.ids = (f"x{n}" for n in itertools.count())
+
+    # ------------------------------------------------------------------ helpers
+
+    def apply(self, change: Change) -> None:
+        self.tasks[change.task.task_id] = change.task
+        if change.attempt is not None:
+            self.attempts[change.attempt.attempt_id] = change.attempt
+        assert all(entry.task_id == change.task.task_id for entry in change.history)
+
+    def pick(self, data: st.DataObject) -> tuple[Attempt, str]:
+        """An attempt (a live one, mostly) and who speaks for it (its instance, mostly)."""
+        live = sorted(a.attempt_id for a in self.attempts.values() if a.state.is_live)
+        mostly_live = bool(live) and data.draw(st.integers(0, 3)) > 0
+        pool = live if mostly_live else sorted(self.attempts)
+        attempt = self.attempts[data.draw(st.sampled_from(pool))]
+        speaker = data.draw(st.sampled_from([attempt.instance_id] * 3 + list(INSTANCES)))
+        return attempt, speaker
+
+    def attempts_of(self, task_id: str) -> list[Attempt]:
+        return sorted(
+            (a for a in self.attempts.values() if a.task_id == task_id), key=lambda a: a.epoch
+        )
+
+    # -------------------------------------------------------------------- rules
+
+    @rule(
+        idempotent=st.booleans(),
+        max_attempts=st.integers(1, 3),
+        deadline_ms=st.integers(1, 8_000),
+        timeout_ms=st.integers(1, 2_000),
+    )
+    def submit(
+        self, idempotent: bool, max_attempts: int, deadline_ms: int, timeout_ms: int
+    ) -> None:
+        task_id = next(self.ids)
+        self.tasks[task_id] = Task(
+            task_id=task_id,
+            queue_id="q",
+            capability=CAPABILITY,
+            payload="{}",
+            idempotency=Idempotency.IDEMPOTENT if idempotent else Idempotency.NON_IDEMPOTENT,
+            max_attempts=max_attempts,
+            attempt_timeout_ms=timeout_ms,
+            created_at_ms=self.now_ms,
+            deadline_at_ms=self.now_ms + deadline_ms,
+            state=TaskState.QUEUED,
+            available_at_ms=self.now_ms,
+        )
+
+    @rule(ms=st.sampled_from([1, 50, 300]) | st.integers(0, 1_500))
+    def time_passes(self, ms: int) -> None:
+        self.now_ms += ms
+
+    @precondition(lambda self: any(can_offer(t, self.now_ms) for t in self.tasks.values()))
+    @rule(data=st.data(), instance=st.sampled_from(INSTANCES), and_start=st.booleans())
+    def offer_a_task(self, data: st.DataObject, instance: str, and_start: bool) -> None:
+        ready = sorted(t.task_id for t in self.tasks.values() if can_offer(t, self.now_ms))
+        task = self.tasks[data.draw(st.sampled_from(ready))]
+        offered = offer(
+            task, attempt_id=next(self.ids), instance_id=instance, now_ms=self.now_ms, timing=TIMING
+        )
+        self.apply(offered)
+        assert offered.attempt is not None
+        if and_start:  # what a worker does at once, mostly
+            started = start(
+                offered.task,
+                offered.attempt,
+                instance_id=instance,
+                epoch=offered.attempt.epoch,
+                now_ms=self.now_ms,
+                timing=TIMING,
+            )
+            assert isinstance(started, Change)
+            self.apply(started)
+
+    @precondition(lambda self: bool(self.attempts))
+    @rule(
+        data=st.data(),
+        verb=st.sampled_from(["start", "renew"]),
+        epoch_shift=st.sampled_from([0, 0, 0, -1, 1]),
+    )
+    def start_or_renew(self, data: st.DataObject, verb: str, epoch_shift: int) -> None:
+        attempt, instance = self.pick(data)
+        task = self.tasks[attempt.task_id]
+        do = start if verb == "start" else renew
+        result = do(
+            task,
+            attempt,
+            instance_id=instance,
+            epoch=attempt.epoch + epoch_shift,
+            now_ms=self.now_ms,
+            timing=TIMING,
+        )
+        note(f"{verb} {attempt.attempt_id} by {instance} shift {epoch_shift}: {result}")
+        event(f"{verb}: {result.code if isinstance(result, Refusal) else 'granted'}")
+        if isinstance(result, Refusal):
+            return
+        assert (instance, epoch_shift) == (attempt.instance_id, 0)
+        assert result.attempt is not None
+        lease = result.attempt.lease_deadline_ms
+        assert (
+            self.now_ms
+            < lease
+            <= min(result.attempt.started_at_ms + task.attempt_timeout_ms, task.deadline_at_ms)
+        )
+        assert lease >= attempt.lease_deadline_ms  # a lease never shrinks
+        self.apply(result)
+
+    @precondition(lambda self: bool(self.attempts))
+    @rule(data=st.data(), epoch_shift=st.sampled_from([0, 0, 0, -1]), outcome=OUTCOMES)
+    def report(self, data: st.DataObject, epoch_shift: int, outcome: Outcome) -> None:
+        attempt, instance = self.pick(data)
+        task = self.tasks[attempt.task_id]
+        result = finish(
+            task,
+            attempt,
+            instance_id=instance,
+            epoch=attempt.epoch + epoch_shift,
+            outcome=outcome,
+            now_ms=self.now_ms,
+            timing=TIMING,
+        )
+        note(f"report {outcome} on {attempt.attempt_id} by {instance}: {result}")
+        if isinstance(result, Refusal):
+            event(f"report: {result.code}")
+            return
+        event(f"report: {result[1]}")
+        assert (instance, epoch_shift) == (attempt.instance_id, 0)
+        change, disposition = result
+        if disposition is Disposition.ACCEPTED:
+            assert attempt.state is AttemptState.RUNNING
+            assert self.now_ms < attempt.lease_deadline_ms
+            assert task.attempt_id == attempt.attempt_id
+            assert change.attempt is not None
+            assert change.attempt.outcome == outcome
+        else:
+            lapsed = expire(task, attempt, self.now_ms, TIMING)
+            assert change.task == (task if lapsed is None else lapsed.task)  # decides nothing
+            assert change.history[-1].kind == "EVIDENCE"
+        self.apply(change)
+
+    @rule()
+    def sweep(self) -> None:
+        for attempt in list(self.attempts.values()):
+            change = expire(self.tasks[attempt.task_id], attempt, self.now_ms, TIMING)
+            if change is not None:
+                assert change.attempt is not None
+                assert not change.attempt.state.is_live
+                self.apply(change)
+        for task in list(self.tasks.values()):
+            timed_out = time_out(task, self.now_ms)
+            if timed_out is not None:
+                assert timed_out.task.failure_code == "DEADLINE_EXCEEDED"
+                self.apply(timed_out)
+
+    # --------------------------------------------------------------- invariants
+
+    @invariant()
+    def ended_tasks_never_change(self) -> None:
+        for task_id, task in self.tasks.items():
+            if task_id in self.ended:
+                assert task == self.ended[task_id]
+            elif task.state.is_terminal:
+                self.ended[task_id] = task
+                assert task.finished_at_ms == self.now_ms
+
+    @invariant()
+    def epochs_count_attempts_and_only_the_newest_lives(self) -> None:
+        for task in self.tasks.values():
+            attempts = self.attempts_of(task.task_id)
+            assert [a.epoch for a in attempts] == list(range(1, len(attempts) + 1))
+            assert task.epoch == len(attempts)
+            if attempts:
+                assert task.attempt_id == attempts[-1].attempt_id
+            assert all(not a.state.is_live for a in attempts[:-1])
+            current = attempts[-1].state if attempts else None
+            expected = {
+                TaskState.OFFERED: AttemptState.OFFERED,
+                TaskState.RUNNING: AttemptState.RUNNING,
+            }.get(task.state)
+            if expected is not None:
+                assert current is expected
+            else:
+                assert current is None or not current.is_live
+
+    @invariant()
+    def attempts_started_stay_within_the_budget(self) -> None:
+        for task in self.tasks.values():
+            started = [a for a in self.attempts_of(task.task_id) if a.state in STARTED]
+            assert task.started_attempts == len(started) <= task.max_attempts
+
+    @invariant()
+    def outcomes_come_from_the_current_attempt(self) -> None:
+        for task in self.tasks.values():
+            attempts = self.attempts_of(task.task_id)
+            if task.state is TaskState.SUCCEEDED:
+                assert attempts[-1].state is AttemptState.SUCCEEDED
+                assert isinstance(attempts[-1].outcome, Succeeded)
+                assert task.result == attempts[-1].outcome.result
+            else:
+                assert task.result is None
+            if task.state is TaskState.NEEDS_REVIEW:
+                assert task.idempotency is Idempotency.NON_IDEMPOTENT
+                assert attempts[-1].state in UNCERTAIN
+            if task.idempotency is Idempotency.NON_IDEMPOTENT:
+                uncertain = [a.epoch for a in attempts if a.state in UNCERTAIN]
+                assert not uncertain or uncertain == [attempts[-1].epoch]
+                assert not uncertain or task.state is TaskState.NEEDS_REVIEW
+            assert task.uncertain == any(a.state in UNCERTAIN for a in attempts)
+
+    @invariant()
+    def failure_details_are_json(self) -> None:
+        for task in self.tasks.values():
+            if task.failure_details:
+                json.loads(task.failure_details)
+
+
+TestHubRules = HubRules.TestCase

@@ -80,15 +80,14 @@ async def test_operations_waiting_for_a_commit_share_the_next_one(tmp_path: Path
     committer = Committer(store)
     answers: list[object] = []
     async with trio.open_nursery() as nursery:
-        for n in range(200):
-            committer.submit(
-                functools.partial(Tx.create_queue, queue_id=f"q{n}", now_ms=n), answers.append
-            )
-        await nursery.start(committer.run)
-        await committer.do(lambda tx: None)
+        for n in range(199):
+            create = functools.partial(Tx.create_queue, queue_id=f"q{n}", now_ms=n)
+            committer.submit(create, answers.append)
+        nursery.start_soon(committer.run)  # runs once this task waits, below
+        answers.append(await committer.do(lambda tx: tx.create_queue("q199", 199)))
         nursery.cancel_scope.cancel()
     assert answers == [None] * 200
-    assert committer.batches == 2  # the 200 together, then the last one
+    assert committer.batches == 1
     assert len(store.read(lambda tx: tx.queues())) == 200
     store.close()
 
@@ -107,7 +106,7 @@ async def test_a_failing_operation_fails_alone(tmp_path: Path) -> None:
         committer.submit(broken, answers.append)
         committer.submit(lambda tx: tx.create_queue("a", 0), answers.append)  # a duplicate key
         committer.submit(lambda tx: tx.create_queue("b", 0), answers.append)
-        await nursery.start(committer.run)
+        nursery.start_soon(committer.run)
         await committer.do(lambda tx: None)
         nursery.cancel_scope.cancel()
     assert answers[0] is None

@@ -1,13 +1,22 @@
-"""Hypothesis settings profiles shared by every test layer.
+"""What every test layer shares: Hypothesis profiles and the hub's databases.
 
 `dev` keeps local runs short; `ci` runs ten times the examples and prints the
 blob that reproduces a failure. HYPOTHESIS_PROFILE names the profile; without
 it, CI=true (any value but "", "0" or "false") selects `ci`, else `dev`.
+
+`hub_url` is a fresh hub database, once a SQLite file and once a database of
+its own on one real PostgreSQL that the first test needing it starts.
 """
 
 import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
+
+from tests.e2e.postgres_server import PostgresServer, create_database, postgres_in_background
 
 # Hypothesis loads its own derandomized "ci" profile by itself whenever a CI
 # variable is set; basing both profiles on "default" keeps them independent of
@@ -27,3 +36,27 @@ def _profile_name() -> str:
 
 
 settings.load_profile(_profile_name())
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """One real PostgreSQL on loopback for the whole run; each test makes its own database."""
+    with postgres_in_background(tmp_path_factory.mktemp("postgres")) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """A fresh, empty database of its own on `postgres`."""
+    name = f"hub_{uuid.uuid4().hex[:16]}"
+    create_database(postgres.admin_url, name)
+    return f"postgresql://{postgres.user}@127.0.0.1:{postgres.port}/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def hub_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty hub database: a SQLite file, or a PostgreSQL database (`postgres_url`)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "hub.sqlite3")
+    url: str = request.getfixturevalue("postgres_url")
+    return url

@@ -4,8 +4,10 @@
 the database on the Trio thread, and connects clients to it through
 in-memory streams: no sockets, so Trio's autojump clock sees every byte in
 flight and a lease that must run out runs out exactly when the test sleeps
-past it. `HubClient` sends protocol messages one by one and sorts what comes
-back: answers by the message id they reply to, offers in arrival order.
+past it. `HubClient` sends protocol messages one by one and sorts what
+comes back: answers by the message id they reply to, offers in arrival
+order. `HubEndpoint` holds what the in-process hub shares with a hub process
+reached over TCP (tests/e2e/hub_process.py).
 """
 
 from __future__ import annotations
@@ -123,9 +125,10 @@ class HubClient:
         return self.offers.pop(0)
 
     async def start(self, offer: Offer) -> Answer:
-        return await self.request(
-            Start(message_id=self.next_id(), attempt_id=offer.attempt_id, epoch=offer.epoch)
-        )
+        return await self.request(self.start_message(offer))
+
+    def start_message(self, offer: Offer) -> Start:
+        return Start(message_id=self.next_id(), attempt_id=offer.attempt_id, epoch=offer.epoch)
 
     async def renew(self, offer: Offer) -> Answer:
         return await self.request(
@@ -155,29 +158,30 @@ class HubClient:
 
 
 @attrs.define(eq=False)
-class HubRig:
-    hub: Hub
-    store: Store
+class HubEndpoint:
+    """A hub to talk to; subclasses say how a connection is made."""
+
     nursery: trio.Nursery
+    """Where a client connection's background tasks run."""
 
-    def now_ms(self) -> int:
-        return self.hub.now_ms()
+    async def open_stream(self) -> trio.abc.HalfCloseableStream:
+        raise NotImplementedError
 
-    def credential(self, queue_id: str = QUEUE, *rights: Right) -> str:
-        return create_credential(
-            self.store, queue_id, frozenset(rights or (Right.WORKER, Right.PRODUCER)), self.now_ms()
-        )
-
-    async def open_socket(self) -> trio_websocket.WebSocketConnection:
-        client_stream, server_stream = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.hub.serve_connection, server_stream)
-        return await trio_websocket.wrap_client_stream(
-            self.nursery,
-            client_stream,  # type: ignore[arg-type]  # any trio Stream serves; annotated narrower
-            "hub.test",
-            WORKER_PATH,
-            max_message_size=MAX_FRAME_BYTES,
-        )
+    @asynccontextmanager
+    async def open_socket(self) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+        # Closes the stream itself too: trio-websocket leaves it open when the hub went away.
+        async with await self.open_stream() as stream:
+            socket = await trio_websocket.wrap_client_stream(
+                self.nursery,
+                stream,  # type: ignore[arg-type]  # any Stream serves; annotated narrower
+                "hub.test",
+                WORKER_PATH,
+                max_message_size=MAX_FRAME_BYTES,
+            )
+            try:
+                yield socket
+            finally:
+                await socket.aclose()
 
     @asynccontextmanager
     async def worker(
@@ -206,15 +210,12 @@ class HubRig:
     @asynccontextmanager
     async def connected(self, token: str) -> AsyncIterator[HubClient]:
         """A client whose hello was answered with welcome."""
-        socket = await self.open_socket()
-        client = HubClient(socket=socket)
-        try:
+        async with self.open_socket() as socket:
+            client = HubClient(socket=socket)
             await client.send(Hello(protocol_version=PROTOCOL_VERSION, credential=token))
             await client.receive()
             assert isinstance(client.others[-1], Welcome), client.others
             yield client
-        finally:
-            await socket.aclose()
 
     async def http(
         self,
@@ -226,15 +227,14 @@ class HubRig:
         raw: bytes | None = None,
     ) -> tuple[int, Any]:
         """One request to the producers' API: (status, the JSON body)."""
-        client_stream, server_stream = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.hub.serve_connection, server_stream)
+        stream = await self.open_stream()
         data = raw if raw is not None else b"" if body is None else json.dumps(body).encode()
         headers = [("host", "hub.test"), ("content-length", str(len(data)))]
         if token is not None:
             headers.append(("authorization", f"Bearer {token}"))
         connection = h11.Connection(h11.CLIENT)
         request = h11.Request(method=method, target=target, headers=headers)
-        await client_stream.send_all(
+        await stream.send_all(
             connection.send(request)
             + connection.send(h11.Data(data=data))
             + connection.send(h11.EndOfMessage())
@@ -243,13 +243,13 @@ class HubRig:
         while True:
             event = connection.next_event()
             if event is h11.NEED_DATA:
-                connection.receive_data(bytes(await client_stream.receive_some()))
+                connection.receive_data(bytes(await stream.receive_some()))
             elif isinstance(event, h11.Response):
                 status = event.status_code
             elif isinstance(event, h11.Data):
                 content += event.data
             elif isinstance(event, h11.EndOfMessage):
-                await client_stream.aclose()
+                await stream.aclose()
                 return status, json.loads(content)
 
     async def submit(self, token: str, queue_id: str = QUEUE, **fields: object) -> dict[str, Any]:
@@ -273,6 +273,27 @@ class HubRig:
         return dict(task)
 
 
+@attrs.define(eq=False)
+class HubRig(HubEndpoint):
+    """A hub in this process, reached through in-memory streams."""
+
+    hub: Hub
+    store: Store
+
+    def now_ms(self) -> int:
+        return self.hub.now_ms()
+
+    def credential(self, queue_id: str = QUEUE, *rights: Right) -> str:
+        return create_credential(
+            self.store, queue_id, frozenset(rights or (Right.WORKER, Right.PRODUCER)), self.now_ms()
+        )
+
+    async def open_stream(self) -> trio.abc.HalfCloseableStream:
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self.hub.serve_connection, server_stream)
+        return client_stream
+
+
 @asynccontextmanager
 async def running_hub(url: str, config: HubConfig = TEST_CONFIG) -> AsyncIterator[HubRig]:
     """A hub on `url` with queue `QUEUE`, its actors running; stopped (and the store closed)
@@ -283,7 +304,7 @@ async def running_hub(url: str, config: HubConfig = TEST_CONFIG) -> AsyncIterato
         create_queue(store, QUEUE, hub.now_ms())
         async with trio.open_nursery() as nursery:
             await nursery.start(hub.run_actors)
-            yield HubRig(hub=hub, store=store, nursery=nursery)
+            yield HubRig(nursery=nursery, hub=hub, store=store)
             nursery.cancel_scope.cancel()
     finally:
         store.close()

@@ -110,10 +110,10 @@ async def test_a_bad_hello_is_answered_with_an_error(
 ) -> None:
     async with running_hub(hub_url) as rig:
         token = rig.credential()
-        socket = await rig.open_socket()
-        client = HubClient(socket=socket)
-        await socket.send_message(hello)
-        error = await client.closed()
+        async with rig.open_socket() as socket:
+            client = HubClient(socket=socket)
+            await socket.send_message(hello)
+            error = await client.closed()
         assert error is not None
         expected = code or (
             ErrorCode.VERSION_MISMATCH if b"bxc_" not in hello else ErrorCode.AUTH_FAILED

@@ -1,0 +1,76 @@
+"""A real `python -m blockx hub` process for e2e tests, reached over loopback TCP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from tests.adapters.hub_harness import HubEndpoint
+from tests.e2e.serve_process import REPO, START_TIMEOUT_S, free_port
+
+READY_LINE = "listening on"
+
+
+@attrs.define(eq=False)
+class HubProcess(HubEndpoint):
+    process: trio.Process | None = None
+    port: int = 0
+    log: list[str] = attrs.Factory(list)
+
+    async def open_stream(self) -> trio.abc.HalfCloseableStream:
+        return await trio.open_tcp_stream("127.0.0.1", self.port)
+
+    async def kill(self) -> None:
+        """SIGKILL: the hub gets no chance to finish anything."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+        assert self.process.returncode == -signal.SIGKILL
+
+
+async def _pump(stream: trio.abc.ReceiveStream, hub: HubProcess, ready: trio.Event) -> None:
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            hub.log.append(line.decode(errors="replace"))
+            if READY_LINE.encode() in line:
+                ready.set()
+
+
+@asynccontextmanager
+async def hub_process(db: str, env: dict[str, str] | None = None) -> AsyncIterator[HubProcess]:
+    """A hub on `db` and a free loopback port; yields once it listens, kills it on exit."""
+    port = free_port()
+    command = [sys.executable, "-m", "blockx", "hub", "--listen", f"127.0.0.1:{port}", "--db", db]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
+    environment.update(env or {})
+    async with trio.open_nursery() as nursery:
+        process = await trio.lowlevel.open_process(
+            command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=environment, cwd=REPO
+        )
+        assert process.stderr is not None
+        hub = HubProcess(nursery=nursery, process=process, port=port)
+        ready = trio.Event()
+        nursery.start_soon(_pump, process.stderr, hub, ready)
+        with trio.move_on_after(START_TIMEOUT_S):
+            await ready.wait()
+        if not ready.is_set():
+            process.kill()
+            raise AssertionError("the hub did not start:\n" + "\n".join(hub.log))
+        try:
+            yield hub
+        finally:
+            if process.returncode is None:
+                process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            nursery.cancel_scope.cancel()

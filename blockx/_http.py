@@ -76,7 +76,9 @@ async def respond(
     await close_gently(stream)
 
 
-async def read_body(stream: trio.abc.HalfCloseableStream, connection: h11.Connection, limit: int) -> bytes:
+async def read_body(
+    stream: trio.abc.HalfCloseableStream, connection: h11.Connection, limit: int
+) -> bytes:
     """The whole body of the request just read; `BodyTooLarge` above `limit` bytes."""
     body = bytearray()
     while True:

@@ -363,6 +363,15 @@ def _strict(expected: type[Any]) -> Any:
     return structure
 
 
+def _number(value: object, _type: type[Any]) -> int:
+    # Every integer is an epoch, a time or a count: a database BIGINT, never negative.
+    if type(value) is not int:
+        raise TypeError(f"expected int, got {type(value).__name__}")
+    if not 0 <= value <= MAX_INT:
+        raise ValueError(f"must be from 0 to {MAX_INT}, not {value}")
+    return value
+
+
 def _choice(value: object, type_: type[enum.StrEnum]) -> enum.StrEnum:
     if type(value) is not str:
         raise TypeError(f"expected str, got {type(value).__name__}")
@@ -374,8 +383,9 @@ def _choice(value: object, type_: type[enum.StrEnum]) -> enum.StrEnum:
 
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
-    for primitive in (str, int, bool):
-        converter.register_structure_hook(primitive, _strict(primitive))
+    converter.register_structure_hook(str, _strict(str))
+    converter.register_structure_hook(bool, _strict(bool))
+    converter.register_structure_hook(int, _number)
     for choice in (ErrorCode, RefusalCode, Disposition, AttemptStatus):
         # Each by name: the hook for str would otherwise take these str subclasses too.
         converter.register_structure_hook(choice, _choice)
@@ -464,10 +474,8 @@ def _reason(error: BaseException, type_: type | None) -> str:
 
 def check(message: Message) -> None:
     """`ProtocolError` if a decoded message breaks a rule its types do not say."""
-    _check_numbers(message)
-    for name in ("message_id", "instance_id", "attempt_id", "queue_id"):
-        value = getattr(message, name, None)
-        if value is not None and not 0 < len(value) <= MAX_ID_CHARS:
+    for name in _ID_FIELDS[type(message)]:
+        if not 0 < len(getattr(message, name)) <= MAX_ID_CHARS:
             raise ProtocolError(reason=f"{name} must have 1 to {MAX_ID_CHARS} characters")
     match message:
         case OpenSession(capacity=capacity) | Heartbeat(capacity=capacity) if (
@@ -480,16 +488,11 @@ def check(message: Message) -> None:
             pass
 
 
-def _check_numbers(value: object) -> None:
-    """Every integer in a message is from 0 to `MAX_INT` (epochs, times, counts)."""
-    if isinstance(value, tuple):
-        for item in value:
-            _check_numbers(item)
-        return
-    if not attrs.has(type(value)):
-        return
-    for field in attrs.fields(type(value)):  # type: ignore[arg-type]  # attrs.has said so
-        item = getattr(value, field.name)
-        if type(item) is int and not 0 <= item <= MAX_INT:
-            raise ProtocolError(reason=f"{field.name} must be from 0 to {MAX_INT}, not {item}")
-        _check_numbers(item)
+_ID_FIELDS: Final = {
+    cls: tuple(
+        field.name
+        for field in attrs.fields(cls)
+        if field.name in ("message_id", "instance_id", "attempt_id", "queue_id")
+    )
+    for cls in TAGS
+}

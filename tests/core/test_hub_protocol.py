@@ -171,12 +171,12 @@ START = {"type": "start", "message_id": "m1", "attempt_id": "a1", "epoch": 1}
         ([{k: v for k, v in START.items() if k != "attempt_id"}], "attempt_id"),
         ([{**START, "message_id": ""}], "message_id must have 1 to 128 characters"),
         ([{**START, "message_id": "x" * 129}], "message_id must have 1 to 128 characters"),
-        ([{"type": "heartbeat", "capacity": -1}], "capacity must be from 0 to"),
+        ([{"type": "heartbeat", "capacity": -1}], "must be from 0 to"),
         ([{"type": "heartbeat", "capacity": 10_001}], "capacity must be at most 10000"),
-        ([{**START, "epoch": 2**63}], f"epoch must be from 0 to {MAX_INT}, not {2**63}"),
+        ([{**START, "epoch": 2**63}], f"must be from 0 to {MAX_INT}, not {2**63} @ $.epoch"),
         (
             [{"type": "resume", "message_id": "m", "attempts": [{"attempt_id": "a", "epoch": -1}]}],
-            "epoch must be from 0",
+            "not -1 @ $.attempts[0].epoch",
         ),
         ([{"type": "resume", "message_id": "m", "attempts": ["a"]}], "expected a map"),
         (

@@ -18,8 +18,10 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import attrs
 
 from blockx.errors import BlockxError
 from blockx.hub._model import (
@@ -78,8 +80,8 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         failure_code TEXT NOT NULL,
         failure_details TEXT NOT NULL,
         finished_at_ms BIGINT NOT NULL
-    );
-    CREATE INDEX tasks_queued ON tasks (queue_id, capability, available_at_ms)
+    ){without_rowid};
+    CREATE INDEX tasks_queued ON tasks (queue_id, capability, available_at_ms, created_at_ms)
         WHERE state = 'QUEUED';
     CREATE INDEX tasks_waiting ON tasks (deadline_at_ms) WHERE state = 'QUEUED';
     CREATE INDEX tasks_by_queue ON tasks (queue_id, created_at_ms);
@@ -96,7 +98,7 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         finished_at_ms BIGINT NOT NULL,
         due_at_ms BIGINT NOT NULL,
         outcome TEXT
-    );
+    ){without_rowid};
     CREATE INDEX attempts_due ON attempts (due_at_ms) WHERE state IN ('OFFERED', 'RUNNING');
     CREATE INDEX attempts_of_task ON attempts (task_id, epoch);
     CREATE TABLE history (
@@ -115,7 +117,7 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         answer {blob} NOT NULL,
         at_ms BIGINT NOT NULL,
         PRIMARY KEY (instance_id, message_id)
-    );
+    ){without_rowid};
     CREATE INDEX receipts_by_age ON receipts (at_ms);
     """,
 )
@@ -133,6 +135,34 @@ _ATTEMPT_COLUMNS: Final = (
 )
 NEVER: Final = 2**62
 """`due_at_ms` of an attempt that has ended."""
+_TASK_MARKS: Final = ", ".join("?" * len(_TASK_COLUMNS.split(", ")))
+_INSERT_TASK: Final = f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({_TASK_MARKS})"
+_UPDATE_TASK: Final = (
+    "UPDATE tasks SET state = ?, available_at_ms = ?, epoch = ?, attempt_id = ?, "
+    "started_attempts = ?, uncertain = ?, result = ?, failure_code = ?, "
+    "failure_details = ?, finished_at_ms = ? WHERE task_id = ?"
+)
+_INSERT_ATTEMPT: Final = (
+    f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) "
+    f"VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS.split(', ')))})"
+)
+_UPDATE_ATTEMPT: Final = (
+    "UPDATE attempts SET state = ?, started_at_ms = ?, lease_deadline_ms = ?, "
+    "finished_at_ms = ?, due_at_ms = ?, outcome = ? WHERE attempt_id = ?"
+)
+_INSERT_NOTE: Final = (
+    "INSERT INTO history (task_id, at_ms, kind, attempt_id, detail) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_RECEIPT: Final = (
+    "INSERT INTO receipts (instance_id, message_id, digest, answer, at_ms) VALUES (?, ?, ?, ?, ?)"
+)
+CHUNK: Final = 500
+"""Keys per IN (...) query (SQLite allows 32,766 parameters; this keeps statements short)."""
+
+
+def _chunks(keys: Sequence[T]) -> Iterator[Sequence[T]]:
+    for start in range(0, len(keys), CHUNK):
+        yield keys[start : start + CHUNK]
 
 
 class StoreError(BlockxError):
@@ -144,69 +174,161 @@ class StoreError(BlockxError):
         super().__init__(f"hub database {url}: {reason}")
 
 
-class Tx:
-    """The operations' view of one open transaction."""
+@attrs.frozen(kw_only=True)
+class Keys:
+    """The rows an operation will look up by key: read for a whole batch in one query each."""
 
-    def __init__(self, execute: Callable[[str, Sequence[object]], Any], *, locks: bool) -> None:
+    attempts: tuple[str, ...] = ()
+    receipts: tuple[tuple[str, str], ...] = ()
+    """(instance id, message id)."""
+
+
+class Tx:
+    """The operations' view of one open transaction: a unit of work.
+
+    Rows looked up by key (tasks, attempts, receipts) are read once per
+    transaction, `prefetch` reading a whole batch's in one query per table,
+    and kept; changes are kept too and written together (one `executemany`
+    per statement) when the transaction ends, or before any other query so
+    that every query sees them. On PostgreSQL every row read to be changed is
+    locked until the commit.
+    """
+
+    def __init__(
+        self,
+        execute: Callable[[str, Sequence[object]], Any],
+        execute_many: Callable[[str, list[tuple[object, ...]]], Any],
+        *,
+        locks: bool,
+    ) -> None:
         self._execute = execute
+        self._execute_many = execute_many
         self._locks = locks
+        self._tasks: dict[str, Task | None] = {}
+        self._attempts: dict[str, Attempt | None] = {}
+        self._receipts: dict[tuple[str, str], tuple[str, bytes] | None] = {}
+        self._writes: dict[str, dict[object, tuple[object, ...]]] = {}
+        """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
+        self._notes: list[tuple[object, ...]] = []
 
     def rows(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
+        self.flush()
         rows: list[tuple[Any, ...]] = self._execute(sql, params).fetchall()
         return rows
 
     def run(self, sql: str, *params: object) -> None:
+        self.flush()
         self._execute(sql, params)
+
+    def flush(self) -> None:
+        """Write the changes kept so far."""
+        writes, notes = self._writes, self._notes
+        if not writes and not notes:
+            return
+        self._writes, self._notes = {}, []
+        for sql, rows in writes.items():
+            self._execute_many(sql, list(rows.values()))
+        if notes:
+            self._execute_many(_INSERT_NOTE, notes)
+
+    def _write(self, sql: str, key: object, row: tuple[object, ...]) -> None:
+        self._writes.setdefault(sql, {})[key] = row
 
     def _lock(self, sql: str, *, skip_locked: bool = False) -> str:
         if not self._locks:
             return sql
         return sql + (" FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE")
 
+    def prefetch(self, keys: Iterable[Keys]) -> None:
+        """Read every row `keys` name (and the tasks of those attempts), one query per table."""
+        keys = list(keys)
+        attempt_ids = {a for k in keys for a in k.attempts if a not in self._attempts}
+        receipt_keys = {r for k in keys for r in k.receipts if r not in self._receipts}
+        for chunk in _chunks(sorted(attempt_ids)):
+            for attempt in self._select_attempts(chunk):
+                self._attempts[attempt.attempt_id] = attempt
+        self._attempts.update((a, None) for a in attempt_ids if a not in self._attempts)
+        task_ids = {
+            a.task_id for a in self._attempts.values() if a is not None
+        } - self._tasks.keys()
+        for chunk in _chunks(sorted(task_ids)):
+            marks = ", ".join("?" * len(chunk))
+            sql = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id IN ({marks}) ORDER BY task_id"
+            for row in self.rows(self._lock(sql), *chunk):
+                self._tasks[row[0]] = _task(row)
+        by_instance: dict[str, list[str]] = {}
+        for instance_id, message_id in receipt_keys:
+            by_instance.setdefault(instance_id, []).append(message_id)
+            self._receipts[(instance_id, message_id)] = None
+        for instance_id, message_ids in by_instance.items():
+            for chunk in _chunks(message_ids):
+                marks = ", ".join("?" * len(chunk))
+                sql = (
+                    "SELECT message_id, digest, answer FROM receipts "
+                    f"WHERE instance_id = ? AND message_id IN ({marks})"
+                )
+                for message_id, kept_digest, answer in self.rows(sql, instance_id, *chunk):
+                    self._receipts[(instance_id, message_id)] = (kept_digest, bytes(answer))
+
     # --- tasks -------------------------------------------------------------------------
 
     def task(self, task_id: str) -> Task | None:
-        rows = self.rows(
-            self._lock(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?"), task_id
-        )
-        return _task(rows[0]) if rows else None
+        if task_id not in self._tasks:
+            sql = self._lock(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?")
+            rows = self.rows(sql, task_id)
+            self._tasks[task_id] = _task(rows[0]) if rows else None
+        return self._tasks[task_id]
 
     def insert_task(self, task: Task) -> None:
-        marks = ", ".join("?" * len(_TASK_COLUMNS.split(", ")))
-        self.run(f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({marks})", *_task_row(task))
+        self._tasks[task.task_id] = task
+        self._write(_INSERT_TASK, task.task_id, _task_row(task))
 
     def update_task(self, task: Task) -> None:
-        self.run(
-            "UPDATE tasks SET state = ?, available_at_ms = ?, epoch = ?, attempt_id = ?, "
-            "started_attempts = ?, uncertain = ?, result = ?, failure_code = ?, "
-            "failure_details = ?, finished_at_ms = ? WHERE task_id = ?",
-            task.state.value,
-            task.available_at_ms,
-            task.epoch,
-            task.attempt_id,
-            task.started_attempts,
-            int(task.uncertain),
-            task.result,
-            task.failure_code,
-            task.failure_details,
-            task.finished_at_ms,
+        self._tasks[task.task_id] = task
+        inserted = self._writes.get(_INSERT_TASK, {})
+        if task.task_id in inserted:
+            inserted[task.task_id] = _task_row(task)
+            return
+        self._write(
+            _UPDATE_TASK,
             task.task_id,
+            (
+                task.state.value,
+                task.available_at_ms,
+                task.epoch,
+                task.attempt_id,
+                task.started_attempts,
+                int(task.uncertain),
+                task.result,
+                task.failure_code,
+                task.failure_details,
+                task.finished_at_ms,
+                task.task_id,
+            ),
         )
 
     def offerable(
         self, queue_id: str, capabilities: Sequence[str], now_ms: int, limit: int
     ) -> list[Task]:
-        """QUEUED tasks of `queue_id` matching a capability key, oldest first."""
-        marks = ", ".join("?" * len(capabilities))
-        sql = (
+        """Up to `limit` QUEUED tasks of `queue_id` matching a capability key, oldest first.
+
+        One indexed range per capability, each read no further than `limit`
+        rows: the cost is the same for a queue of ten tasks or of millions.
+        """
+        sql = self._lock(
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND queue_id = ? "
-            f"AND capability IN ({marks}) AND available_at_ms <= ? AND deadline_at_ms > ? "
-            "AND started_attempts < max_attempts ORDER BY available_at_ms, created_at_ms LIMIT ?"
+            "AND capability = ? AND available_at_ms <= ? AND deadline_at_ms > ? "
+            "AND started_attempts < max_attempts ORDER BY available_at_ms, created_at_ms LIMIT ?",
+            skip_locked=True,
         )
-        rows = self.rows(
-            self._lock(sql, skip_locked=True), queue_id, *capabilities, now_ms, now_ms, limit
-        )
-        return [_task(row) for row in rows]
+        found = [
+            self._keep_task(row)
+            for capability in dict.fromkeys(capabilities)
+            for row in self.rows(sql, queue_id, capability, now_ms, now_ms, limit)
+        ]
+        if len(capabilities) > 1:
+            found.sort(key=lambda task: (task.available_at_ms, task.created_at_ms))
+        return found[:limit]
 
     def overdue_tasks(self, now_ms: int, limit: int) -> list[Task]:
         """QUEUED tasks whose total deadline has passed."""
@@ -214,7 +336,13 @@ class Tx:
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND deadline_at_ms <= ? "
             "ORDER BY deadline_at_ms LIMIT ?"
         )
-        return [_task(row) for row in self.rows(self._lock(sql, skip_locked=True), now_ms, limit)]
+        rows = self.rows(self._lock(sql, skip_locked=True), now_ms, limit)
+        return [self._keep_task(row) for row in rows]
+
+    def _keep_task(self, row: Sequence[Any]) -> Task:
+        task = _task(row)
+        self._tasks[task.task_id] = task
+        return task
 
     def tasks_of_queue(self, queue_id: str, state: str | None, limit: int) -> list[Task]:
         where = "queue_id = ?" + (" AND state = ?" if state else "")
@@ -225,9 +353,18 @@ class Tx:
     # --- attempts ----------------------------------------------------------------------
 
     def attempt(self, attempt_id: str) -> Attempt | None:
-        sql = self._lock(f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ?")
-        rows = self.rows(sql, attempt_id)
-        return _attempt(rows[0]) if rows else None
+        if attempt_id not in self._attempts:
+            found = self._select_attempts([attempt_id])
+            self._attempts[attempt_id] = found[0] if found else None
+        return self._attempts[attempt_id]
+
+    def _select_attempts(self, attempt_ids: Sequence[str]) -> list[Attempt]:
+        marks = ", ".join("?" * len(attempt_ids))
+        sql = (
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id IN ({marks}) "
+            "ORDER BY attempt_id"
+        )
+        return [_attempt(row) for row in self.rows(self._lock(sql), *attempt_ids)]
 
     def attempts_of(self, task_id: str) -> list[Attempt]:
         sql = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ? ORDER BY epoch"
@@ -239,9 +376,9 @@ class Tx:
             f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state IN ('OFFERED', 'RUNNING') "
             "AND due_at_ms <= ? ORDER BY due_at_ms LIMIT ?"
         )
-        return [
-            _attempt(row) for row in self.rows(self._lock(sql, skip_locked=True), now_ms, limit)
-        ]
+        found = [_attempt(r) for r in self.rows(self._lock(sql, skip_locked=True), now_ms, limit)]
+        self._attempts.update((attempt.attempt_id, attempt) for attempt in found)
+        return found
 
     def next_due_ms(self) -> int | None:
         """When the next live attempt's offer or lease runs out, or a queued task's deadline."""
@@ -253,36 +390,22 @@ class Tx:
         return min(dues, default=None)
 
     def put_attempt(self, attempt: Attempt, *, new: bool) -> None:
+        self._attempts[attempt.attempt_id] = attempt
         row = _attempt_row(attempt)
-        if new:
-            marks = ", ".join("?" * len(row))
-            self.run(f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({marks})", *row)
+        inserted = self._writes.get(_INSERT_ATTEMPT, {})
+        if new or attempt.attempt_id in inserted:
+            self._write(_INSERT_ATTEMPT, attempt.attempt_id, row)
             return
-        self.run(
-            "UPDATE attempts SET state = ?, started_at_ms = ?, lease_deadline_ms = ?, "
-            "finished_at_ms = ?, due_at_ms = ?, outcome = ? WHERE attempt_id = ?",
-            row[4],
-            row[7],
-            row[8],
-            row[9],
-            row[10],
-            row[11],
-            attempt.attempt_id,
-        )
+        changed = (row[4], row[7], row[8], row[9], row[10], row[11], attempt.attempt_id)
+        self._write(_UPDATE_ATTEMPT, attempt.attempt_id, changed)
 
     # --- history and receipts ----------------------------------------------------------
 
     def note(self, entries: Iterable[HistoryEntry]) -> None:
-        for entry in entries:
-            self.run(
-                "INSERT INTO history (task_id, at_ms, kind, attempt_id, detail) "
-                "VALUES (?, ?, ?, ?, ?)",
-                entry.task_id,
-                entry.at_ms,
-                entry.kind,
-                entry.attempt_id,
-                entry.detail,
-            )
+        self._notes.extend(
+            (entry.task_id, entry.at_ms, entry.kind, entry.attempt_id, entry.detail)
+            for entry in entries
+        )
 
     def history(self, task_id: str) -> list[HistoryEntry]:
         rows = self.rows(
@@ -296,28 +419,22 @@ class Tx:
         ]
 
     def receipt(self, instance_id: str, message_id: str) -> tuple[str, bytes] | None:
-        rows = self.rows(
-            "SELECT digest, answer FROM receipts WHERE instance_id = ? AND message_id = ?",
-            instance_id,
-            message_id,
-        )
-        return (rows[0][0], bytes(rows[0][1])) if rows else None
+        """(digest, answer) kept for a message id."""
+        key = (instance_id, message_id)
+        if key not in self._receipts:
+            self.prefetch([Keys(receipts=(key,))])
+        return self._receipts[key]
 
     def keep_receipt(
         self, instance_id: str, message_id: str, digest: str, answer: bytes, now_ms: int
     ) -> None:
-        self.run(
-            "INSERT INTO receipts (instance_id, message_id, digest, answer, at_ms) "
-            "VALUES (?, ?, ?, ?, ?)",
-            instance_id,
-            message_id,
-            digest,
-            answer,
-            now_ms,
-        )
+        key = (instance_id, message_id)
+        self._receipts[key] = (digest, answer)
+        self._write(_INSERT_RECEIPT, key, (instance_id, message_id, digest, answer, now_ms))
 
     def forget_receipts(self, before_ms: int) -> None:
         self.run("DELETE FROM receipts WHERE at_ms < ?", before_ms)
+        self._receipts.clear()
 
     # --- queues and credentials --------------------------------------------------------
 
@@ -504,7 +621,7 @@ class Store:
             try:
                 if self.postgres and self._pg.closed:
                     self._pg = _connect_postgres(self.url)
-                return self._transaction(lambda tx: [op(tx) for op in operations])
+                return self._transaction(lambda tx: _run_all(tx, operations))
             except sqlite3.Error as error:
                 raise StoreError(url=self.name, reason=str(error)) from error
             except Exception as error:
@@ -520,13 +637,20 @@ class Store:
         if self.postgres:
             with self._pg.transaction():
                 cursor = self._pg.cursor()
-                return work(
-                    Tx(lambda sql, params: cursor.execute(_pg_sql(sql), params), locks=True)
+                tx = Tx(
+                    lambda sql, params: cursor.execute(_pg_sql(sql), params),
+                    lambda sql, rows: cursor.executemany(_pg_sql(sql), rows),
+                    locks=True,
                 )
+                result = work(tx)
+                tx.flush()
+                return result
         connection = self._sqlite
         connection.execute("BEGIN IMMEDIATE")
         try:
-            result = work(Tx(connection.execute, locks=False))
+            tx = Tx(connection.execute, connection.executemany, locks=False)
+            result = work(tx)
+            tx.flush()
         except BaseException:
             connection.execute("ROLLBACK")
             raise
@@ -534,8 +658,10 @@ class Store:
         return result
 
     def _migrate(self) -> None:
-        serial, blob = (
-            ("BIGSERIAL PRIMARY KEY", "BYTEA") if self.postgres else ("INTEGER PRIMARY KEY", "BLOB")
+        serial, blob, without_rowid = (
+            ("BIGSERIAL PRIMARY KEY", "BYTEA", "")
+            if self.postgres
+            else ("INTEGER PRIMARY KEY", "BLOB", " WITHOUT ROWID")  # clustered by the key
         )
 
         def migrate(tx: Tx) -> None:
@@ -545,7 +671,9 @@ class Store:
             if not rows:
                 tx.run("INSERT INTO schema_version (version) VALUES (0)")
             for script in _MIGRATIONS[applied:]:
-                for statement in script.format(serial=serial, blob=blob).split(";"):
+                for statement in script.format(
+                    serial=serial, blob=blob, without_rowid=without_rowid
+                ).split(";"):
                     if statement.strip():
                         tx.run(statement)
             tx.run("UPDATE schema_version SET version = ?", len(_MIGRATIONS))
@@ -554,9 +682,20 @@ class Store:
             with self._pg.transaction():
                 self._pg.execute("SELECT pg_advisory_xact_lock(7304015)")  # one migrator at a time
                 cursor = self._pg.cursor()
-                migrate(Tx(lambda sql, params: cursor.execute(_pg_sql(sql), params), locks=False))
+                migrate(
+                    Tx(
+                        lambda sql, params: cursor.execute(_pg_sql(sql), params),
+                        lambda sql, rows: cursor.executemany(_pg_sql(sql), rows),
+                        locks=False,
+                    )
+                )
             return
         self._transaction(migrate)
+
+
+def _run_all(tx: Tx, operations: Sequence[Callable[[Tx], T]]) -> list[T]:
+    tx.prefetch(keys for op in operations if (keys := getattr(op, "keys", None)) is not None)
+    return [op(tx) for op in operations]
 
 
 def _connect_sqlite(url: str) -> sqlite3.Connection:

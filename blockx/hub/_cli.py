@@ -23,9 +23,10 @@ from typing import Any
 
 import trio
 
+from blockx.config import parse_listen_addr
 from blockx.errors import InvalidValue
 from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
-from blockx.hub._api import submission_from_json, task_json
+from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._config import HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
 from blockx.hub._ops import SubmitRefusal
@@ -103,8 +104,13 @@ def _add_submit(sub: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> HubConfig:
-    overrides = {"db": args.db, "listen_addr": getattr(args, "listen", None)}
-    return HubConfig.load(os.environ, overrides)
+    listen = getattr(args, "listen", None)
+    if listen is not None:
+        try:
+            parse_listen_addr(listen)
+        except ValueError as error:
+            raise CommandError(field="--listen", value=listen, allowed=str(error)) from None
+    return HubConfig.load(os.environ, {"db": args.db, "listen_addr": listen})
 
 
 def _store(args: argparse.Namespace) -> Store:
@@ -159,12 +165,21 @@ def _submit(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             document[key] = value
-    outcome = submit(_store(args), submission_from_json(document, args.queue), _now_ms())
+    try:
+        submission = submission_from_json(document, args.queue)
+    except InvalidSubmission as error:
+        flag = _SUBMIT_FLAGS.get(error.field, "--" + error.field.replace("_", "-"))
+        raise CommandError(field=flag, value=error.value, allowed=error.allowed) from None
+    outcome = submit(_store(args), submission, _now_ms())
     if isinstance(outcome, SubmitRefusal):
         flag = "--" + outcome.field.replace("_", "-")
         raise CommandError(field=flag, value=getattr(args, outcome.field), allowed=outcome.message)
     print(json.dumps(task_json(outcome.task), indent=2))
     return 0
+
+
+_SUBMIT_FLAGS = {"total_deadline_ms": "--deadline-ms", "idempotency": "--idempotent"}
+"""The flag of each submission key whose flag is not the key spelled as a flag."""
 
 
 def _show_task(args: argparse.Namespace) -> int:

@@ -1,0 +1,136 @@
+"""`python -m blockx hub ...`: the operators' commands on a SQLite file, and their errors.
+
+Each error exits 1 with one line naming the flag (or setting) that is wrong;
+nothing is written to the database by a command that fails.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blockx import cli
+from blockx.hub import Store, show_task
+
+SUBMIT = ["--handler", "resize", "--handler-version", "2", "--payload-version", "1"]
+
+
+def run(capsys: pytest.CaptureFixture[str], db: Path, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["hub", *argv, "--db", str(db)])
+    out, err = capsys.readouterr()
+    return code, out, err.strip()
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("HUB_DB", "HUB_LISTEN", "HUB_LEASE_MS"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "hub.sqlite3"
+
+
+def test_a_queue_a_credential_a_task_and_its_history(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(capsys, db, "queue", "create", "images") == (0, "queue images created\n", "")
+    assert run(capsys, db, "queue", "create", "images")[1] == "queue images exists already\n"
+    code, token, _ = run(capsys, db, "credential", "create", "--queue", "images", "--rights",
+                         "producer, worker")  # fmt: skip
+    assert code == 0
+    assert token.startswith("bxc_")
+    code, out, _ = run(capsys, db, "submit", "--queue", "images", *SUBMIT, "--payload",
+                       '{"image": "a.png"}', "--idempotent", "--max-attempts", "5",
+                       "--task-id", "order-1")  # fmt: skip
+    assert code == 0
+    submitted = json.loads(out)
+    assert (submitted["task_id"], submitted["state"]) == ("order-1", "QUEUED")
+    assert (submitted["idempotency"], submitted["max_attempts"]) == ("IDEMPOTENT", 5)
+    assert submitted["payload"] == {"image": "a.png"}
+    code, out, _ = run(capsys, db, "task", "show", "order-1")
+    assert code == 0
+    shown = json.loads(out)
+    assert [entry["kind"] for entry in shown["history"]] == ["SUBMITTED"]
+    assert shown["attempts"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["credential", "create", "--queue", "nope", "--rights", "worker"],
+            "blockx: error: --queue 'nope': no such queue",
+        ),
+        (
+            ["credential", "create", "--queue", "q", "--rights", "root"],
+            "blockx: error: --rights 'root': comma-separated producer, worker, admin",
+        ),
+        (
+            ["credential", "create", "--queue", "q", "--rights", " , "],
+            "blockx: error: --rights ' , ': name at least one right",
+        ),
+        (
+            ["submit", "--queue", "q", *SUBMIT, "--payload", "{oops"],
+            "blockx: error: --payload '{oops': JSON: Expecting property name",
+        ),
+        (
+            ["submit", "--queue", "q", *SUBMIT, "--payload", "1", "--max-attempts", "0"],
+            "blockx: error: --max-attempts 0: an integer from 1 to 100",
+        ),
+        (
+            ["submit", "--queue", "q", *SUBMIT, "--payload", "1", "--deadline-ms", "-5"],
+            "blockx: error: --deadline-ms -5: an integer from 1 to",
+        ),
+        (
+            ["submit", "--queue", "nope", *SUBMIT, "--payload", "1"],
+            "blockx: error: --queue 'nope': no queue 'nope'",
+        ),
+        (["task", "show", "t9"], "blockx: error: TASK 't9': no such task"),
+        (["--listen", "8090"], "blockx: error: --listen '8090': must be \"host:port\""),
+    ],
+)
+def test_errors_exit_1_naming_the_flag(
+    db: Path, argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(capsys, db, "queue", "create", "q")[0] == 0
+    code, out, err = run(capsys, db, *argv)
+    assert (code, out) == (1, "")
+    assert err.startswith(error), err
+    store = Store(str(db))
+    try:
+        assert store.read(lambda tx: tx.tasks_of_queue("q", None, 10)) == []
+        assert show_task(store, "t9") is None
+    finally:
+        store.close()
+
+
+def test_a_repeated_task_id_with_other_content_is_refused(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, db, "queue", "create", "q")
+    first = run(capsys, db, "submit", "--queue", "q", *SUBMIT, "--payload", "1", "--task-id", "t")
+    again = run(capsys, db, "submit", "--queue", "q", *SUBMIT, "--payload", "1", "--task-id", "t")
+    other = run(capsys, db, "submit", "--queue", "q", *SUBMIT, "--payload", "2", "--task-id", "t")
+    assert first[0] == again[0] == 0
+    assert json.loads(first[1]) == json.loads(again[1])
+    assert other[0] == 1
+    assert other[2] == "blockx: error: --task-id 't': task 't' exists with other content"
+
+
+def test_a_bad_setting_in_the_environment_names_the_variable(
+    db: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HUB_LEASE_MS", "soon")
+    code, _, err = run(capsys, db, "queue", "create", "q")
+    assert code == 1
+    assert err == "blockx: error: HUB_LEASE_MS='soon' is invalid: must be an integer"
+
+
+def test_a_database_that_cannot_be_opened_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    code, _, err = run(capsys, tmp_path / "file" / "hub.sqlite3", "queue", "create", "q")
+    assert code == 1
+    assert err.startswith("blockx: error: hub database ")
+    assert len(err.splitlines()) == 1

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 from collections.abc import Callable
 from typing import Final
 
@@ -46,6 +45,7 @@ from blockx.hub._config import HubConfig
 from blockx.hub._model import Credential, Right
 from blockx.hub._store import Store, StoreError
 from blockx.hub.protocol import (
+    MAX_CAPACITY,
     MAX_FRAME_BYTES,
     MAX_FRAME_MESSAGES,
     PROTOCOL_VERSION,
@@ -88,6 +88,10 @@ REQUEST_TIMEOUT_S: Final = 60.0
 """For a producer's whole request, its answer included."""
 SWEEP_LIMIT: Final = 1_000
 RECEIPT_SWEEP_EVERY_MS: Final = 60_000
+MAX_PENDING: Final = 1_024
+"""Control messages of one connection awaiting their answers before the hub reads no more."""
+MAX_UNSENT: Final = MAX_PENDING + MAX_CAPACITY + 1_024
+"""Messages waiting to be sent to one worker: its answers, its offers and a margin."""
 _KEEPS_ATTEMPT: Final = frozenset(
     {RefusalCode.NOT_STARTED, RefusalCode.TOO_LARGE, RefusalCode.INVALID_REPORT}
 )
@@ -107,16 +111,38 @@ class _Closed(Exception):
 
 @attrs.define(eq=False)
 class _Link:
-    """One worker connection: where its answers go, and how to end it."""
+    """One worker connection: where its answers go, how many it awaits, and how to end it."""
 
     outbox: trio.MemorySendChannel[bytes]
     scope: trio.CancelScope
     fatal: Error | None = None
+    pending: int = 0
+    """Control messages taken and not answered yet."""
+    _room: trio.Event = attrs.Factory(trio.Event)
 
     def send(self, encoded: bytes) -> None:
         # A connection that is gone takes nothing: the worker resumes elsewhere.
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            self.outbox.send_nowait(encoded)
+            try:
+                self.outbox.send_nowait(encoded)
+            except trio.WouldBlock:
+                message = f"more than {MAX_UNSENT} messages unread: the worker does not read"
+                self.fail(Error(code=ErrorCode.PROTOCOL_ERROR, message=message))
+
+    def taken(self) -> None:
+        self.pending += 1
+
+    def answered(self) -> None:
+        self.pending -= 1
+        if self.pending < MAX_PENDING:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        """Until fewer than `MAX_PENDING` of this worker's messages await their answers:
+        a worker that sends faster than the hub commits is slowed down, not buffered."""
+        while self.pending >= MAX_PENDING:
+            self._room = trio.Event()
+            await self._room.wait()
 
     def fail(self, error: Error) -> None:
         """End the connection, telling the worker why."""
@@ -251,7 +277,7 @@ class Hub:
     # ------------------------------------------------------------------- sessions
 
     async def _worker(self, socket: trio_websocket.WebSocketConnection) -> None:
-        send, outbox = trio.open_memory_channel[bytes](math.inf)
+        send, outbox = trio.open_memory_channel[bytes](MAX_UNSENT)
         link = _Link(outbox=send, scope=trio.CancelScope())
         sessions: list[_Session] = []
         with link.scope:
@@ -275,6 +301,7 @@ class Hub:
         try:
             credential = await self._hello(socket)
             while True:
+                await link.wait_for_room()
                 for message in decode(await self._next_frame(socket)):
                     session = self._on_message(session, credential, link, message)
                     if not sessions:
@@ -394,9 +421,11 @@ class Hub:
 
     def _control(self, session: _Session, message: ControlMessage, decide: _ops.Decide) -> None:
         operation = _ops.answered(session.instance_id, message, self.now_ms(), decide)
+        session.link.taken()
         self.committer.submit(operation, functools.partial(self._answered, session))
 
     def _answered(self, session: _Session, result: bytes | _ops.Reused | StoreError) -> None:
+        session.link.answered()
         if isinstance(result, StoreError):
             logger.warning("hub: %s", result)
             session.link.fail(_UNAVAILABLE)

@@ -15,12 +15,15 @@ import trio.testing
 
 from blockx.hub import Right
 from blockx.hub.protocol import (
+    MAX_FRAME_BYTES,
+    MAX_FRAME_MESSAGES,
     MAX_JSON_BYTES,
     PROTOCOL_VERSION,
     Disposition,
     ErrorCode,
     Hello,
     OpenSession,
+    RefusalCode,
     Start,
     Succeeded,
     encode,
@@ -251,3 +254,35 @@ async def test_task_ids_repeat_idempotently_and_conflict_on_other_content(
     assert missing == (404, {"error": "no task 'order-18'"})
     assert [wrong_method[0], unknown[0], bad_state[0]] == [405, 404, 400]
     assert queued == (200, {"tasks": [first]})
+
+
+async def test_a_flood_of_requests_is_answered_in_full_at_the_hubs_pace(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        async with rig.worker(token) as worker:
+            starts = [
+                Start(message_id=worker.next_id(), attempt_id=f"a{n}", epoch=1)
+                for n in range(5 * MAX_FRAME_MESSAGES)
+            ]
+            for n in range(0, len(starts), MAX_FRAME_MESSAGES):
+                await worker.send(*starts[n : n + MAX_FRAME_MESSAGES])
+            answers = [await worker.answer(start.message_id) for start in starts]
+        assert {getattr(answer, "code", None) for answer in answers} == {
+            RefusalCode.UNKNOWN_ATTEMPT
+        }
+        await still_serves(rig, token)
+
+
+async def test_a_message_above_the_frame_limit_closes_the_connection(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        async with rig.worker(token) as worker:
+            await worker.socket.send_message(b"\x91" + b"\x00" * MAX_FRAME_BYTES)
+            assert await worker.closed() is None
+            assert worker.socket.closed is not None
+            assert worker.socket.closed.code == 1009  # message too big
+        await still_serves(rig, token)

@@ -45,7 +45,6 @@ from blockx.hub.protocol import (
     encode_message,
 )
 
-Operation: TypeAlias = Callable[[Tx], object]
 Decide: TypeAlias = Callable[[Tx], Answer]
 """Works out the answer to one control message (and makes the change it asks for)."""
 

@@ -4,7 +4,9 @@ Owns the schema (and its migrations), the mapping between records and rows,
 and transactions. Every call blocks (file or network IO): the hub runs them
 in a worker thread through its committer, which hands a whole batch of
 operations to `run_batch` to run in one transaction, committed with one
-fsync. Nothing here decides anything: the rules do (`_rules`).
+fsync. A transaction is a unit of work (`Tx`): the rows a batch names are
+read in one query per table and its changes written with one statement per
+kind. Nothing here decides anything: the rules do (`_rules`).
 
 SQLite runs in WAL mode with `synchronous=FULL`, so a committed transaction
 survives a crash of the process or the machine. With PostgreSQL several hub

@@ -10,20 +10,46 @@ more than fail that client's request.
 from __future__ import annotations
 
 import http
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import h11
 import trio
+import trio_websocket
 
 RECEIVE_BYTES: Final = 16 * 1024
 MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
 LINGER_S: Final = 1.0
 LINGER_BYTES: Final = 256 * 1024
+REQUEST_HEAD_TIMEOUT_S: Final = 10.0
+"""How long a client may take to send its request head."""
+RESPONSE_TIMEOUT_S: Final = 30.0
+HANDSHAKE_TIMEOUT_S: Final = 10.0
+"""How long a WebSocket handshake may take once its upgrade request is read."""
+WEBSOCKET_MAX_MESSAGE_BYTES: Final = 1024 * 1024
+"""trio-websocket's own default."""
 _KNOWN_STATUSES: Final = frozenset(status.value for status in http.HTTPStatus)
 
 
 class BodyTooLarge(Exception):
     """A request body larger than the caller allows."""
+
+
+async def serve_guarded(
+    stream: trio.abc.HalfCloseableStream,
+    serve: Callable[[trio.abc.HalfCloseableStream], Awaitable[None]],
+    logger: logging.Logger,
+) -> None:
+    """`serve(stream)`, then close it. A client that went away ends it quietly; a bug is
+    logged and ends this connection only, never the port."""
+    async with stream:
+        try:
+            await serve(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away
+        except Exception:
+            logger.exception("%s: a connection failed", logger.name)
 
 
 def new_connection() -> h11.Connection:
@@ -44,6 +70,42 @@ async def read_request(
         if isinstance(event, h11.Request):
             return event
         return None  # ConnectionClosed (or nothing sensible before a request)
+
+
+async def read_request_head(
+    stream: trio.abc.HalfCloseableStream, connection: h11.Connection, received: bytearray
+) -> h11.Request | None:
+    """The request head within `REQUEST_HEAD_TIMEOUT_S`, or None: the client closed, was too
+    slow, or sent a malformed head (answered with h11's 4xx, naming what is wrong)."""
+    try:
+        with trio.move_on_after(REQUEST_HEAD_TIMEOUT_S):
+            return await read_request(stream, connection, received)
+        return None
+    except h11.RemoteProtocolError as error:
+        with trio.move_on_after(RESPONSE_TIMEOUT_S):
+            await respond(stream, connection, error.error_status_hint, f"bad request: {error}\n")
+        return None
+
+
+async def accept_websocket(
+    stream: trio.abc.HalfCloseableStream,
+    received: bytes,
+    serve: Callable[[trio_websocket.WebSocketConnection], Awaitable[None]],
+    *,
+    max_message_size: int = WEBSOCKET_MAX_MESSAGE_BYTES,
+) -> None:
+    """Finish the handshake of the upgrade request just read (its bytes, `received`, are
+    replayed to trio-websocket) within `HANDSHAKE_TIMEOUT_S`, then `serve` the socket."""
+    async with trio.open_nursery() as nursery:
+        socket: trio_websocket.WebSocketConnection | None = None
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            handshake = await trio_websocket.wrap_server_stream(
+                nursery, ReplayedStream(stream, received), max_message_size=max_message_size
+            )
+            socket = await handshake.accept()
+        if socket is not None:
+            await serve(socket)
+        nursery.cancel_scope.cancel()
 
 
 async def respond(

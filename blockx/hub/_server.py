@@ -24,18 +24,18 @@ from collections.abc import Callable
 from typing import Final
 
 import attrs
-import h11
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
 
 from blockx._clock import WorkerClock
 from blockx._http import (
-    ReplayedStream,
+    accept_websocket,
     is_websocket_upgrade,
     new_connection,
-    read_request,
+    read_request_head,
     respond,
+    serve_guarded,
 )
 from blockx.hub import _ops
 from blockx.hub._api import ProducerApi
@@ -80,8 +80,8 @@ from blockx.hub.protocol import (
 logger = logging.getLogger("blockx.hub")
 
 WORKER_PATH: Final = "/v1/worker"
-HANDSHAKE_TIMEOUT_S: Final = 10.0
-"""For a request's head, a WebSocket handshake, and a worker's hello."""
+HELLO_TIMEOUT_S: Final = 10.0
+"""How long a worker may take to send its hello once connected."""
 _FRAME_ROOM: Final = MAX_FRAME_BYTES - 3
 """What the messages of one frame may take: a frame's array header takes up to 3 bytes."""
 REQUEST_TIMEOUT_S: Final = 60.0
@@ -233,46 +233,24 @@ class Hub:
 
     async def serve_connection(self, stream: trio.abc.HalfCloseableStream) -> None:
         """One client connection (a worker's WebSocket, or one HTTP request), until it ends."""
-        async with stream:
-            try:
-                await self._serve(stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # the client went away
-            except Exception:
-                logger.exception("hub: a connection failed")
+        await serve_guarded(stream, self._serve, logger)
 
     async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:
         connection = new_connection()
         received = bytearray()
-        request = None
-        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-            try:
-                request = await read_request(stream, connection, received)
-            except h11.RemoteProtocolError as error:
-                await respond(stream, connection, 400, f"not HTTP/1.1: {error}\n")
-                return
+        request = await read_request_head(stream, connection, received)
         if request is None:
-            return  # closed, or nothing in time
+            return
         path = request.target.decode("ascii", "replace").partition("?")[0]
         if path == WORKER_PATH and is_websocket_upgrade(request):
-            await self._upgrade(ReplayedStream(stream, bytes(received)))
+            await accept_websocket(
+                stream, bytes(received), self._worker, max_message_size=MAX_FRAME_BYTES
+            )
         elif path == WORKER_PATH:
             await respond(stream, connection, 400, "GET /v1/worker with a WebSocket upgrade\n")
         else:
             with trio.move_on_after(REQUEST_TIMEOUT_S):
                 await self.api.serve(stream, connection, request)
-
-    async def _upgrade(self, stream: ReplayedStream) -> None:
-        socket: trio_websocket.WebSocketConnection | None = None
-        async with trio.open_nursery() as nursery:
-            with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-                handshake = await trio_websocket.wrap_server_stream(
-                    nursery, stream, max_message_size=MAX_FRAME_BYTES
-                )
-                socket = await handshake.accept()
-            if socket is not None:
-                await self._worker(socket)
-            nursery.cancel_scope.cancel()
 
     # ------------------------------------------------------------------- sessions
 
@@ -321,7 +299,7 @@ class Hub:
         )
 
     async def _hello(self, socket: trio_websocket.WebSocketConnection) -> Credential:
-        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+        with trio.move_on_after(HELLO_TIMEOUT_S):
             messages = decode(await socket.get_message())
             hello = messages[0]
             if len(messages) != 1 or not isinstance(hello, Hello):

@@ -14,6 +14,7 @@ worker state: it only reads the `WorkerProbe` and the `WorkerMetrics`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.resources
 import json
 import logging
@@ -25,12 +26,14 @@ import trio
 import trio_websocket
 
 from blockx._http import (
-    ReplayedStream,
+    RESPONSE_TIMEOUT_S,
+    accept_websocket,
     header,
     is_websocket_upgrade,
     new_connection,
-    read_request,
+    read_request_head,
     respond,
+    serve_guarded,
 )
 from blockx.executors import ExecutorView
 from blockx.observability.metrics import WorkerMetrics, WorkerProbe, WorkerSnapshot
@@ -43,9 +46,6 @@ PUSH_INTERVAL_S: Final = 0.5
 """A snapshot goes out at least this often, changed or not."""
 POLL_INTERVAL_S: Final = 0.1
 """How often the worker's state is compared with the last snapshot sent."""
-REQUEST_HEAD_TIMEOUT_S: Final = 10.0
-RESPONSE_TIMEOUT_S: Final = 30.0
-HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_WEBSOCKETS: Final = 32
 """Open status-page sockets beyond this are refused with 503."""
 PAGE: Final = (
@@ -68,32 +68,15 @@ class StatusServer:
         listeners = await trio.open_tcp_listeners(port, host=host)
         bound = int(listeners[0].socket.getsockname()[1])
         task_status.started(bound)
-        await trio.serve_listeners(self._connection, listeners)
+        await trio.serve_listeners(
+            functools.partial(serve_guarded, serve=self._serve, logger=logger), listeners
+        )
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            try:
-                await self._serve(stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # the client went away
-            except Exception:
-                # A bug in one response must not stop the port for everyone.
-                logger.exception("status page: request failed")
-
-    async def _serve(self, stream: trio.SocketStream) -> None:
+    async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:
         connection = new_connection()
         received = bytearray()
-        request: h11.Request | None = None
-        try:
-            with trio.move_on_after(REQUEST_HEAD_TIMEOUT_S):
-                request = await read_request(stream, connection, received)
-        except h11.RemoteProtocolError as error:
-            with trio.move_on_after(RESPONSE_TIMEOUT_S):
-                await respond(
-                    stream, connection, error.error_status_hint, f"bad request: {error}\n"
-                )
-            return
-        if request is None:  # closed, or too slow to send a request head
+        request = await read_request_head(stream, connection, received)
+        if request is None:
             return
         path = request.target.decode("ascii", "replace").partition("?")[0]
         if path == WEBSOCKET_PATH:
@@ -103,7 +86,11 @@ class StatusServer:
             await self._respond_http(stream, connection, request, path)
 
     async def _respond_http(
-        self, stream: trio.SocketStream, connection: h11.Connection, request: h11.Request, path: str
+        self,
+        stream: trio.abc.HalfCloseableStream,
+        connection: h11.Connection,
+        request: h11.Request,
+        path: str,
     ) -> None:
         if request.method not in (b"GET", b"HEAD"):
             await respond(
@@ -122,7 +109,7 @@ class StatusServer:
 
     async def _websocket(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.HalfCloseableStream,
         connection: h11.Connection,
         request: h11.Request,
         received: bytes,
@@ -142,21 +129,15 @@ class StatusServer:
             return
         self._websockets_open += 1
         try:
-            async with trio.open_nursery() as nursery:
-                socket: trio_websocket.WebSocketConnection | None = None
-                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-                    handshake = await trio_websocket.wrap_server_stream(
-                        nursery, ReplayedStream(stream, received)
-                    )
-                    socket = await handshake.accept()
-                if socket is not None:
-                    with contextlib.suppress(trio_websocket.ConnectionClosed):
-                        await self._push_snapshots(socket)
-                nursery.cancel_scope.cancel()
+            await accept_websocket(stream, received, self._push_snapshots)
         finally:
             self._websockets_open -= 1
 
     async def _push_snapshots(self, socket: trio_websocket.WebSocketConnection) -> None:
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await self._push_changes(socket)
+
+    async def _push_changes(self, socket: trio_websocket.WebSocketConnection) -> None:
         last_key: str | None = None
         last_sent_s = float("-inf")
         sequence = 0

@@ -130,31 +130,28 @@ def _write(tx: Tx, change: Change, *, before: Task, new_attempt: bool = False) -
 
 
 def start(message: Start, instance_id: str, now_ms: int, timing: Timing) -> Callable[[Tx], Answer]:
-    def decide(tx: Tx) -> Answer:
-        found = _attempt_and_task(tx, message.attempt_id)
-        if isinstance(found, Refused):
-            return attrs.evolve(found, reply_to=message.message_id)
-        attempt, task = found
-        result = _rules.start(
-            task,
-            attempt,
-            instance_id=instance_id,
-            epoch=message.epoch,
-            now_ms=now_ms,
-            timing=timing,
-        )
-        return _granted(tx, message, task, attempt, result)
-
-    return decide
+    return _lease(_rules.start, message, instance_id, now_ms, timing)
 
 
 def renew(message: Renew, instance_id: str, now_ms: int, timing: Timing) -> Callable[[Tx], Answer]:
+    return _lease(_rules.renew, message, instance_id, now_ms, timing)
+
+
+def _lease(
+    rule: Callable[..., Change | Refusal],
+    message: Start | Renew,
+    instance_id: str,
+    now_ms: int,
+    timing: Timing,
+) -> Callable[[Tx], Answer]:
+    """A Start or a Renew: what `rule` makes of it, answered with the lease it grants."""
+
     def decide(tx: Tx) -> Answer:
         found = _attempt_and_task(tx, message.attempt_id)
-        if isinstance(found, Refused):
-            return attrs.evolve(found, reply_to=message.message_id)
+        if isinstance(found, Refusal):
+            return _refused(message, found)
         attempt, task = found
-        result = _rules.renew(
+        result = rule(
             task,
             attempt,
             instance_id=instance_id,
@@ -162,29 +159,18 @@ def renew(message: Renew, instance_id: str, now_ms: int, timing: Timing) -> Call
             now_ms=now_ms,
             timing=timing,
         )
-        return _granted(tx, message, task, attempt, result)
-
-    return decide
-
-
-def _granted(
-    tx: Tx, message: Start | Renew, task: Task, attempt: Attempt, result: Change | Refusal
-) -> Answer:
-    if isinstance(result, Refusal):
-        return Refused(
+        if isinstance(result, Refusal):
+            return _refused(message, result)
+        if result.attempt != attempt or result.task != task:
+            _write(tx, result, before=task)
+        assert result.attempt is not None
+        return Granted(
             reply_to=message.message_id,
             attempt_id=message.attempt_id,
-            code=result.code,
-            message=result.message,
+            lease_deadline_ms=result.attempt.lease_deadline_ms,
         )
-    if result.attempt != attempt or result.task != task:
-        _write(tx, result, before=task)
-    assert result.attempt is not None
-    return Granted(
-        reply_to=message.message_id,
-        attempt_id=message.attempt_id,
-        lease_deadline_ms=result.attempt.lease_deadline_ms,
-    )
+
+    return decide
 
 
 def finish(
@@ -193,14 +179,9 @@ def finish(
     problem = check_report(message)
 
     def decide(tx: Tx) -> Answer:
-        if problem is not None:
-            code, text = problem
-            return Refused(
-                reply_to=message.message_id, attempt_id=message.attempt_id, code=code, message=text
-            )
-        found = _attempt_and_task(tx, message.attempt_id)
-        if isinstance(found, Refused):
-            return attrs.evolve(found, reply_to=message.message_id)
+        found = problem or _attempt_and_task(tx, message.attempt_id)
+        if isinstance(found, Refusal):
+            return _refused(message, found)
         attempt, task = found
         result = _rules.finish(
             task,
@@ -212,12 +193,7 @@ def finish(
             timing=timing,
         )
         if isinstance(result, Refusal):
-            return Refused(
-                reply_to=message.message_id,
-                attempt_id=message.attempt_id,
-                code=result.code,
-                message=result.message,
-            )
+            return _refused(message, result)
         change, disposition = result
         _write(tx, change, before=task)
         return Recorded(
@@ -227,7 +203,16 @@ def finish(
     return decide
 
 
-def check_report(message: Finish) -> tuple[RefusalCode, str] | None:
+def _refused(message: Start | Renew | Finish, refusal: Refusal) -> Refused:
+    return Refused(
+        reply_to=message.message_id,
+        attempt_id=message.attempt_id,
+        code=refusal.code,
+        message=refusal.message,
+    )
+
+
+def check_report(message: Finish) -> Refusal | None:
     """Why the hub cannot take a report as it is (size, JSON, code form), or None."""
     match message.outcome:
         case Succeeded(result=text):
@@ -238,17 +223,18 @@ def check_report(message: Finish) -> tuple[RefusalCode, str] | None:
             texts = []
     code = getattr(message.outcome, "code", None)
     if code is not None and not CODE_FORM.fullmatch(code):
-        return RefusalCode.INVALID_REPORT, f"code {code!r} must match {CODE_FORM.pattern}"
+        return _invalid(f"code {code!r} must match {CODE_FORM.pattern}")
     for name, text in texts:
         size = len(text.encode("utf-8"))
         if size > MAX_JSON_BYTES:
-            return RefusalCode.TOO_LARGE, f"{name} of {size} bytes; at most {MAX_JSON_BYTES}"
+            reason = f"{name} of {size} bytes; at most {MAX_JSON_BYTES}"
+            return Refusal(code=RefusalCode.TOO_LARGE, message=reason)
         try:
             value = json.loads(text)
         except (ValueError, RecursionError) as error:
-            return RefusalCode.INVALID_REPORT, f"{name} is not JSON text ({error})"
+            return _invalid(f"{name} is not JSON text ({error})")
         if name == "result" and value is None:
-            return RefusalCode.INVALID_REPORT, "result must not be null"
+            return _invalid("result must not be null")
     return None
 
 
@@ -274,16 +260,15 @@ def resume(
     return look
 
 
-def _attempt_and_task(tx: Tx, attempt_id: str) -> tuple[Attempt, Task] | Refused:
+def _invalid(message: str) -> Refusal:
+    return Refusal(code=RefusalCode.INVALID_REPORT, message=message)
+
+
+def _attempt_and_task(tx: Tx, attempt_id: str) -> tuple[Attempt, Task] | Refusal:
     attempt = tx.attempt(attempt_id)
     task = None if attempt is None else tx.task(attempt.task_id)
     if attempt is None or task is None:
-        return Refused(
-            reply_to="",
-            attempt_id=attempt_id,
-            code=RefusalCode.UNKNOWN_ATTEMPT,
-            message=f"no attempt {attempt_id!r}",
-        )
+        return Refusal(code=RefusalCode.UNKNOWN_ATTEMPT, message=f"no attempt {attempt_id!r}")
     return attempt, task
 
 

@@ -139,19 +139,43 @@ NEVER: Final = 2**62
 """`due_at_ms` of an attempt that has ended."""
 _TASK_MARKS: Final = ", ".join("?" * len(_TASK_COLUMNS.split(", ")))
 _INSERT_TASK: Final = f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({_TASK_MARKS})"
-_UPDATE_TASK: Final = (
-    "UPDATE tasks SET state = ?, available_at_ms = ?, epoch = ?, attempt_id = ?, "
-    "started_attempts = ?, uncertain = ?, result = ?, failure_code = ?, "
-    "failure_details = ?, finished_at_ms = ? WHERE task_id = ?"
-)
 _INSERT_ATTEMPT: Final = (
     f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) "
     f"VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS.split(', ')))})"
 )
-_UPDATE_ATTEMPT: Final = (
-    "UPDATE attempts SET state = ?, started_at_ms = ?, lease_deadline_ms = ?, "
-    "finished_at_ms = ?, due_at_ms = ?, outcome = ? WHERE attempt_id = ?"
+
+
+def _update(table: str, columns: str, key: str, changes: tuple[str, ...]) -> tuple[str, list[int]]:
+    """The UPDATE of `changes` by `key`, and where its parameters stand in a full row."""
+    names = columns.split(", ")
+    sets = ", ".join(f"{name} = ?" for name in changes)
+    return f"UPDATE {table} SET {sets} WHERE {key} = ?", [names.index(n) for n in (*changes, key)]
+
+
+_UPDATE_TASK, _TASK_UPDATE = _update(
+    "tasks",
+    _TASK_COLUMNS,
+    "task_id",
+    (
+        "state",
+        "available_at_ms",
+        "epoch",
+        "attempt_id",
+        "started_attempts",
+        "uncertain",
+        "result",
+        "failure_code",
+        "failure_details",
+        "finished_at_ms",
+    ),
 )
+_UPDATE_ATTEMPT, _ATTEMPT_UPDATE = _update(
+    "attempts",
+    _ATTEMPT_COLUMNS,
+    "attempt_id",
+    ("state", "started_at_ms", "lease_deadline_ms", "finished_at_ms", "due_at_ms", "outcome"),
+)
+"""What a task's or an attempt's life changes; the rest of their rows never changes."""
 _INSERT_NOTE: Final = (
     "INSERT INTO history (task_id, at_ms, kind, attempt_id, detail) VALUES (?, ?, ?, ?, ?)"
 )
@@ -287,27 +311,12 @@ class Tx:
 
     def update_task(self, task: Task) -> None:
         self._tasks[task.task_id] = task
+        row = _task_row(task)
         inserted = self._writes.get(_INSERT_TASK, {})
         if task.task_id in inserted:
-            inserted[task.task_id] = _task_row(task)
+            inserted[task.task_id] = row
             return
-        self._write(
-            _UPDATE_TASK,
-            task.task_id,
-            (
-                task.state.value,
-                task.available_at_ms,
-                task.epoch,
-                task.attempt_id,
-                task.started_attempts,
-                int(task.uncertain),
-                task.result,
-                task.failure_code,
-                task.failure_details,
-                task.finished_at_ms,
-                task.task_id,
-            ),
-        )
+        self._write(_UPDATE_TASK, task.task_id, tuple(row[i] for i in _TASK_UPDATE))
 
     def offerable(
         self, queue_id: str, capabilities: Sequence[str], now_ms: int, limit: int
@@ -398,8 +407,7 @@ class Tx:
         if new or attempt.attempt_id in inserted:
             self._write(_INSERT_ATTEMPT, attempt.attempt_id, row)
             return
-        changed = (row[4], row[7], row[8], row[9], row[10], row[11], attempt.attempt_id)
-        self._write(_UPDATE_ATTEMPT, attempt.attempt_id, changed)
+        self._write(_UPDATE_ATTEMPT, attempt.attempt_id, tuple(row[i] for i in _ATTEMPT_UPDATE))
 
     # --- history and receipts ----------------------------------------------------------
 
@@ -638,12 +646,7 @@ class Store:
     def _transaction(self, work: Callable[[Tx], T]) -> T:
         if self.postgres:
             with self._pg.transaction():
-                cursor = self._pg.cursor()
-                tx = Tx(
-                    lambda sql, params: cursor.execute(_pg_sql(sql), params),
-                    lambda sql, rows: cursor.executemany(_pg_sql(sql), rows),
-                    locks=True,
-                )
+                tx = _pg_tx(self._pg.cursor(), locks=True)
                 result = work(tx)
                 tx.flush()
                 return result
@@ -683,14 +686,7 @@ class Store:
         if self.postgres:
             with self._pg.transaction():
                 self._pg.execute("SELECT pg_advisory_xact_lock(7304015)")  # one migrator at a time
-                cursor = self._pg.cursor()
-                migrate(
-                    Tx(
-                        lambda sql, params: cursor.execute(_pg_sql(sql), params),
-                        lambda sql, rows: cursor.executemany(_pg_sql(sql), rows),
-                        locks=False,
-                    )
-                )
+                migrate(_pg_tx(self._pg.cursor(), locks=False))
             return
         self._transaction(migrate)
 
@@ -721,6 +717,15 @@ def _connect_postgres(url: str) -> psycopg.Connection[Any]:
 
 def _pg_sql(sql: str) -> str:
     return sql.replace("?", "%s")
+
+
+def _pg_tx(cursor: psycopg.Cursor[Any], *, locks: bool) -> Tx:
+    """A `Tx` on a PostgreSQL cursor (psycopg's placeholders are %s)."""
+    return Tx(
+        lambda sql, params: cursor.execute(_pg_sql(sql), params),
+        lambda sql, rows: cursor.executemany(_pg_sql(sql), rows),
+        locks=locks,
+    )
 
 
 def _is_psycopg_error(error: BaseException) -> bool:

@@ -42,6 +42,7 @@ from blockx.hub.protocol import (
     ControlMessage,
     Error,
     Finish,
+    Granted,
     Hello,
     Message,
     Offer,
@@ -123,6 +124,13 @@ class HubClient:
         while not self.offers:
             await self.receive()
         return self.offers.pop(0)
+
+    async def claim(self) -> Offer:
+        """The next offer, started: its start must be granted."""
+        offer = await self.offer()
+        granted = await self.start(offer)
+        assert isinstance(granted, Granted), granted
+        return offer
 
     async def start(self, offer: Offer) -> Answer:
         return await self.request(self.start_message(offer))

@@ -35,9 +35,8 @@ async def still_serves(rig: HubRig, token: str) -> None:
     """A task submitted now is claimed and finished by a new worker."""
     task = await rig.submit(token, payload={"after": "the bad one"})
     async with rig.worker(token, instance_id="healthy") as worker:
-        offer = await worker.offer()
+        offer = await worker.claim()
         assert offer.task_id == task["task_id"]
-        await worker.start(offer)
         recorded = await worker.finish(offer, Succeeded(result="1"))
     assert recorded.disposition is Disposition.ACCEPTED  # type: ignore[union-attr]
 

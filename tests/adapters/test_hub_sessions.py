@@ -90,8 +90,7 @@ async def test_a_lapsed_lease_is_retried_as_a_new_attempt_with_a_new_epoch(
         token = rig.credential()
         submitted = await rig.submit(token, idempotency="IDEMPOTENT", max_attempts=3)
         async with rig.worker(token) as worker:
-            first = await worker.offer()
-            await worker.start(first)
+            first = await worker.claim()
             started_ms = rig.now_ms()
             second = await worker.offer()  # after the lease ran out and the back-off passed
             assert rig.now_ms() >= started_ms + TEST_CONFIG.lease_ms + TEST_CONFIG.retry_backoff_ms
@@ -132,8 +131,7 @@ async def test_unknown_outcome_of_a_non_idempotent_task_needs_review(
         token = rig.credential()
         submitted = await rig.submit(token, max_attempts=5)  # not idempotent by default
         async with rig.worker(token) as worker:
-            offer = await worker.offer()
-            await worker.start(offer)
+            offer = await worker.claim()
             recorded = await worker.finish(offer, Unknown(code="CONNECTION_RESET"))
             assert recorded.disposition is Disposition.ACCEPTED  # type: ignore[union-attr]
             await worker.listen(60)
@@ -151,8 +149,7 @@ async def test_a_lapsed_lease_of_a_non_idempotent_task_needs_review(
         token = rig.credential()
         submitted = await rig.submit(token, max_attempts=5)
         async with rig.worker(token) as worker:
-            offer = await worker.offer()
-            await worker.start(offer)
+            await worker.claim()
             await worker.listen(LEASE_S * 3)
             assert worker.offers == []
         task = await rig.task(token, submitted["task_id"])
@@ -169,9 +166,8 @@ async def test_unknown_outcome_of_an_idempotent_task_is_retried_until_attempts_r
         submitted = await rig.submit(token, idempotency="IDEMPOTENT", max_attempts=2)
         async with rig.worker(token) as worker:
             for epoch in (1, 2):
-                offer = await worker.offer()
+                offer = await worker.claim()
                 assert offer.epoch == epoch
-                await worker.start(offer)
                 await worker.finish(offer, Unknown(code="WORKER_LOST"))
             await worker.listen(60)
             assert worker.offers == []
@@ -188,8 +184,7 @@ async def test_a_late_report_is_evidence_only(
         token = rig.credential()
         submitted = await rig.submit(token)
         async with rig.worker(token) as worker:
-            offer = await worker.offer()
-            await worker.start(offer)
+            offer = await worker.claim()
             await trio.sleep(LEASE_S + 0.001)  # the report races the sweeper: either way
             recorded = await worker.finish(offer, Succeeded(result='{"done": true}'))
             assert recorded.disposition is Disposition.EVIDENCE_ONLY  # type: ignore[union-attr]
@@ -212,8 +207,7 @@ async def test_a_report_contradicting_an_ended_attempt_is_evidence_only(
         token = rig.credential()
         submitted = await rig.submit(token)
         async with rig.worker(token) as worker:
-            offer = await worker.offer()
-            await worker.start(offer)
+            offer = await worker.claim()
             await worker.finish(offer, Failed(code="BAD_INPUT"))
             contradiction = await worker.finish(offer, Succeeded(result="1"))
             assert contradiction.disposition is Disposition.EVIDENCE_ONLY  # type: ignore[union-attr]
@@ -327,8 +321,7 @@ async def test_a_worker_is_offered_no_more_than_its_capacity(
         async with rig.worker(token, capacity=2) as worker:
             await worker.listen(1)
             assert [o.payload for o in worker.offers] == ['{"n":0}', '{"n":1}']
-            first = await worker.offer()
-            await worker.start(first)
+            first = await worker.claim()
             await worker.finish(first, Succeeded(result="0"))
             await worker.listen(1)
             assert [o.payload for o in worker.offers] == ['{"n":1}', '{"n":2}']
@@ -370,11 +363,9 @@ async def test_a_retryable_failure_is_retried_and_a_final_one_fails_the_task(
         token = rig.credential()
         submitted = await rig.submit(token, max_attempts=3)
         async with rig.worker(token) as worker:
-            offer = await worker.offer()
-            await worker.start(offer)
+            offer = await worker.claim()
             await worker.finish(offer, Failed(code="BUSY", retryable=True))
-            offer = await worker.offer()
-            await worker.start(offer)
+            offer = await worker.claim()
             await worker.finish(offer, Failed(code="BAD_IMAGE", details='{"pixel": 3}'))
             await worker.listen(30)
             assert worker.offers == []

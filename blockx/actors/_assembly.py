@@ -25,6 +25,7 @@ from blockx.actors._messages import (
     CodeLoaded,
     DispatcherMessage,
     GetStatus,
+    MarkReady,
     SlotTableMessage,
     WatchHubMessage,
     WorkerStatus,
@@ -157,6 +158,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 on_finished=parts.on_finished,
             )
             await nursery.start(slot_table.run)
+            nursery.start_soon(_mark_ready, transport, inboxes.slot_table)
             probe = ActorProbe(
                 slot_table=inboxes.slot_table,
                 hub=hub,
@@ -174,6 +176,12 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
     finally:
         with trio.CancelScope(shield=True):
             await transport.stop()
+
+
+async def _mark_ready(transport: ExecutorTransport, slot_table: Inbox[SlotTableMessage]) -> None:
+    """Readiness lives in the slot table: it admits work once an executor is healthy."""
+    await transport.first_healthy.wait()
+    slot_table.post(MarkReady())
 
 
 def _task_runtime(parts: ActorParts) -> TaskRuntime:

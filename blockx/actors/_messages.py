@@ -120,6 +120,11 @@ class CodeLoaded:
 
 
 @attrs.frozen(kw_only=True)
+class MarkReady:
+    """The first executor is healthy: admit work from now on."""
+
+
+@attrs.frozen(kw_only=True)
 class StartDrain:
     pass
 
@@ -141,6 +146,7 @@ SlotTableMessage = (
     | CallsDone
     | WatchChanged
     | CodeLoaded
+    | MarkReady
     | StartDrain
     | ForceDrain
 )

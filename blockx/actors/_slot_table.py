@@ -33,6 +33,7 @@ from blockx.actors._messages import (
     Forget,
     GetResult,
     GetStatus,
+    MarkReady,
     OpenWatch,
     PhaseDone,
     Publish,
@@ -79,6 +80,7 @@ from blockx.slots import (
     WatchDetached,
     WatchDisconnected,
     WorkerError,
+    WorkerReady,
 )
 
 logger = logging.getLogger("blockx.slots")
@@ -172,6 +174,9 @@ class SlotTableActor:
                     self._code.observe(snapshot, self._clock.now_ms())
                 except FunctionCodeError as error:
                     logger.warning("function code epoch %s refused: %s", snapshot.epoch, error)
+            case MarkReady():
+                now_ms, stimulus_id = self._stamp("ready")
+                self._apply(WorkerReady(now_ms=now_ms, stimulus_id=stimulus_id))
             case StartDrain():
                 now_ms, stimulus_id = self._stamp("drain")
                 self._apply(DrainStarted(now_ms=now_ms, stimulus_id=stimulus_id))

@@ -43,6 +43,7 @@ from blockx.slots._events import (
     WatchAttached,
     WatchDetached,
     WatchDisconnected,
+    WorkerReady,
 )
 from blockx.slots._machine import SlotMachine, Step
 from blockx.slots._model import (
@@ -118,5 +119,6 @@ __all__ = [
     "WatchAttached",
     "WatchDetached",
     "WatchDisconnected",
+    "WorkerReady",
     "WorkerError",
 ]

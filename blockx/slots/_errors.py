@@ -47,9 +47,11 @@ class NoSlot(WorkerError):
 class Unavailable(WorkerError):
     code = ErrorCode.UNAVAILABLE
 
-    def __init__(self, *, task_id: str) -> None:
+    def __init__(self, *, task_id: str, ready: bool = True) -> None:
         self.task_id = task_id
-        super().__init__(f"worker is draining and admits no new work (task {task_id!r})")
+        self.ready = ready
+        why = "draining" if ready else "not ready (no executor is healthy yet)"
+        super().__init__(f"worker is {why} and admits no new work (task {task_id!r})")
 
 
 class InvalidSlot(WorkerError):

@@ -127,6 +127,14 @@ class TimerFired:
 
 
 @attrs.frozen(kw_only=True)
+class WorkerReady:
+    """An executor became healthy for the first time: the worker admits work from now on."""
+
+    now_ms: int
+    stimulus_id: str
+
+
+@attrs.frozen(kw_only=True)
 class DrainStarted:
     """The worker stopped admitting new work."""
 
@@ -153,6 +161,7 @@ Event = (
     | WatchDetached
     | WatchDisconnected
     | TimerFired
+    | WorkerReady
     | DrainStarted
     | DrainDeadlinePassed
 )

@@ -20,7 +20,8 @@ Rules:
    request raises a `WorkerError` and changes nothing.
 2. Idempotency by task id wins over everything else: a known live task
    answers its snapshot, a retained one its terminal snapshot. Only then do
-   draining, capacity and slot checks apply.
+   readiness, draining, capacity and slot checks apply: nothing is admitted
+   before `WorkerReady` (the first healthy executor) or after `DrainStarted`.
 3. Phases go PREPARING → BUILDER → CALLS → PLUGIN → TERMINAL. A report for a
    phase the task is not in (late, duplicated, or for a finished task) is
    ignored. Once submitted, every failure ends as a terminal `TaskResult`.
@@ -82,6 +83,7 @@ from blockx.slots._events import (
     WatchAttached,
     WatchDetached,
     WatchDisconnected,
+    WorkerReady,
 )
 from blockx.slots._model import (
     RUN_PHASES,
@@ -224,6 +226,7 @@ class SlotMachine:
         self._slot_index = {slot.slot_id: i for i, slot in enumerate(self._slots)}
         self._live: dict[str, _Task] = {}
         self._retained: dict[str, _Retained] = {}
+        self._ready = False
         self._draining = False
         self._last_ticket = 0
         # Min-heap of (due_ms, ticket, timer); entries whose ticket is no longer
@@ -236,6 +239,10 @@ class SlotMachine:
     @property
     def config(self) -> SlotConfig:
         return self._config
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
 
     @property
     def draining(self) -> bool:
@@ -329,6 +336,9 @@ class SlotMachine:
                 return self._on_watch_disconnected(event)
             case TimerFired():
                 return self._on_timer_fired(event)
+            case WorkerReady():
+                self._ready = True
+                return Step()
             case DrainStarted():
                 self._draining = True
                 return Step()
@@ -409,8 +419,8 @@ class SlotMachine:
         return None
 
     def _check_admitting(self, task_id: str) -> None:
-        if self._draining:
-            raise Unavailable(task_id=task_id)
+        if self._draining or not self._ready:
+            raise Unavailable(task_id=task_id, ready=self._ready)
 
     def _check_lease_not_passed(self, task: _Task, now_ms: int) -> None:
         slot = self._slots[task.slot_index]

@@ -255,6 +255,24 @@ async def test_drain_refuses_new_work_and_ends_what_is_left_for_its_watchers(
         assert trio.current_time() >= 5.0  # waited for the drain timeout first
 
 
+async def test_slots_and_submits_wait_until_an_executor_is_healthy() -> None:
+    async with running_worker(healthy=False) as worker:
+        for method, request in (
+            (worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="early")),
+            (worker.stub.submit_task, pb.SubmitTaskRequest(task=call_list_task("early"))),
+        ):
+            code, message = await status_of(worker, method, request)
+            assert code is Status.UNAVAILABLE
+            assert "not ready" in message
+
+        worker.calls.become_healthy()
+        await trio.testing.wait_all_tasks_blocked()
+        reply = await worker.call(
+            worker.stub.submit_task, pb.SubmitTaskRequest(task=call_list_task("early"))
+        )
+        assert reply.state == pb.TaskState.RUNNING
+
+
 async def test_a_drain_ends_as_soon_as_the_last_task_reaches_its_deadline(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -52,12 +52,19 @@ class FakeExecutors:
     `demo.add(a, b)` returns the sum, `demo.fail()` raises, `demo.hang()` never
     answers until it is cancelled. `started` lists the task id of each run of a
     task's calls, `cancelled` the task ids whose hanging call was cancelled.
+    Made with `healthy=False`, it comes up only when `become_healthy` is called.
     """
 
     def __init__(
-        self, config: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: object
+        self,
+        config: ExecutorPoolConfig,
+        events: trio.MemorySendChannel[PoolEvent],
+        clock: object,
+        *,
+        healthy: bool = True,
     ) -> None:
         self._events = events
+        self._healthy_at_start = healthy
         self.first_healthy = trio.Event()
         self.started: list[str] = []
         self.cancelled: list[str] = []
@@ -66,10 +73,14 @@ class FakeExecutors:
         self._hung: dict[tuple[str, int], str] = {}  # (call id, attempt) -> task id
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._events.send_nowait(ExecutorUp(executor_id=EXECUTOR_ID, pid=1))
-        self.first_healthy.set()
+        if self._healthy_at_start:
+            self.become_healthy()
         task_status.started()
         await trio.sleep_forever()
+
+    def become_healthy(self) -> None:
+        self._events.send_nowait(ExecutorUp(executor_id=EXECUTOR_ID, pid=1))
+        self.first_healthy.set()
 
     async def stop(self) -> None:
         return None
@@ -157,7 +168,7 @@ def worker_config(**overrides: object) -> WorkerConfig:
 
 @asynccontextmanager
 async def running_worker(
-    config: WorkerConfig | None = None, *, tracer: Tracer | None = None
+    config: WorkerConfig | None = None, *, tracer: Tracer | None = None, healthy: bool = True
 ) -> AsyncIterator[Harness]:
     source = MemorySource()
     source.publish({"demo": "def add(a, b):\n    return a + b\n"})
@@ -166,7 +177,7 @@ async def running_worker(
     def executors(
         config: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: WorkerClock
     ) -> FakeExecutors:
-        made.append(FakeExecutors(config, events, clock))
+        made.append(FakeExecutors(config, events, clock, healthy=healthy))
         return made[0]
 
     stop = trio.Event()

@@ -72,6 +72,7 @@ from blockx.slots import (
     TaskSpec,
     TaskSubmitted,
     TimerFired,
+    WorkerReady,
 )
 
 EPOCH = "e1"
@@ -90,6 +91,7 @@ def pair_config(**changes: object) -> SlotConfig:
 class CorePair:
     def __init__(self, config: SlotConfig, *, executors: dict[str, int]) -> None:
         self.machine = SlotMachine(config)
+        self.machine.handle(WorkerReady(now_ms=0, stimulus_id="ready"))
         self.core = DispatchCore()
         self.now_ms = 0
         self.results: dict[str, TaskResult] = {}

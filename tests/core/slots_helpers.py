@@ -31,6 +31,7 @@ from blockx.slots import (
     Timer,
     TimerFired,
     TimerKind,
+    WorkerReady,
 )
 
 # Later than any due time a test arms: `due_timers(FAR_FUTURE_MS)` lists every
@@ -73,6 +74,7 @@ class MachineFactory:
             watch_disconnect_grace_ms=watch_disconnect_grace_ms,
         )
         machine = SlotMachine(config)
+        machine.handle(WorkerReady(now_ms=0, stimulus_id="ready"))
         self.made.append(machine)
         return machine
 

@@ -38,6 +38,7 @@ from blockx.slots import (
     TaskSubmitted,
     TimerKind,
     Unavailable,
+    WorkerReady,
 )
 from tests.core.slots_helpers import (
     CONFIG,
@@ -692,6 +693,29 @@ def test_a_reservation_past_its_lease_is_uncertain_until_its_timer_is_fed_back(
     )
 
 
+# --------------------------------------------------------------- readiness
+
+
+def test_nothing_is_admitted_before_the_worker_is_ready() -> None:
+    machine = SlotMachine(CONFIG)
+    assert machine.ready is False
+
+    for event in (requested("t1", now_ms=0), submitted("t1", now_ms=0)):
+        with pytest.raises(Unavailable) as exc:
+            machine.handle(event)
+        assert exc.value.code is ErrorCode.UNAVAILABLE
+        assert exc.value.ready is False
+        assert "not ready" in str(exc.value)
+    assert machine.free_capacity() == CONFIG.task_slots
+
+    assert machine.handle(WorkerReady(now_ms=5, stimulus_id="ready")) == Step()
+    assert machine.ready is True
+    machine.handle(requested("t1", now_ms=10))
+    step = machine.handle(submitted("t2", now_ms=10))
+    assert [type(command) for command in step.commands] == [PrepareTaskActivation]
+    machine.check_invariants()
+
+
 # --------------------------------------------------------------- draining
 
 
@@ -717,6 +741,7 @@ def test_draining_refuses_new_work_with_unavailable(machine: SlotMachine) -> Non
             machine.handle(event)
         assert exc.value.code is ErrorCode.UNAVAILABLE
         assert exc.value.task_id == task_id
+        assert "draining" in str(exc.value)
 
     assert observe(machine, "t1", "t2", "t3") == before
 

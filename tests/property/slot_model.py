@@ -109,6 +109,7 @@ class SlotModel:
     config: SlotConfig
     live: dict[str, ModelTask] = attrs.Factory(dict)
     results: dict[str, ModelResult] = attrs.Factory(dict)
+    ready: bool = False
     draining: bool = False
     seq: int = 0
 
@@ -138,7 +139,7 @@ class SlotModel:
         known = self.reply_of(task_id)
         if known is not None:
             return Prediction(reply=known)
-        if self.draining:
+        if self.draining or not self.ready:
             return Prediction(error=Unavailable)
         if len(self.live) >= self.config.task_slots:
             return Prediction(error=NoSlot)
@@ -162,12 +163,12 @@ class SlotModel:
                 return Prediction(error=InvalidSlot)
             if now >= task.lease_expires_at:
                 return Prediction(error=SlotUncertain)
-            if self.draining:
+            if self.draining or not self.ready:
                 return Prediction(error=Unavailable)
         else:
             if slot_given:
                 return Prediction(error=InvalidSlot)
-            if self.draining:
+            if self.draining or not self.ready:
                 return Prediction(error=Unavailable)
             if len(self.live) >= self.config.task_slots:
                 return Prediction(error=NoSlot)

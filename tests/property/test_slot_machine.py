@@ -48,6 +48,7 @@ from blockx.slots import (
     WatchDetached,
     WatchDisconnected,
     WorkerError,
+    WorkerReady,
 )
 from tests.property.slot_model import Prediction, SlotModel, normalise_command, normalise_step
 
@@ -126,6 +127,7 @@ class SlotTable(RuleBasedStateMachine):
             match command:
                 case PrepareTaskActivation(task_id=task_id):
                     assert not self.machine.draining, "admitted work while draining"
+                    assert self.machine.ready, "admitted work before it was ready"
                     assert task_id not in self.prepared, f"{task_id} started twice"
                     self.prepared.add(task_id)
                 case ConvergeTask(task_id=task_id, result=result):
@@ -384,6 +386,12 @@ class SlotTable(RuleBasedStateMachine):
                     self.model.watch_detached(task_id)
             event = event_type(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
             self._apply(event, Prediction())
+
+    @precondition(lambda self: not self.model.ready)
+    @rule()
+    def become_ready(self) -> None:
+        self.model.ready = True
+        self._apply(WorkerReady(now_ms=self.now, stimulus_id=self._stimulus()), Prediction())
 
     @rule()
     def start_drain(self) -> None:

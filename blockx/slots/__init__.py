@@ -119,6 +119,6 @@ __all__ = [
     "WatchAttached",
     "WatchDetached",
     "WatchDisconnected",
-    "WorkerReady",
     "WorkerError",
+    "WorkerReady",
 ]

@@ -8,9 +8,9 @@ diagnostics -> ready (health SERVING) once the first executor is healthy ->
 etcd registration (unless `etcdEndpoints` is "none"; an unreachable etcd never
 stops the worker from serving).
 
-Stop (first SIGINT/SIGTERM, or `stop` set): deregister from etcd (bounded by a
-short timeout) -> health NOT_SERVING and the slot table stops admitting (new
-slots and unactivated submits get UNAVAILABLE) -> wait for live tasks up to
+Stop (first SIGINT/SIGTERM, or `stop` set): health NOT_SERVING and the slot
+table stops admitting (new slots and unactivated submits get UNAVAILABLE) ->
+deregister from etcd (bounded by a short timeout) -> wait for live tasks up to
 `drainTimeoutMs` -> end what is left (each task converges to a terminal
 result that its watchers receive) -> stop executors -> close watch streams
 after they deliver what they hold -> stop the server -> close the metrics port
@@ -311,11 +311,13 @@ async def _drain(
     front_end: GrpcFrontEnd,
     registrar: Registrar | None,
 ) -> None:
-    if registrar is not None:
-        # Coordinators stop placing here first; bounded, so a dead etcd never holds us up.
-        await registrar.deregister()
+    # The seed's order: stop admitting, then leave etcd, then wait for live tasks. A
+    # coordinator still placing here in between gets UNAVAILABLE and places elsewhere.
     front_end.set_serving(False)
     actors.inboxes.slot_table.post(StartDrain())
+    logger.info("draining: admitting no new tasks")
+    if registrar is not None:
+        await registrar.deregister()  # bounded, so a dead etcd never holds us up
     logger.info("draining: waiting up to %d ms for live tasks", config.drain_timeout_ms)
     with trio.move_on_after(config.drain_timeout_ms / 1000):
         await actors.drained.wait()

@@ -180,7 +180,7 @@ async def test_a_killed_workers_key_is_gone_within_its_lease_ttl(tmp_path: Path)
             assert trio.current_time() - killed_at <= SHORT_TTL_MS / 1000 + EXPIRY_SLACK_S
 
 
-async def test_a_draining_worker_deregisters_first_and_still_answers(tmp_path: Path) -> None:
+async def test_a_draining_worker_stops_admitting_then_deregisters_then_waits(tmp_path: Path) -> None:
     with trio.fail_after(FAIL_AFTER_S):
         async with (
             etcd_server(tmp_path / "etcd") as etcd,
@@ -195,7 +195,8 @@ async def test_a_draining_worker_deregisters_first_and_still_answers(tmp_path: P
             worker.process.send_signal(signal.SIGTERM)
             await key_deleted(client, key_of(worker))
 
-            # The key went first; then the drain began, and the worker still answers.
+            # Admission stopped first, then the key went, then the wait for live tasks
+            # began; the worker still answers meanwhile.
             await worker.wait_for_line("draining: waiting")
             status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
             assert status.draining  # type: ignore[attr-defined]
@@ -203,10 +204,15 @@ async def test_a_draining_worker_deregisters_first_and_still_answers(tmp_path: P
             assert worker.process.returncode is None
             order = [
                 index
-                for text in ("deregistered " + key_of(worker), "draining: waiting")
+                for text in (
+                    "draining: admitting no new tasks",
+                    "deregistered " + key_of(worker),
+                    "draining: waiting",
+                )
                 for index, line in enumerate(worker.log)
                 if text in line
             ]
+            assert len(order) == 3, worker.log
             assert order == sorted(order), worker.log
             assert not any("worker stopped" in line for line in worker.log)
 

@@ -60,7 +60,7 @@ while True:
 
 async def engine_calls_per_s(count: int, executors: int, repeats: int) -> list[float]:
     code = FunctionSnapshot.of({"work": WORK})
-    config = attrs.evolve(default_config().executor.pool_config(), executor_count=executors)
+    config = attrs.evolve(default_config().pool_config(), executor_count=executors)
     calls = [
         CallSpec(call_id=str(i), function="work.echo", args=encode_args((i,))) for i in range(count)
     ]

@@ -41,7 +41,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -325,6 +325,17 @@ class FunctionCodeSection:
     refresh_ms: int = _setting(1_000, "refreshMs", "FUNCTIONS_REFRESH_MS", positive=True)
 
 
+STALL_FLOOR_MS: Final = 30_000
+"""The shortest derived stall timeout: GC pauses and a busy host are not wedges."""
+STALL_MARGIN_MS: Final = 10_000
+"""How long past its call deadline a call may keep its executor's loop still."""
+
+
+def stall_timeout_for(call_deadline_ms: int) -> int:
+    """The derived executor stall timeout: the call deadline plus a margin, at least the floor."""
+    return max(call_deadline_ms + STALL_MARGIN_MS, STALL_FLOOR_MS)
+
+
 @attrs.frozen(kw_only=True)
 class ExecutorSection:
     """`executor*`: the executor processes."""
@@ -343,7 +354,10 @@ class ExecutorSection:
     )
     heartbeat_interval_ms: int = _setting(500, "executorHeartbeatIntervalMs")
     heartbeat_timeout_ms: int = _setting(5_000, "executorHeartbeatTimeoutMs")
-    stall_timeout_ms: int = _setting(60_000, "executorStallTimeoutMs", "EXECUTOR_STALL_TIMEOUT_MS")
+    stall_timeout_ms: int = _setting(0, "executorStallTimeoutMs", "EXECUTOR_STALL_TIMEOUT_MS")
+    """How long an executor's loop may stand still with a call running before it is killed
+    as wedged. 0 = derived from `dispatcher.callDeadlineMs` (`stall_timeout_for`); a value
+    set must exceed the call deadline, or long calls would be killed as wedged."""
     health_check_interval_ms: int = _setting(250, "executorHealthCheckIntervalMs")
     start_timeout_ms: int = _setting(30_000, "executorStartTimeoutMs")
     """From spawn to an accepted Hello."""
@@ -355,12 +369,13 @@ class ExecutorSection:
     runtime_dir: str = _setting("", "executorRuntimeDir", kind=_STR)
     """Where the private socket directory is made; empty = the system's temporary directory."""
 
-    def pool_config(self) -> ExecutorPoolConfig:
+    def pool_config(self, call_deadline_ms: int) -> ExecutorPoolConfig:
+        """The pool's config for calls that may run up to `call_deadline_ms`."""
         return ExecutorPoolConfig(
             executor_count=self.count,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             heartbeat_timeout_ms=self.heartbeat_timeout_ms,
-            stall_timeout_ms=self.stall_timeout_ms,
+            stall_timeout_ms=self.stall_timeout_ms or stall_timeout_for(call_deadline_ms),
             health_check_interval_ms=self.health_check_interval_ms,
             start_timeout_ms=self.start_timeout_ms,
             restart_enabled=self.restart_enabled,
@@ -508,12 +523,30 @@ class WorkerConfig:
         self._check_choices()
         # The lower-level configs own the rest of the rules (slot table, pool,
         # code retention); building them here keeps one copy of each rule.
-        for convert in (self.worker.slot_config, self.executor.pool_config, self.code_view_config):
+        self._check_stall_timeout()
+        for convert in (self.worker.slot_config, self.pool_config, self.code_view_config):
             try:
                 convert()
             except InvalidValue as error:
                 field = _LOWER_LEVEL_ALIASES.get(error.field, error.field)
                 raise ConfigError(field=field, value=error.value, allowed=error.allowed) from error
+
+    def _check_stall_timeout(self) -> None:
+        stall_ms, deadline_ms = self.executor.stall_timeout_ms, self.dispatcher.call_deadline_ms
+        ConfigError.check(
+            stall_ms >= 0,
+            field="executorStallTimeoutMs",
+            value=stall_ms,
+            allowed="must be >= 0 (0 derives it from dispatcher.callDeadlineMs)",
+        )
+        ConfigError.check(
+            stall_ms == 0 or stall_ms > deadline_ms,
+            field="executorStallTimeoutMs",
+            value=stall_ms,
+            allowed=f"must be greater than dispatcher.callDeadlineMs ({deadline_ms}), or a "
+            "call computing that long is killed as wedged; 0 derives it "
+            f"(the call deadline + {STALL_MARGIN_MS} ms, at least {STALL_FLOOR_MS} ms)",
+        )
 
     def _check_addresses(self) -> None:
         for field, addr, optional in (
@@ -556,6 +589,10 @@ class WorkerConfig:
         )
 
     # --- conversions -----------------------------------------------------------------------
+
+    def pool_config(self) -> ExecutorPoolConfig:
+        """The executor pool's config, its stall timeout derived if not set."""
+        return self.executor.pool_config(self.dispatcher.call_deadline_ms)
 
     def code_view_config(self) -> CodeViewConfig:
         return CodeViewConfig(
@@ -825,4 +862,5 @@ __all__ = [
     "outbound_ipv4",
     "parse_duration_ms",
     "parse_listen_addr",
+    "stall_timeout_for",
 ]

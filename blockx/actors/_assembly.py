@@ -129,9 +129,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
     stimuli = StimulusIds()
     hub = WatchHub(inbox=inboxes.hub, slot_table=inboxes.slot_table)
     await nursery.start(hub.run)
-    transport = parts.executors(
-        config.executor.pool_config(), inboxes.executor_events(), parts.clock
-    )
+    transport = parts.executors(config.pool_config(), inboxes.executor_events(), parts.clock)
     await nursery.start(transport.run)
     dispatcher = DispatcherActor(
         inbox=inboxes.dispatcher,

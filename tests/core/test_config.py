@@ -21,6 +21,7 @@ from blockx.config import (
     default_config,
     load_config,
     parse_duration_ms,
+    stall_timeout_for,
 )
 from blockx.executors import ExecutorPoolConfig
 from blockx.functions import CodeViewConfig
@@ -202,7 +203,7 @@ ENV_CASES = [
     ("EXECUTOR_MAX_RESTARTS", "1", "executorMaxRestarts", 1),
     ("EXECUTOR_RESTART_WINDOW_MS", "1000", "executorRestartWindowMs", 1_000),
     ("EXECUTOR_RESTART_BACKOFF_MS", "0", "executorRestartBackoffMs", 0),
-    ("EXECUTOR_STALL_TIMEOUT_MS", "1000", "executorStallTimeoutMs", 1_000),
+    ("EXECUTOR_STALL_TIMEOUT_MS", "90000", "executorStallTimeoutMs", 90_000),
     ("FUNCTION_SNAPSHOT_RETENTION_MS", "30000000", "functionSnapshotRetentionMs", 30_000_000),
     ("CALL_DEADLINE_MS", "500", "dispatcher.callDeadlineMs", 500),
     ("FUNCTIONS_DIR", "/srv/fn", "functionCode.dir", "/srv/fn"),
@@ -478,14 +479,42 @@ def test_zero_heartbeat_duration_is_refused() -> None:
 
 def test_stall_timeout_must_exceed_the_executor_heartbeat() -> None:
     with pytest.raises(ConfigError) as excinfo:
-        load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "500"})
+        load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "500", "CALL_DEADLINE_MS": "100"})
     assert error_text(excinfo) == (
         "executorStallTimeoutMs = 500 (from env EXECUTOR_STALL_TIMEOUT_MS): "
         "must be > executorHeartbeatIntervalMs (500)"
     )
-    # Shorter than the call deadline is allowed.
-    config = load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "1000", "CALL_DEADLINE_MS": "60000"})
-    assert config.executor.stall_timeout_ms == 1_000
+
+
+def test_a_stall_timeout_at_or_below_the_call_deadline_is_refused() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "60000", "CALL_DEADLINE_MS": "60000"})
+    assert error_text(excinfo) == (
+        "executorStallTimeoutMs = 60000 (from env EXECUTOR_STALL_TIMEOUT_MS): must be greater "
+        "than dispatcher.callDeadlineMs (60000), or a call computing that long is killed as "
+        "wedged; 0 derives it (the call deadline + 10000 ms, at least 30000 ms)"
+    )
+    with pytest.raises(ConfigError, match=r"^executorStallTimeoutMs = -1 .*must be >= 0"):
+        load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "-1"})
+
+
+@pytest.mark.parametrize(
+    ("call_deadline_ms", "stall_ms"),
+    [(1, 30_000), (20_000, 30_000), (60_000, 70_000), (600_000, 610_000)],
+)
+def test_the_stall_timeout_is_derived_from_the_call_deadline(
+    call_deadline_ms: int, stall_ms: int
+) -> None:
+    config = load_config(env={"CALL_DEADLINE_MS": str(call_deadline_ms)})
+    assert config.executor.stall_timeout_ms == 0
+    assert config.pool_config().stall_timeout_ms == stall_ms == stall_timeout_for(call_deadline_ms)
+    # A call may now run up to its deadline without being taken for a wedged executor.
+    assert config.pool_config().stall_timeout_ms > call_deadline_ms
+
+
+def test_an_explicit_stall_timeout_is_kept() -> None:
+    config = load_config(env={"EXECUTOR_STALL_TIMEOUT_MS": "120000", "CALL_DEADLINE_MS": "90000"})
+    assert config.pool_config().stall_timeout_ms == 120_000
 
 
 @pytest.mark.parametrize("listen", ["8081", "host:", ":65536", ":-1", "::8081", "a b:1", ":x"])
@@ -596,6 +625,7 @@ def test_pool_config_carries_the_executor_settings() -> None:
         env={
             "EXECUTOR_COUNT": "3",
             "EXECUTOR_STALL_TIMEOUT_MS": "9000",
+            "CALL_DEADLINE_MS": "8000",
             "EXECUTOR_RESTART_ENABLED": "0",
             "EXECUTOR_RESTART_DELAY_MS": "10",
             "EXECUTOR_MAX_RESTARTS": "4",
@@ -608,7 +638,7 @@ def test_pool_config_carries_the_executor_settings() -> None:
             "executorStopGraceMs": 250,
         },
     )
-    assert config.executor.pool_config() == ExecutorPoolConfig(
+    assert config.pool_config() == ExecutorPoolConfig(
         executor_count=3,
         heartbeat_interval_ms=100,
         heartbeat_timeout_ms=1_000,
@@ -626,11 +656,11 @@ def test_pool_config_carries_the_executor_settings() -> None:
         python_executable=sys.executable,
         runtime_dir_parent=None,
     )
-    assert default_config().executor.pool_config() == ExecutorPoolConfig(
+    assert default_config().pool_config() == ExecutorPoolConfig(
         executor_count=8,
         heartbeat_interval_ms=500,
         heartbeat_timeout_ms=5_000,
-        stall_timeout_ms=60_000,
+        stall_timeout_ms=70_000,
         health_check_interval_ms=250,
         start_timeout_ms=30_000,
         restart_enabled=True,
@@ -685,7 +715,7 @@ def test_new_executor_settings_load_from_the_file(tmp_path: Path) -> None:
         executor.python,
         executor.runtime_dir,
     ) == (100, 2_000, 1_024, 8, "/opt/python/bin/python3", "/run/blockx")
-    pool = executor.pool_config()
+    pool = config.pool_config()
     assert (
         pool.health_check_interval_ms,
         pool.start_timeout_ms,

@@ -115,7 +115,7 @@ def test_zero_max_restarts_always_backs_off() -> None:
 
 
 def test_defaults_follow_the_seed() -> None:
-    config = default_config().executor.pool_config()
+    config = default_config().pool_config()
     assert config.executor_count == 8
     assert config.restart_enabled is True
     assert (
@@ -149,7 +149,7 @@ def test_defaults_follow_the_seed() -> None:
 )
 def test_invalid_settings_name_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidPoolConfig) as caught:
-        attrs.evolve(default_config().executor.pool_config(), **overrides)
+        attrs.evolve(default_config().pool_config(), **overrides)
     assert caught.value.field == field
     assert field in str(caught.value)
     assert isinstance(caught.value, InvalidValue)

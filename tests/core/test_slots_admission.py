@@ -698,7 +698,7 @@ def test_a_reservation_past_its_lease_is_uncertain_until_its_timer_is_fed_back(
 
 def test_nothing_is_admitted_before_the_worker_is_ready() -> None:
     machine = SlotMachine(CONFIG)
-    assert machine.ready is False
+    readiness = [machine.ready]
 
     for event in (requested("t1", now_ms=0), submitted("t1", now_ms=0)):
         with pytest.raises(Unavailable) as exc:
@@ -709,7 +709,8 @@ def test_nothing_is_admitted_before_the_worker_is_ready() -> None:
     assert machine.free_capacity() == CONFIG.task_slots
 
     assert machine.handle(WorkerReady(now_ms=5, stimulus_id="ready")) == Step()
-    assert machine.ready is True
+    readiness.append(machine.ready)
+    assert readiness == [False, True]
     machine.handle(requested("t1", now_ms=10))
     step = machine.handle(submitted("t2", now_ms=10))
     assert [type(command) for command in step.commands] == [PrepareTaskActivation]

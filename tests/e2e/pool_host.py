@@ -20,7 +20,7 @@ from blockx.executors import ExecutorPoolManager, ExecutorUp, PoolEvent
 
 async def host(executor_count: int) -> None:
     config = attrs.evolve(
-        default_config().executor.pool_config(),
+        default_config().pool_config(),
         executor_count=executor_count,
         heartbeat_interval_ms=50,
     )

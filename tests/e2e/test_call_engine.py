@@ -108,7 +108,7 @@ def values(outcome: CallPhaseOutcome) -> list[object]:
 async def engine(
     settings: DispatcherSection | None = None, **overrides: Any
 ) -> AsyncIterator[CallEngine]:
-    config = attrs.evolve(default_config().executor.pool_config(), **{**FAST, **overrides})
+    config = attrs.evolve(default_config().pool_config(), **{**FAST, **overrides})
     async with CallEngine.open(config, settings=settings) as calls_engine:
         try:
             with trio.fail_after(20):

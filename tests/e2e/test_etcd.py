@@ -180,7 +180,9 @@ async def test_a_killed_workers_key_is_gone_within_its_lease_ttl(tmp_path: Path)
             assert trio.current_time() - killed_at <= SHORT_TTL_MS / 1000 + EXPIRY_SLACK_S
 
 
-async def test_a_draining_worker_stops_admitting_then_deregisters_then_waits(tmp_path: Path) -> None:
+async def test_a_drain_stops_admitting_then_deregisters_then_waits(
+    tmp_path: Path,
+) -> None:
     with trio.fail_after(FAIL_AFTER_S):
         async with (
             etcd_server(tmp_path / "etcd") as etcd,

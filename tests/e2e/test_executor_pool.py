@@ -78,7 +78,7 @@ def call(call_id: str, function: str, *args: object) -> CallRequest:
 
 
 def pool_config(**overrides: Any) -> ExecutorPoolConfig:
-    return attrs.evolve(default_config().executor.pool_config(), **{**FAST, **overrides})
+    return attrs.evolve(default_config().pool_config(), **{**FAST, **overrides})
 
 
 def new_pool(

@@ -1,4 +1,5 @@
-"""Process-wide settings that blockx's own processes apply at start, and their RSS.
+"""Process-wide matters: settings blockx's own processes apply at start, their RSS, the
+private directories to remove even on an exit at once, and unwrapping a lone error.
 
 Only entry points call `tune_gc` (the executor child, the worker command, the
 benches): a library must never change its host process's settings.
@@ -7,6 +8,7 @@ benches): a library must never change its host process's settings.
 import gc
 import os
 import resource
+import shutil
 
 # Calls allocate many short-lived, acyclic objects; the default collects the
 # young generation every 700 allocations, which costs blockx's processes a
@@ -27,3 +29,35 @@ def rss_bytes() -> int:
         return resident_pages * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):  # no procfs: the peak is the best we have
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+_private_dirs: set[str] = set()
+"""Directories this process made for itself (the executors' runtime directory). Module
+state on purpose, like `atexit`: the exit-at-once path has no other way to reach them."""
+
+
+def add_private_dir(path: str) -> None:
+    """Remember `path` so that `remove_private_dirs` removes it."""
+    _private_dirs.add(path)
+
+
+def discard_private_dir(path: str) -> None:
+    """Forget `path` (its owner removed it)."""
+    _private_dirs.discard(path)
+
+
+def remove_private_dirs() -> None:
+    """Remove every remembered directory: the last thing before `os._exit`."""
+    for path in list(_private_dirs):
+        shutil.rmtree(path, ignore_errors=True)
+    _private_dirs.clear()
+
+
+def sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception `group` (and groups nested in it) holds, or None if more."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        if len(error.exceptions) != 1:
+            return None
+        error = error.exceptions[0]
+    return error

@@ -20,6 +20,8 @@ closed sockets and exit.
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import functools
 import logging
 import os
@@ -34,7 +36,7 @@ import trio_asyncio
 from opentelemetry.trace import Tracer
 
 from blockx._clock import WorkerClock
-from blockx._process import tune_gc
+from blockx._process import remove_private_dirs, sole_exception, tune_gc
 from blockx.actors import (
     ActorParts,
     ActorProbe,
@@ -50,9 +52,9 @@ from blockx.actors import (
 )
 from blockx.api import GrpcFrontEnd, WorkerService, bind_listener
 from blockx.client import ShadowForwarder
-from blockx.config import ConfigError, WorkerConfig, load_config
+from blockx.config import ConfigError, WorkerConfig, load_config, parse_listen_addr
 from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, StartupError
 from blockx.executors import ExecutorPoolManager
 from blockx.functions import (
     DirectorySource,
@@ -67,11 +69,12 @@ from blockx.identity import WorkerIdentity, version
 from blockx.observability.logs import log_task_finished, setup_logging
 from blockx.observability.metrics import WorkerMetrics, log_memory_diagnostics
 from blockx.observability.status_page import StatusServer
-from blockx.observability.tracing import open_tracing
+from blockx.observability.tracing import TaskTracing, open_tracing
 from blockx.profiles import Profile
 
 logger = logging.getLogger("blockx.app")
 
+METRICS_PORT_HINT = " (the metrics port: set METRICS_LISTEN to another address, or to none)"
 STREAM_CLOSE_GRACE_S = 2.0
 SERVER_STOP_GRACE_S = 5.0
 
@@ -88,6 +91,23 @@ class Serving:
     metrics_port: int | None = None
     """The bound metrics and status-page port; None when `metricsListenAddr` turns it off."""
 
+    @classmethod
+    def of(
+        cls,
+        listener: socket.socket,
+        actors: WorkerActors,
+        front_end: GrpcFrontEnd,
+        metrics_port: int | None,
+    ) -> Serving:
+        return cls(
+            port=int(listener.getsockname()[1]),
+            worker_addr=actors.probe.identity.worker_addr,
+            ready=actors.transport.first_healthy,
+            slot_table=actors.inboxes.slot_table,
+            front_end=front_end,
+            metrics_port=metrics_port,
+        )
+
 
 async def serve(
     config: WorkerConfig,
@@ -99,56 +119,112 @@ async def serve(
     tracer: Tracer | None = None,
     task_status: trio.TaskStatus[Serving] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one worker until `stop` is set, then shut it down in order. `source`, `executors`
-    and `tracer` stand in for the configured code, executor processes and tracer (tests)."""
+    """Run one worker until `stop` is set, then shut it down in order; `stop` set during
+    start-up abandons it. `source`, `executors` and `tracer` stand in for the configured
+    code, executor processes and tracer (tests). What cannot start raises StartupError
+    before anything runs."""
     profile.check(config)
     clock = WorkerClock()
-    with bind_listener(*config.listen_host_port()) as listener:  # the server closes it first
+    source = source or _readable_source(config)
+    with contextlib.ExitStack() as sockets:  # each server closes its own socket first
+        listener, metrics_socket = _bind_all(config, sockets)
         identity = _identity(config, profile, clock, listener)
         shadow = _shadow(config, identity)  # a bad target is refused before anything starts
-        tracing_cm = open_tracing(
-            config.observability.otel_exporter_endpoint,
-            service=profile.service,
-            version=identity.version,
-            tracer=tracer,
-        )
+        tracing_cm = _tracing(config, profile, identity, tracer)
         async with trio_asyncio.open_loop(), tracing_cm as tracing, trio.open_nursery() as system:
-            inboxes = Inboxes()
-            code = await _load_code(system, config, source, inboxes, clock)
-            metrics = WorkerMetrics() if config.observability.metrics_enabled else None
-            parts = ActorParts(
-                config=config,
-                profile=profile,
-                inboxes=inboxes,
-                code=code,
-                executors=executors,
-                identity=identity,
-                clock=clock,
-                tracing=tracing,
-                on_finished=(log_task_finished, *([metrics.task_finished] if metrics else [])),
-            )
-            async with run_actors(system, parts) as actors:
-                if shadow is not None:
-                    await system.start(shadow.run)
-                front_end = await _serve_rpcs(config, actors, listener, metrics, shadow)
-                metrics_port = await _start_observing(system, config, metrics, actors.probe)
-                registrar = _registrar(config, actors.probe)
-                system.start_soon(_announce_ready, actors, front_end, profile, config, registrar)
-                task_status.started(
-                    Serving(
-                        port=int(listener.getsockname()[1]),
-                        worker_addr=identity.worker_addr,
-                        ready=actors.transport.first_healthy,
-                        slot_table=inboxes.slot_table,
-                        front_end=front_end,
-                        metrics_port=metrics_port,
-                    )
+            started = trio.Event()
+            with trio.CancelScope() as starting:
+                system.start_soon(_abandon_start_on, stop, started, starting)
+                inboxes = Inboxes()
+                code = await _load_code(system, config, source, inboxes, clock)
+                metrics = WorkerMetrics() if metrics_socket is not None else None
+                parts = ActorParts(
+                    config=config,
+                    profile=profile,
+                    inboxes=inboxes,
+                    code=code,
+                    executors=executors,
+                    identity=identity,
+                    clock=clock,
+                    tracing=tracing,
+                    on_finished=(log_task_finished, *([metrics.task_finished] if metrics else [])),
                 )
-                await stop.wait()
-                await _drain(config, actors, front_end, registrar)
-            await _stop_serving(actors, front_end)  # task actors and executors have ended
+                async with run_actors(system, parts) as actors:
+                    if shadow is not None:
+                        await system.start(shadow.run)
+                    front_end = await _serve_rpcs(config, actors, listener, metrics, shadow)
+                    metrics_port = await _start_observing(
+                        system, config, metrics, metrics_socket, actors.probe
+                    )
+                    registrar = _registrar(config, actors.probe)
+                    system.start_soon(
+                        _announce_ready, actors, front_end, profile, config, registrar
+                    )
+                    started.set()
+                    task_status.started(Serving.of(listener, actors, front_end, metrics_port))
+                    await stop.wait()
+                    await _drain(config, actors, front_end, registrar)
+                await _stop_serving(actors, front_end)  # task actors and executors have ended
             system.cancel_scope.cancel()
-    logger.info("worker stopped")
+    logger.info("worker stopped" if started.is_set() else "worker stopped during start-up")
+
+
+async def _abandon_start_on(
+    stop: trio.Event, started: trio.Event, starting: trio.CancelScope
+) -> None:
+    """`stop` set before the worker started (code still loading, executors still
+    spawning) cancels the start; once started, `stop` begins the drain instead."""
+    await stop.wait()
+    if not started.is_set():
+        starting.cancel()
+
+
+def _bind_all(
+    config: WorkerConfig, sockets: contextlib.ExitStack
+) -> tuple[socket.socket, socket.socket | None]:
+    """The gRPC socket and the metrics socket (None when turned off), bound before
+    anything starts so that a taken port stops the start at once."""
+    listener = sockets.enter_context(_bind(config.listen_addr))
+    if not config.observability.metrics_enabled:
+        return listener, None
+    metrics_addr = config.observability.metrics_listen_addr
+    return listener, sockets.enter_context(_bind(metrics_addr, hint=METRICS_PORT_HINT))
+
+
+def _bind(addr: str, *, hint: str = "") -> socket.socket:
+    host, port = parse_listen_addr(addr)
+    try:
+        return bind_listener(host, port)
+    except OSError as error:
+        reason = (error.strerror or str(error)).lower()
+        raise StartupError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+
+
+def _readable_source(config: WorkerConfig) -> FunctionSource:
+    """The configured source; a directory that cannot be read stops the start at once
+    (a Redis source is waited for: the server may come up later)."""
+    source = function_source(config)
+    if isinstance(source, DirectorySource):
+        try:
+            source.read()
+        except BlockxError as error:
+            where = os.path.abspath(config.function_code.dir)
+            raise StartupError(
+                f"cannot read function code from {where}: {error} (set --functions DIR or "
+                "FUNCTIONS_DIR; a relative path is from the current directory)"
+            ) from None
+    return source
+
+
+def _tracing(
+    config: WorkerConfig, profile: Profile, identity: WorkerIdentity, tracer: Tracer | None
+) -> contextlib.AbstractAsyncContextManager[TaskTracing]:
+    return open_tracing(
+        config.observability.otel_exporter_endpoint,
+        service=profile.service,
+        version=identity.version,
+        tracer=tracer,
+    )
 
 
 def _identity(
@@ -235,7 +311,11 @@ def _shadow(config: WorkerConfig, identity: WorkerIdentity) -> ShadowForwarder |
 
 
 async def _start_observing(
-    system: trio.Nursery, config: WorkerConfig, metrics: WorkerMetrics | None, probe: ActorProbe
+    system: trio.Nursery,
+    config: WorkerConfig,
+    metrics: WorkerMetrics | None,
+    metrics_socket: socket.socket | None,
+    probe: ActorProbe,
 ) -> int | None:
     """Memory diagnostics, and the metrics port if configured; returns its bound port.
 
@@ -247,10 +327,11 @@ async def _start_observing(
             log_memory_diagnostics, probe, interval_ms=observability.memory_diagnostics_interval_ms
         )
     )
-    if metrics is None:
+    if metrics is None or metrics_socket is None:
         return None
-    host, port = observability.metrics_host_port()
-    bound: int = await system.start(StatusServer(metrics=metrics, probe=probe).run, host, port)
+    server = StatusServer(metrics=metrics, probe=probe)
+    bound: int = await system.start(server.run, metrics_socket)
+    host = observability.metrics_host_port()[0]
     logger.info("metrics on http://%s:%d/metrics, status page on /", host, bound)
     return bound
 
@@ -336,12 +417,21 @@ def run(
     overrides: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """The worker process: load configuration, serve until signalled. Returns the exit status."""
+    """The worker process: load configuration, serve until signalled. Returns the exit status.
+
+    A failure to start (BlockxError) is raised as itself, never inside an exception group,
+    so that the command line reports it as one line."""
     config = load_config(profile=profile.defaults, env=env, overrides=overrides)
     profile.check(config)
     setup_logging(config.observability.log_format)
     tune_gc()
-    trio.run(_main, config, profile)
+    try:
+        trio.run(_main, config, profile)
+    except BaseExceptionGroup as group:
+        sole = sole_exception(group)
+        if isinstance(sole, BlockxError):
+            raise sole from None
+        raise
     return 0
 
 
@@ -353,16 +443,52 @@ async def _main(config: WorkerConfig, profile: Profile) -> None:
         nursery.cancel_scope.cancel()
 
 
+REPEAT_WINDOW_S = 1.0
+"""A repeat of the first signal within this long is the same request (a process manager
+signalling the whole group reaches both `uv run` and the worker, and `uv run` forwards
+it), not a second one."""
+
+
+class SignalAction(enum.Enum):
+    DRAIN = "drain"
+    """The first request to stop: drain."""
+    REPEAT = "repeat"
+    """The first signal again, at once: the same request, delivered twice."""
+    EXIT = "exit"
+    """A second request: exit at once."""
+
+
+@attrs.define
+class SignalRule:
+    """What each SIGINT/SIGTERM asks for, given when it came (seconds, any clock)."""
+
+    _first: tuple[int, float] | None = None
+
+    def on_signal(self, signum: int, now_s: float) -> SignalAction:
+        if self._first is None:
+            self._first = (signum, now_s)
+            return SignalAction.DRAIN
+        first_signum, first_at = self._first
+        if signum == first_signum and now_s - first_at < REPEAT_WINDOW_S:
+            return SignalAction.REPEAT
+        return SignalAction.EXIT
+
+
 async def _watch_signals(stop: trio.Event) -> None:
+    rule = SignalRule()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            if not stop.is_set():
-                logger.info("%s: shutting down (send it again to exit at once)", _name(signum))
-                stop.set()
-                continue
-            logger.warning("%s again: exiting at once", _name(signum))
-            sys.stderr.flush()
-            os._exit(128 + signum)
+            match rule.on_signal(signum, trio.current_time()):
+                case SignalAction.DRAIN:
+                    logger.info("%s: shutting down (send it again to exit at once)", _name(signum))
+                    stop.set()
+                case SignalAction.REPEAT:
+                    logger.info("%s again at once: the same request, still draining", _name(signum))
+                case SignalAction.EXIT:
+                    logger.warning("%s again: exiting at once", _name(signum))
+                    remove_private_dirs()
+                    sys.stderr.flush()
+                    os._exit(128 + signum)
 
 
 def _name(signum: int) -> str:

@@ -31,6 +31,7 @@ from typing import Any, TextIO, TypeAlias
 import trio
 import trio_asyncio
 
+from blockx._process import sole_exception
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
@@ -42,7 +43,7 @@ from blockx.client import (
     task_spec_from_json,
 )
 from blockx.discovery import WorkerHeartbeat
-from blockx.errors import BlockxError, InvalidValue
+from blockx.errors import BlockxError, InvalidValue, StartupError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
 from blockx.hub import add_commands as add_hub_commands
 
@@ -274,19 +275,10 @@ def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) 
     except BaseExceptionGroup as group:
         # The loop's nursery wraps whatever the action raised; one error is reported
         # as itself, so that a BlockxError still ends as one line.
-        sole = _sole_exception(group)
+        sole = sole_exception(group)
         if sole is None:
             raise
         raise sole from None
-
-
-def _sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup):
-        if len(error.exceptions) != 1:
-            return None
-        error = error.exceptions[0]
-    return error
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -423,7 +415,7 @@ def _run_placement(
     try:
         return trio.run(in_loop)
     except BaseExceptionGroup as group:
-        sole = _sole_exception(group)
+        sole = sole_exception(group)
         if sole is None:
             raise
         raise sole from None
@@ -753,7 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except BlockxError as error:
         one_line = " ".join(str(error).splitlines())
-        print(f"blockx: error: {one_line}", file=sys.stderr)
+        label = "" if isinstance(error, StartupError) else "error: "
+        print(f"blockx: {label}{one_line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("blockx: interrupted", file=sys.stderr)

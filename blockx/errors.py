@@ -64,3 +64,8 @@ class Misuse(BlockxError):
     def __init__(self, *, what: str) -> None:
         self.what = what
         super().__init__(what)
+
+
+class StartupError(BlockxError):
+    """A process cannot start: a port is taken, a directory is missing. Its message is one
+    line that names what is missing and, where there is one, the setting that chose it."""

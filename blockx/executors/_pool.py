@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from blockx._clock import WorkerClock
+from blockx._process import add_private_dir, discard_private_dir
 from blockx.errors import Misuse
 from blockx.executors._config import ExecutorPoolConfig
 from blockx.executors._errors import (
@@ -233,6 +234,7 @@ class ExecutorPoolManager:
             self.runtime_dir = tempfile.mkdtemp(
                 prefix="blockx-", dir=self.config.runtime_dir_parent
             )
+            add_private_dir(self.runtime_dir)
             self._socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
             if len(os.fsencode(self._socket_path)) > _MAX_SOCKET_PATH_BYTES:
                 raise RuntimeDirError(
@@ -254,6 +256,7 @@ class ExecutorPoolManager:
                     await listener.aclose()
                 if self.runtime_dir is not None:
                     shutil.rmtree(self.runtime_dir, ignore_errors=True)
+                    discard_private_dir(self.runtime_dir)
             for executor in self._executors.values():
                 executor.state = ExecutorState.STOPPED
             self._finished.set()

@@ -538,6 +538,10 @@ class Executor:
         )
 
 
+def _ignore_signal(signum: int, frame: object) -> None:
+    """Signals from outside do not stop an executor; see `main`."""
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(
         prog="python -m blockx.executors.child",
@@ -552,9 +556,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _complain(f"{TOKEN_ENV} is not set; executors are started by the worker")
         _exit(EXIT_USAGE)
     tune_gc()
-    # Ctrl-C in a terminal reaches the whole process group; the worker decides
-    # when executors stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in a terminal, and a process manager signalling the whole group, reach
+    # executors too; the worker owns their lifetime (they exit when its socket closes).
+    # A handler that does nothing, not SIG_IGN: processes that function code starts
+    # get the default dispositions back when they exec.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _ignore_signal)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(options.socket)

@@ -52,13 +52,16 @@ async def run_code_refresher(
         except BlockxError as error:
             # The first failure of a run is a warning; repeats would flood the log.
             level = logging.DEBUG if failing else logging.WARNING
-            logger.log(
-                level,
-                "function code refresh from %r failed; keeping epoch %s: %s",
-                source,
-                current,
-                error,
-            )
+            if current is None:
+                logger.log(level, "no function code yet (waiting for it to start): %s", error)
+            else:
+                logger.log(
+                    level,
+                    "function code refresh from %r failed; keeping epoch %s: %s",
+                    source,
+                    current,
+                    error,
+                )
             failing = True
         else:
             if failing:

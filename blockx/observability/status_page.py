@@ -18,6 +18,7 @@ import functools
 import importlib.resources
 import json
 import logging
+import socket
 from typing import Any, Final
 
 import attrs
@@ -62,14 +63,15 @@ class StatusServer:
     _websockets_open: int = attrs.field(default=0, init=False)
 
     async def run(
-        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+        self, sock: socket.socket, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen on (host, port) until cancelled; `started` with the bound port (for port 0)."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        bound = int(listeners[0].socket.getsockname()[1])
-        task_status.started(bound)
+        """Serve on the bound TCP socket `sock` (owned from now on) until cancelled;
+        `started` with its port."""
+        sock.listen()
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        task_status.started(int(sock.getsockname()[1]))
         await trio.serve_listeners(
-            functools.partial(serve_guarded, serve=self._serve, logger=logger), listeners
+            functools.partial(serve_guarded, serve=self._serve, logger=logger), [listener]
         )
 
     async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:

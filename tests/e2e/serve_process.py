@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -74,18 +77,28 @@ async def _pump(stream: trio.abc.ReceiveStream, worker: ServeProcess, ready: tri
         worker.logged = trio.Event()
 
 
+def uv_executable() -> str:
+    """The `uv` that runs this test suite (`uv run pytest`); a missing one fails the test."""
+    found = os.environ.get("UV") or shutil.which("uv")
+    assert found, "uv is not on PATH; the README's commands install it"
+    return found
+
+
 @asynccontextmanager
 async def serve_process(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, under_uv: bool = False
 ) -> AsyncIterator[ServeProcess]:
     """Start a worker on a free loopback port; yields once it logged that it is ready.
 
-    On exit the process is killed if it still runs (a test that stops it
+    `under_uv` starts it as a newcomer does, `uv run python -m blockx serve`, in a
+    process group of its own (its id is `process.pid`), as a process manager would.
+    On exit the process (group) is killed if it still runs (a test that stops it
     itself checks its exit status first).
     """
     port = free_port()
+    python = [uv_executable(), "run", "--no-sync", "python"] if under_uv else [sys.executable]
     command = [
-        sys.executable,
+        *python,
         "-m",
         "blockx",
         "serve",
@@ -103,7 +116,12 @@ async def serve_process(
     ready = trio.Event()
     async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
         process = await trio.lowlevel.open_process(
-            command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=environment, cwd=REPO
+            command,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=environment,
+            cwd=REPO,
+            start_new_session=under_uv,
         )
         assert process.stderr is not None
         channel = await trio_asyncio.aio_as_trio(_channel)(port)
@@ -125,6 +143,9 @@ async def serve_process(
             yield worker
         finally:
             channel.close()
+            if under_uv:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
             if process.returncode is None:
                 process.kill()
             with trio.CancelScope(shield=True):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
+import trio_asyncio
 
 from blockx._proto.blockx.worker import v1 as pb
 from tests.e2e.processes import alive, wait_exited
@@ -137,8 +140,16 @@ def test_serve_refuses_bad_configuration_with_the_field_named() -> None:
     assert "worker.taskSlots" in done.stderr
 
 
-async def test_a_second_sigterm_exits_at_once_and_leaves_no_executor() -> None:
-    async with serve_process("--executors", "2", env={"DRAIN_TIMEOUT_MS": "60000"}) as worker:
+async def test_a_second_signal_exits_at_once_leaving_no_executor_and_no_runtime_dir(
+    tmp_path: Path,
+) -> None:
+    runtime_parent = tmp_path / "run"
+    runtime_parent.mkdir()
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"executorRuntimeDir": str(runtime_parent)}))
+    env = {"DRAIN_TIMEOUT_MS": "60000", "WORKER_CONFIG": str(config)}
+    async with serve_process("--executors", "2", env=env) as worker:
+        assert len(list(runtime_parent.iterdir())) == 1  # the executors' socket directory
         status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
         pids = [e.pid for e in status.executors]  # type: ignore[attr-defined]
         stuck = call_list("stuck", [("demo.sleep", [60])])
@@ -146,9 +157,55 @@ async def test_a_second_sigterm_exits_at_once_and_leaves_no_executor() -> None:
         worker.process.send_signal(signal.SIGTERM)
         with trio.fail_after(30):
             await worker.wait_for_line("shutting down")
-            worker.process.send_signal(signal.SIGTERM)
+            # Another signal than the first: a second request, however soon it comes.
+            worker.process.send_signal(signal.SIGINT)
             code = await worker.process.wait()
-        assert code == 128 + signal.SIGTERM
+        assert code == 128 + signal.SIGINT
+        assert any("exiting at once" in line for line in worker.log)
+        assert list(runtime_parent.iterdir()) == []
         with trio.fail_after(10):  # executors exit on their closed sockets
+            for pid in pids:
+                await wait_exited(pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_group_signal_under_uv_run_drains_and_executors_finish_their_calls(
+    signum: signal.Signals,
+) -> None:
+    """A process manager (systemd by default) signals the whole group: `uv run`, the
+    worker and its executors. The worker sees the signal once or twice (`uv run`
+    forwards it) and drains once; the executors ignore it and finish their calls."""
+    env = {"DRAIN_TIMEOUT_MS": "30000"}
+    async with serve_process("--executors", "1", env=env, under_uv=True) as worker:
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        pids = [e.pid for e in status.executors]  # type: ignore[attr-defined]
+        slow = call_list("slow", [("demo.sleep", [1.5])])
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=slow))
+        seen: list[pb.TaskUpdate] = []
+        calling = trio.Event()
+
+        async def follow() -> None:
+            stream = worker.stub.watch_tasks(pb.WatchTasksRequest(task_ids=["slow"]))
+            async for update in trio_asyncio.aio_as_trio(stream):
+                seen.append(update)
+                if update.phase == pb.TaskPhase.CALLS:
+                    calling.set()
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(follow)
+                await calling.wait()
+                os.killpg(worker.process.pid, signum)
+            code = await worker.process.wait()
+            await worker.wait_for_line("worker stopped")
+        result = seen[-1].result
+        assert result is not None
+        assert result.state == pb.TaskState.SUCCEEDED, result
+        assert result.call_stats is not None
+        assert result.call_stats.calls_retried == 0, result  # its executor was never lost
+        assert code == 0, "\n".join(worker.log)
+        assert sum("shutting down" in line for line in worker.log) == 1, worker.log
+        assert not any("exiting at once" in line for line in worker.log), worker.log
+        with trio.fail_after(10):
             for pid in pids:
                 await wait_exited(pid)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio_asyncio
+from google.protobuf.descriptor_pb2 import FileDescriptorProto  # type: ignore[import-untyped]  # no stubs
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
-from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
+from grpclib.reflection.v1 import reflection_grpc as reflection_v1_grpc
+from grpclib.reflection.v1 import reflection_pb2 as reflection_v1
+from grpclib.reflection.v1alpha import reflection_grpc as reflection_v1alpha_grpc
+from grpclib.reflection.v1alpha import reflection_pb2 as reflection_v1alpha
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import SERVICE_NAME, STATUS_OF, grpc_error
@@ -268,27 +273,64 @@ async def test_a_drain_ends_as_soon_as_the_last_task_reaches_its_deadline(
     assert worker.calls.cancelled == ["late"]
 
 
+REFLECTION_SERVICES = (
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+)
+
+
 async def test_health_serves_once_ready_and_reflection_lists_the_service() -> None:
     async with running_worker() as worker:
         health = HealthStub(worker.channel)
         await worker.serving.ready.wait()
         reply = await worker.call(health.Check, HealthCheckRequest(service=SERVICE_NAME))
         assert reply.status == HealthCheckResponse.SERVING
-        reflection = ServerReflectionStub(worker.channel)
+        reflection = reflection_v1_grpc.ServerReflectionStub(worker.channel)
 
         async def list_services() -> list[str]:
+            request = reflection_v1.ServerReflectionRequest(list_services="")
             async with reflection.ServerReflectionInfo.open() as stream:
-                await stream.send_message(ServerReflectionRequest(list_services=""), end=True)
+                await stream.send_message(request, end=True)
                 response = await stream.recv_message()
                 assert response is not None
                 return [s.name for s in response.list_services_response.service]
 
         names = await trio_asyncio.aio_as_trio(list_services)()
-        assert SERVICE_NAME in names
-        assert "grpc.health.v1.Health" in names
+        assert {SERVICE_NAME, "grpc.health.v1.Health", *REFLECTION_SERVICES} <= set(names)
         worker.serving.front_end.set_serving(False)
         reply = await worker.call(health.Check, HealthCheckRequest(service=SERVICE_NAME))
         assert reply.status == HealthCheckResponse.NOT_SERVING
+
+
+@pytest.mark.parametrize(
+    ("stub", "messages"),
+    [
+        pytest.param(reflection_v1_grpc, reflection_v1, id="v1"),
+        pytest.param(reflection_v1alpha_grpc, reflection_v1alpha, id="v1alpha"),
+    ],
+)
+async def test_reflection_answers_in_both_versions(stub: Any, messages: Any) -> None:
+    """The official Python reflection client and many GUI clients speak only v1alpha."""
+    async with running_worker() as worker:
+        reflection = stub.ServerReflectionStub(worker.channel)
+
+        async def ask(**question: str) -> Any:
+            async with reflection.ServerReflectionInfo.open() as stream:
+                await stream.send_message(messages.ServerReflectionRequest(**question), end=True)
+                return await stream.recv_message()
+
+        listed = await trio_asyncio.aio_as_trio(ask)(list_services="")
+        names = {s.name for s in listed.list_services_response.service}
+        assert {SERVICE_NAME, "grpc.health.v1.Health", *REFLECTION_SERVICES} <= names
+
+        found = await trio_asyncio.aio_as_trio(ask)(file_containing_symbol=SERVICE_NAME)
+        assert found.WhichOneof("message_response") == "file_descriptor_response"
+        (serialized,) = found.file_descriptor_response.file_descriptor_proto
+        file = FileDescriptorProto.FromString(serialized)
+        assert file.package == "blockx.worker.v1"
+        (service,) = file.service
+        assert service.name == "WorkerService"
+        assert "SubmitTask" in {method.name for method in service.method}
 
 
 async def test_a_request_over_the_size_limit_is_refused_naming_the_limit() -> None:

@@ -34,7 +34,7 @@ from blockx.actors._messages import (
 from blockx.calls import CallSpec, FailureCode
 from blockx.functions import FunctionSnapshot
 from blockx.observability.logs import TaskLog
-from blockx.phases import PhaseFailed
+from blockx.phases import PhaseFailed, UnknownName
 from blockx.phases.builders import BuilderRegistry, BuildRequest
 from blockx.phases.plugins import PluginRegistry, PluginRequest
 from blockx.slots import (
@@ -156,13 +156,11 @@ class _TaskRun:
 
     async def _build(self) -> PhaseOutcome:
         kind = self._spec.function_call.type
-        builder = self._rt.builders.get(kind)
-        if builder is None:
-            known = ", ".join(self._rt.builders.names()) or "none"
+        try:
+            builder = self._rt.builders.require(kind)
+        except UnknownName as error:
             return PhaseOutcome(
-                ok=False,
-                failure_code=FailureCode.BUILDER_NOT_FOUND,
-                message=f"no builder {kind!r} in this worker (known: {known})",
+                ok=False, failure_code=FailureCode.BUILDER_NOT_FOUND, message=str(error)
             )
         request = BuildRequest(
             task_id=self._task_id,
@@ -200,13 +198,11 @@ class _TaskRun:
         handler = self._spec.result_handler
         if handler is None:
             return PhaseOutcome(ok=True)
-        plugin = self._rt.plugins.get(handler.type)
-        if plugin is None:
-            known = ", ".join(self._rt.plugins.names()) or "none"
+        try:
+            plugin = self._rt.plugins.require(handler.type)
+        except UnknownName as error:
             return PhaseOutcome(
-                ok=False,
-                failure_code=FailureCode.PLUGIN_NOT_FOUND,
-                message=f"no plugin {handler.type!r} in this worker (known: {known})",
+                ok=False, failure_code=FailureCode.PLUGIN_NOT_FOUND, message=str(error)
             )
         request = PluginRequest(
             task_id=self._task_id,

@@ -173,6 +173,33 @@ async def test_failed_calls_and_unknown_builders_end_failed_with_their_codes() -
         assert "'dbscan9'" in results["f2"].message
 
 
+async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() -> None:
+    """Coordinators written against the seed say `callList` for `call_list`."""
+    async with running_worker() as worker:
+        task = call_list_task("seed", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
+        task.function_call = pb.FunctionCallConfig(type="callList")
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        later = pb.FunctionCallConfig(type="bundleScan")  # a data-phase builder, not here yet
+        unknown = pb.TaskSpec(task_id="later", function_call=later)
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=unknown))
+        updates = await watch(worker, "seed", "later")
+        results = {u.task_id: u.result for u in updates if u.is_terminal}
+        succeeded = results["seed"]
+        assert succeeded is not None
+        assert (succeeded.state, succeeded.failure_code) == (pb.TaskState.SUCCEEDED, "")
+        assert succeeded.call_stats is not None
+        assert succeeded.call_stats.calls_succeeded == 2
+        assert succeeded.execute_result is not None
+        assert succeeded.execute_result.output_count == 2
+        refused = results["later"]
+        assert refused is not None
+        assert (refused.state, refused.failure_code) == (pb.TaskState.FAILED, "BUILDER_NOT_FOUND")
+        assert refused.message == (
+            "unknown builder 'bundleScan' (bundle_scan); "
+            "known builders: call_list (callList), static, payload"
+        )
+
+
 async def test_a_task_past_its_timeout_ends_timed_out_and_its_calls_are_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

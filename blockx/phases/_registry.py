@@ -3,7 +3,9 @@
 Owns the rule that a worker serves a fixed set of builders and plugins, chosen
 by name at start-up: a registry is immutable once made, an unknown name is
 refused when the registry is assembled (never when a task first asks for it),
-and two implementations never share a name. A builder or plugin may answer to
+and two implementations never share a name. A task naming a builder or plugin
+the worker lacks gets the same `UnknownName` (from `Registry.require`), when
+it is activated. A builder or plugin may answer to
 several names (the seed's spellings beside ours): `SEED_SPELLINGS` is the one
 table of them, and a registry, `select` and every message that lists names
 read it. It never constructs an implementation itself: the packages pass their

@@ -200,6 +200,60 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
         )
 
 
+@pytest.mark.parametrize(
+    ("builder", "plugin", "code", "message"),
+    [
+        pytest.param(
+            "call_list",
+            "nowhere",
+            "PLUGIN_NOT_FOUND",
+            "unknown plugin 'nowhere'; known plugins: log, test, jsonl",
+            id="plugin",
+        ),
+        pytest.param(
+            "dbscan",
+            "test",
+            "BUILDER_NOT_FOUND",
+            "unknown builder 'dbscan'; known builders: call_list (callList), static, payload",
+            id="builder",
+        ),
+    ],
+)
+async def test_an_unknown_builder_or_plugin_fails_the_task_at_activation_before_any_call(
+    builder: str, plugin: str, code: str, message: str
+) -> None:
+    """Found only after the calls ran, an unknown writer would waste them all."""
+    async with running_worker() as worker:
+        handler = pb.ResultHandler(type=plugin)
+        task = call_list_task("lost", ("demo.add", [1, 2]), result_handler=handler)
+        task.function_call = pb.FunctionCallConfig(type=builder)
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, "lost")
+        final = updates[-1]
+        assert final.is_terminal
+        result = final.result
+        assert result is not None
+        assert (result.state, result.phase, result.failure_code, result.retryable) == (
+            pb.TaskState.FAILED,
+            pb.TaskPhase.PREPARING,
+            code,
+            False,
+        )
+        assert result.message == message
+        # Neither the builder nor a call ran.
+        ran = {pb.TaskPhase.BUILDER, pb.TaskPhase.CALLS, pb.TaskPhase.PLUGIN}
+        assert not ran & {u.phase for u in updates}
+        assert worker.calls.started == []
+        assert result.call_stats is None or result.call_stats.calls_total == 0
+        assert result.execute_result is None or result.execute_result.output_count == 0
+        got = await worker.call(
+            worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="lost")
+        )
+        assert (got.state, got.phase) == (pb.TaskState.FAILED, pb.TaskPhase.TERMINAL)
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert status.free_slots == 4
+
+
 async def test_a_task_past_its_timeout_ends_timed_out_and_its_calls_are_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -3,6 +3,7 @@
 A task's path through the actors, one message per hop:
 
     client -> SubmitTask -> slot table -> (task actor started) -> ActivationDone
+           (or ActivationRefused: no builder or plugin of the task's types; it ends there)
            -> slot table -> StartBuilderPhase -> task actor -> PhaseDone(BUILDER)
            -> slot table -> StartCallPhase -> task actor -> RunTaskCalls -> dispatcher
            -> CallsDone -> slot table -> StartPluginPhase -> task actor -> PhaseDone(PLUGIN)
@@ -77,6 +78,8 @@ class ActivationDone:
 
 @attrs.frozen(kw_only=True)
 class ActivationRefused:
+    """The task cannot run here (BUILDER_NOT_FOUND, PLUGIN_NOT_FOUND): nothing of it ran."""
+
     task_id: str
     failure_code: FailureCode
     message: str

@@ -1,10 +1,13 @@
 """The task actor: one per admitted task, running its builder and its plugin.
 
-The slot-table actor starts it with the task's pinned code. It reports
-activation, then runs each phase when the slot table says so and reports the
-outcome: the builder's calls go to the dispatcher (whose `CallsDone` goes to
-the slot table, not back here), and the plugin gets the outputs from the
-command that starts its phase. It decides nothing about the task's state: an
+The slot-table actor starts it with the task's pinned code. It activates the
+task by finding its builder and its plugin, and reports that (a task naming a
+builder or plugin this worker lacks is refused there, before any phase runs,
+so no call is wasted on a task that could never store its outputs). Then it
+runs each phase when the slot table says so and reports the outcome: the
+builder's calls go to the dispatcher (whose `CallsDone` goes to the slot
+table, not back here), and the plugin gets the outputs from the command that
+starts its phase. It decides nothing about the task's state: an
 outcome is a report, and what happens next is the slot table's answer. The
 slot-table actor ends it by cancelling its scope (task deadline, drain, any
 terminal result).
@@ -26,6 +29,7 @@ import trio
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
     ActivationDone,
+    ActivationRefused,
     DispatcherMessage,
     PhaseDone,
     RunTaskCalls,
@@ -34,9 +38,9 @@ from blockx.actors._messages import (
 from blockx.calls import CallSpec, FailureCode
 from blockx.functions import FunctionSnapshot
 from blockx.observability.logs import TaskLog
-from blockx.phases import PhaseFailed
-from blockx.phases.builders import BuilderRegistry, BuildRequest
-from blockx.phases.plugins import PluginRegistry, PluginRequest
+from blockx.phases import PhaseFailed, UnknownName
+from blockx.phases.builders import Builder, BuilderRegistry, BuildRequest
+from blockx.phases.plugins import Plugin, PluginRegistry, PluginRequest
 from blockx.slots import (
     PhaseOutcome,
     PrepareTaskActivation,
@@ -112,16 +116,15 @@ class _TaskRun:
         self.log.set_phase(TaskPhase.PREPARING.value)
         self.log.set_epoch(start.code.epoch)
         self._calls: tuple[CallSpec, ...] = ()
+        self._builder: Builder | None = None
+        self._plugin: Plugin | None = None
+        """None if the task has no result handler (or is not activated yet)."""
 
     async def run(self) -> None:
-        command = self._start.command
-        self._rt.slot_table.post(
-            ActivationDone(
-                task_id=self._task_id,
-                slot_id=command.slot_id,
-                task_code_epoch=self._start.code.epoch,
-            )
-        )
+        activation = self._activate()
+        self._rt.slot_table.post(activation)
+        if isinstance(activation, ActivationRefused):
+            return
         phase = await self._next()
         while phase is not None:
             self.log.set_phase(phase.phase.value)
@@ -132,8 +135,31 @@ class _TaskRun:
                 case StartCallPhase():
                     phase = await self._run_calls()
                 case StartPluginPhase(outputs=outputs):
-                    await self._run_phase(phase, lambda: self._plugin(outputs))
+                    await self._run_phase(phase, lambda: self._store(outputs))
                     return
+
+    def _activate(self) -> ActivationDone | ActivationRefused:
+        """Find the task's builder and plugin, or refuse the task naming what it lacks."""
+        try:
+            self._builder = self._rt.builders.require(self._spec.function_call.type)
+        except UnknownName as error:
+            return self._refused(FailureCode.BUILDER_NOT_FOUND, error)
+        handler = self._spec.result_handler
+        try:
+            self._plugin = None if handler is None else self._rt.plugins.require(handler.type)
+        except UnknownName as error:
+            return self._refused(FailureCode.PLUGIN_NOT_FOUND, error)
+        return ActivationDone(
+            task_id=self._task_id,
+            slot_id=self._start.command.slot_id,
+            task_code_epoch=self._start.code.epoch,
+        )
+
+    def _refused(self, code: FailureCode, error: UnknownName) -> ActivationRefused:
+        # Not retryable: a worker's builders and plugins are fixed when it starts.
+        return ActivationRefused(
+            task_id=self._task_id, failure_code=code, message=str(error), retryable=False
+        )
 
     async def _next(self) -> StartPhase | None:
         try:
@@ -155,15 +181,8 @@ class _TaskRun:
         self._rt.slot_table.post(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
 
     async def _build(self) -> PhaseOutcome:
-        kind = self._spec.function_call.type
-        builder = self._rt.builders.get(kind)
-        if builder is None:
-            known = ", ".join(self._rt.builders.names()) or "none"
-            return PhaseOutcome(
-                ok=False,
-                failure_code=FailureCode.BUILDER_NOT_FOUND,
-                message=f"no builder {kind!r} in this worker (known: {known})",
-            )
+        builder = self._builder
+        assert builder is not None, "a task's builder phase starts only once it is activated"
         request = BuildRequest(
             task_id=self._task_id,
             function_call=self._spec.function_call,
@@ -172,7 +191,9 @@ class _TaskRun:
             labels=self._spec.labels,
         )
         calls = await self._bounded(
-            f"builder {kind!r}", self._rt.admission.builder, lambda: builder.build(request)
+            f"builder {self._spec.function_call.type!r}",
+            self._rt.admission.builder,
+            lambda: builder.build(request),
         )
         if isinstance(calls, PhaseOutcome):
             return calls
@@ -196,18 +217,11 @@ class _TaskRun:
             )
             return await self._next()
 
-    async def _plugin(self, outputs: tuple[bytes, ...]) -> PhaseOutcome:
+    async def _store(self, outputs: tuple[bytes, ...]) -> PhaseOutcome:
         handler = self._spec.result_handler
-        if handler is None:
+        plugin = self._plugin
+        if handler is None or plugin is None:
             return PhaseOutcome(ok=True)
-        plugin = self._rt.plugins.get(handler.type)
-        if plugin is None:
-            known = ", ".join(self._rt.plugins.names()) or "none"
-            return PhaseOutcome(
-                ok=False,
-                failure_code=FailureCode.PLUGIN_NOT_FOUND,
-                message=f"no plugin {handler.type!r} in this worker (known: {known})",
-            )
         request = PluginRequest(
             task_id=self._task_id,
             handler=handler,

@@ -1,8 +1,10 @@
 """The gRPC server: grpclib on trio-asyncio's loop inside the worker's `trio.run`.
 
 One TCP port serves `WorkerService`, the standard health service and server
-reflection. Health answers SERVING for the worker's service (and for "")
-only while the worker is ready (an executor is healthy) and not draining.
+reflection in both its versions (v1, and v1alpha: the official Python
+reflection client and many GUI clients speak only v1alpha). Health answers
+SERVING for the worker's service (and for "") only while the worker is ready
+(an executor is healthy) and not draining.
 The maximum message size is enforced by the codec, both ways, with
 RESOURCE_EXHAUSTED naming the size and the limit.
 """
@@ -25,6 +27,10 @@ from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+
+# grpclib keeps its v1alpha service here: it is what its own (public)
+# `ServerReflection.extend` adds beside v1, but `extend` cannot list reflection.
+from grpclib.reflection._deprecated import ServerReflection as ServerReflectionV1Alpha
 from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server, Stream
 
@@ -33,6 +39,13 @@ from blockx.api._service import Encoded, WorkerService
 from blockx.config import GrpcSection
 
 SERVICE_NAME = "blockx.worker.v1.WorkerService"
+SERVED_SERVICES = (
+    SERVICE_NAME,
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+)
+"""Every service the port serves, as reflection lists them."""
 
 RpcObserver: TypeAlias = Callable[[str, str, float], None]
 """Told of every call's end: (method path "/package.Service/Method", status name, seconds)."""
@@ -118,13 +131,15 @@ class GrpcFrontEnd:
     async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.
         health = Health({self.service: [self.health_status]})
-        services: list[Any] = [self.service, health]
-        names = [SERVICE_NAME, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"]
-        reflection = ServerReflection(
-            _service_names=names, _pool=default_google_proto_descriptor_pool
-        )
+        pool = default_google_proto_descriptor_pool
+        services: list[Any] = [
+            self.service,
+            health,
+            ServerReflection(_service_names=SERVED_SERVICES, _pool=pool),
+            ServerReflectionV1Alpha(_service_names=SERVED_SERVICES, _pool=pool),
+        ]
         self._server = Server(
-            [*services, reflection],
+            services,
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
         )

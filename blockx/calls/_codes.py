@@ -18,20 +18,22 @@ class FailureCode(enum.StrEnum):
     # --- a task, before its phases run
     ACTIVATION_FAILED = "ACTIVATION_FAILED"
     """No function code could be pinned for the task (none loaded yet)."""
+    BUILDER_NOT_FOUND = "BUILDER_NOT_FOUND"
+    """No builder of the task's function-call type is registered in this worker (found at
+    activation: no call has run)."""
+    PLUGIN_NOT_FOUND = "PLUGIN_NOT_FOUND"
+    """No plugin of the result handler's type is registered in this worker (found at
+    activation: neither the builder nor any call has run)."""
     IO_SCOPE_FAILED = "IO_SCOPE_FAILED"
     """The task's IO scope (its connections to sources and sinks) could not be opened."""
     SLOT_LOST = "SLOT_LOST"
     """The slot's lease ran out before the task was activated."""
 
     # --- a task's phases
-    BUILDER_NOT_FOUND = "BUILDER_NOT_FOUND"
-    """No builder of the task's function-call type is registered in this worker."""
     BUILDER_FAILED = "BUILDER_FAILED"
     """The builder refused the payload or its config (or raised)."""
     CALLS_FAILED = "CALLS_FAILED"
     """The calls phase failed without a more specific call code."""
-    PLUGIN_NOT_FOUND = "PLUGIN_NOT_FOUND"
-    """No plugin of the result handler's type is registered in this worker."""
     PLUGIN_FAILED = "PLUGIN_FAILED"
     """The plugin could not store the outputs (or raised)."""
     PHASE_IO_TIMEOUT = "PHASE_IO_TIMEOUT"

@@ -2,10 +2,27 @@
 
 `builders/` turn a task's payload into calls; `plugins/` store the outputs of
 the calls (the third phase, Plugin). What both share lives here: the
-name -> implementation registry, the phase error, and reading the JSON a task
-hands them. The calls phase itself is the dispatch core (`blockx.dispatch`).
+name -> implementation registry (with the seed's spellings of the names,
+`SEED_SPELLINGS`), the phase error, and reading the JSON a task hands them.
+The calls phase itself is the dispatch core (`blockx.dispatch`).
 """
 
-from blockx.phases._registry import DuplicateName, PhaseFailed, Registry, UnknownName
+from blockx.phases._registry import (
+    SEED_SPELLINGS,
+    DuplicateName,
+    PhaseFailed,
+    Registry,
+    UnknownName,
+    our_name,
+    spelled,
+)
 
-__all__ = ["DuplicateName", "PhaseFailed", "Registry", "UnknownName"]
+__all__ = [
+    "SEED_SPELLINGS",
+    "DuplicateName",
+    "PhaseFailed",
+    "Registry",
+    "UnknownName",
+    "our_name",
+    "spelled",
+]

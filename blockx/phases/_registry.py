@@ -3,19 +3,55 @@
 Owns the rule that a worker serves a fixed set of builders and plugins, chosen
 by name at start-up: a registry is immutable once made, an unknown name is
 refused when the registry is assembled (never when a task first asks for it),
-and two implementations never share a name. A builder or plugin may answer to
-several names (the seed's spellings beside ours). It never constructs an
-implementation itself: the packages pass their own factories in.
+and two implementations never share a name. A task naming a builder or plugin
+the worker lacks gets the same `UnknownName` (from `Registry.require`), when
+it is activated. A builder or plugin may answer to
+several names (the seed's spellings beside ours): `SEED_SPELLINGS` is the one
+table of them, and a registry, `select` and every message that lists names
+read it. It never constructs an implementation itself: the packages pass their
+own factories in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 from blockx.calls import FailureCode
 from blockx.errors import BlockxError
+
+SEED_SPELLINGS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "callList": "call_list",
+        "bundleScan": "bundle_scan",
+        "bundleWrite": "bundle_write",
+        "tableUpserts": "table_upserts",
+    }
+)
+"""The seed's name of a builder or plugin -> ours, wherever the two differ.
+
+Coordinators written against the seed name them this way; both spellings
+reach the same implementation. The seed's `dbscan` is spelt as ours. Names
+here need not be registered yet: the data-phase builders and writers come
+later, and answer to both spellings once they are.
+"""
+
+_SEED_SPELLING_OF: Final[Mapping[str, str]] = MappingProxyType(
+    {ours: seed for seed, ours in SEED_SPELLINGS.items()}
+)
+
+
+def our_name(name: str) -> str:
+    """`name` in our spelling (`callList` -> `call_list`); any other name as it is."""
+    return SEED_SPELLINGS.get(name, name)
+
+
+def spelled(name: str) -> str:
+    """`name` in our spelling followed by the seed's, where they differ: `call_list (callList)`."""
+    ours = our_name(name)
+    seed = _SEED_SPELLING_OF.get(ours)
+    return f"{ours} ({seed})" if seed is not None else ours
 
 
 class UnknownName(BlockxError):
@@ -25,7 +61,10 @@ class UnknownName(BlockxError):
         self.kind = kind
         self.name = name
         self.known = known
-        super().__init__(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known) or 'none'}")
+        other = SEED_SPELLINGS.get(name) or _SEED_SPELLING_OF.get(name)
+        asked = f"{name!r} ({other})" if other is not None else repr(name)
+        listed = ", ".join(spelled(known_name) for known_name in known) or "none"
+        super().__init__(f"unknown {kind} {asked}; known {kind}s: {listed}")
 
 
 class DuplicateName(BlockxError):
@@ -64,7 +103,10 @@ T = TypeVar("T", bound=Named)
 
 
 class Registry(Generic[T]):
-    """An immutable mapping name -> implementation, in registration order."""
+    """An immutable mapping name -> implementation, in registration order.
+
+    Names are kept in our spelling; every lookup also takes the seed's.
+    """
 
     kind: ClassVar[str] = "implementation"
     __slots__ = ("_by_name",)
@@ -72,19 +114,28 @@ class Registry(Generic[T]):
     def __init__(self, implementations: Iterable[T] = ()) -> None:
         by_name: dict[str, T] = {}
         for implementation in implementations:
-            if implementation.name in by_name:
-                raise DuplicateName(kind=self.kind, name=implementation.name)
-            by_name[implementation.name] = implementation
+            name = our_name(implementation.name)
+            if name in by_name:
+                raise DuplicateName(kind=self.kind, name=name)
+            by_name[name] = implementation
         self._by_name: Mapping[str, T] = MappingProxyType(by_name)
 
     def get(self, name: str) -> T | None:
-        return self._by_name.get(name)
+        return self._by_name.get(our_name(name))
+
+    def require(self, name: str) -> T:
+        """The implementation named `name`; `UnknownName` listing the known ones if none."""
+        implementation = self.get(name)
+        if implementation is None:
+            raise UnknownName(kind=self.kind, name=name, known=self.names())
+        return implementation
 
     def names(self) -> tuple[str, ...]:
+        """The registered names, in our spelling (`spelled` adds the seed's)."""
         return tuple(self._by_name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._by_name
+        return isinstance(name, str) and our_name(name) in self._by_name
 
     def __len__(self) -> int:
         return len(self._by_name)
@@ -96,14 +147,17 @@ class Registry(Generic[T]):
 def select(kind: str, names: Iterable[str], factories: Mapping[str, Callable[[], T]]) -> list[T]:
     """One fresh implementation per distinct name, in the order first named.
 
-    Raises `UnknownName` for the first name that `factories` lacks. A name
-    listed twice is registered once: profiles are unions of name lists.
+    `factories` are keyed by our spelling; `names` may use the seed's. Raises
+    `UnknownName` for the first name that `factories` lacks. A name listed
+    twice (in either spelling) is registered once: profiles are unions of
+    name lists.
     """
     chosen: dict[str, T] = {}
     for name in names:
-        factory = factories.get(name)
+        ours = our_name(name)
+        factory = factories.get(ours)
         if factory is None:
             raise UnknownName(kind=kind, name=name, known=tuple(factories))
-        if name not in chosen:
-            chosen[name] = factory()
+        if ours not in chosen:
+            chosen[ours] = factory()
     return list(chosen.values())

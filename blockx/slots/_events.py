@@ -52,7 +52,8 @@ class ActivationPrepared:
 
 @attrs.frozen(kw_only=True)
 class ActivationFailed:
-    """The runtime could not activate the task (no epoch to pin, or its IO scope failed)."""
+    """The runtime could not activate the task (no epoch to pin, its IO scope failed, or this
+    worker has no builder or plugin of the task's types)."""
 
     task_id: str
     failure_code: FailureCode | None

@@ -384,7 +384,19 @@ def test_registry_holds_the_named_plugins() -> None:
 def test_registry_refuses_an_unknown_plugin_naming_it_and_the_known_ones() -> None:
     with pytest.raises(UnknownName) as caught:
         plugin_registry(["log", "bundle_write"])
-    assert str(caught.value) == "unknown plugin 'bundle_write'; known plugins: log, test, jsonl"
+    assert str(caught.value) == (
+        "unknown plugin 'bundle_write' (bundleWrite); known plugins: log, test, jsonl"
+    )
+
+
+def test_an_unknown_plugin_in_the_seeds_spelling_is_refused_naming_ours_too() -> None:
+    registry = plugin_registry(KNOWN_PLUGINS)
+    assert registry.get("tableUpserts") is None
+    with pytest.raises(UnknownName) as caught:
+        registry.require("tableUpserts")
+    assert str(caught.value) == (
+        "unknown plugin 'tableUpserts' (table_upserts); known plugins: log, test, jsonl"
+    )
 
 
 def test_registry_of_plugin_instances_refuses_two_with_one_name() -> None:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio_asyncio
+from google.protobuf.descriptor_pb2 import FileDescriptorProto  # type: ignore[import-untyped]  # no stubs
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
-from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
+from grpclib.reflection.v1 import reflection_grpc as reflection_v1_grpc
+from grpclib.reflection.v1 import reflection_pb2 as reflection_v1
+from grpclib.reflection.v1alpha import reflection_grpc as reflection_v1alpha_grpc
+from grpclib.reflection.v1alpha import reflection_pb2 as reflection_v1alpha
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import SERVICE_NAME, STATUS_OF, grpc_error
@@ -168,6 +173,87 @@ async def test_failed_calls_and_unknown_builders_end_failed_with_their_codes() -
         assert "'dbscan9'" in results["f2"].message
 
 
+async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() -> None:
+    """Coordinators written against the seed say `callList` for `call_list`."""
+    async with running_worker() as worker:
+        task = call_list_task("seed", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
+        task.function_call = pb.FunctionCallConfig(type="callList")
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        later = pb.FunctionCallConfig(type="bundleScan")  # a data-phase builder, not here yet
+        unknown = pb.TaskSpec(task_id="later", function_call=later)
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=unknown))
+        updates = await watch(worker, "seed", "later")
+        results = {u.task_id: u.result for u in updates if u.is_terminal}
+        succeeded = results["seed"]
+        assert succeeded is not None
+        assert (succeeded.state, succeeded.failure_code) == (pb.TaskState.SUCCEEDED, "")
+        assert succeeded.call_stats is not None
+        assert succeeded.call_stats.calls_succeeded == 2
+        assert succeeded.execute_result is not None
+        assert succeeded.execute_result.output_count == 2
+        refused = results["later"]
+        assert refused is not None
+        assert (refused.state, refused.failure_code) == (pb.TaskState.FAILED, "BUILDER_NOT_FOUND")
+        assert refused.message == (
+            "unknown builder 'bundleScan' (bundle_scan); "
+            "known builders: call_list (callList), static, payload"
+        )
+
+
+@pytest.mark.parametrize(
+    ("builder", "plugin", "code", "message"),
+    [
+        pytest.param(
+            "call_list",
+            "nowhere",
+            "PLUGIN_NOT_FOUND",
+            "unknown plugin 'nowhere'; known plugins: log, test, jsonl",
+            id="plugin",
+        ),
+        pytest.param(
+            "dbscan",
+            "test",
+            "BUILDER_NOT_FOUND",
+            "unknown builder 'dbscan'; known builders: call_list (callList), static, payload",
+            id="builder",
+        ),
+    ],
+)
+async def test_an_unknown_builder_or_plugin_fails_the_task_at_activation_before_any_call(
+    builder: str, plugin: str, code: str, message: str
+) -> None:
+    """Found only after the calls ran, an unknown writer would waste them all."""
+    async with running_worker() as worker:
+        handler = pb.ResultHandler(type=plugin)
+        task = call_list_task("lost", ("demo.add", [1, 2]), result_handler=handler)
+        task.function_call = pb.FunctionCallConfig(type=builder)
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, "lost")
+        final = updates[-1]
+        assert final.is_terminal
+        result = final.result
+        assert result is not None
+        assert (result.state, result.phase, result.failure_code, result.retryable) == (
+            pb.TaskState.FAILED,
+            pb.TaskPhase.PREPARING,
+            code,
+            False,
+        )
+        assert result.message == message
+        # Neither the builder nor a call ran.
+        ran = {pb.TaskPhase.BUILDER, pb.TaskPhase.CALLS, pb.TaskPhase.PLUGIN}
+        assert not ran & {u.phase for u in updates}
+        assert worker.calls.started == []
+        assert result.call_stats is None or result.call_stats.calls_total == 0
+        assert result.execute_result is None or result.execute_result.output_count == 0
+        got = await worker.call(
+            worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="lost")
+        )
+        assert (got.state, got.phase) == (pb.TaskState.FAILED, pb.TaskPhase.TERMINAL)
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert status.free_slots == 4
+
+
 async def test_a_task_past_its_timeout_ends_timed_out_and_its_calls_are_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -286,27 +372,64 @@ async def test_a_drain_ends_as_soon_as_the_last_task_reaches_its_deadline(
     assert worker.calls.cancelled == ["late"]
 
 
+REFLECTION_SERVICES = (
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+)
+
+
 async def test_health_serves_once_ready_and_reflection_lists_the_service() -> None:
     async with running_worker() as worker:
         health = HealthStub(worker.channel)
         await worker.serving.ready.wait()
         reply = await worker.call(health.Check, HealthCheckRequest(service=SERVICE_NAME))
         assert reply.status == HealthCheckResponse.SERVING
-        reflection = ServerReflectionStub(worker.channel)
+        reflection = reflection_v1_grpc.ServerReflectionStub(worker.channel)
 
         async def list_services() -> list[str]:
+            request = reflection_v1.ServerReflectionRequest(list_services="")
             async with reflection.ServerReflectionInfo.open() as stream:
-                await stream.send_message(ServerReflectionRequest(list_services=""), end=True)
+                await stream.send_message(request, end=True)
                 response = await stream.recv_message()
                 assert response is not None
                 return [s.name for s in response.list_services_response.service]
 
         names = await trio_asyncio.aio_as_trio(list_services)()
-        assert SERVICE_NAME in names
-        assert "grpc.health.v1.Health" in names
+        assert {SERVICE_NAME, "grpc.health.v1.Health", *REFLECTION_SERVICES} <= set(names)
         worker.serving.front_end.set_serving(False)
         reply = await worker.call(health.Check, HealthCheckRequest(service=SERVICE_NAME))
         assert reply.status == HealthCheckResponse.NOT_SERVING
+
+
+@pytest.mark.parametrize(
+    ("stub", "messages"),
+    [
+        pytest.param(reflection_v1_grpc, reflection_v1, id="v1"),
+        pytest.param(reflection_v1alpha_grpc, reflection_v1alpha, id="v1alpha"),
+    ],
+)
+async def test_reflection_answers_in_both_versions(stub: Any, messages: Any) -> None:
+    """The official Python reflection client and many GUI clients speak only v1alpha."""
+    async with running_worker() as worker:
+        reflection = stub.ServerReflectionStub(worker.channel)
+
+        async def ask(**question: str) -> Any:
+            async with reflection.ServerReflectionInfo.open() as stream:
+                await stream.send_message(messages.ServerReflectionRequest(**question), end=True)
+                return await stream.recv_message()
+
+        listed = await trio_asyncio.aio_as_trio(ask)(list_services="")
+        names = {s.name for s in listed.list_services_response.service}
+        assert {SERVICE_NAME, "grpc.health.v1.Health", *REFLECTION_SERVICES} <= names
+
+        found = await trio_asyncio.aio_as_trio(ask)(file_containing_symbol=SERVICE_NAME)
+        assert found.WhichOneof("message_response") == "file_descriptor_response"
+        (serialized,) = found.file_descriptor_response.file_descriptor_proto
+        file = FileDescriptorProto.FromString(serialized)
+        assert file.package == "blockx.worker.v1"
+        (service,) = file.service
+        assert service.name == "WorkerService"
+        assert "SubmitTask" in {method.name for method in service.method}
 
 
 async def test_a_request_over_the_size_limit_is_refused_naming_the_limit() -> None:

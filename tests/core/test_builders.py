@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 
 from blockx.calls import CallSpec, FailureCode, decode_args
-from blockx.phases import DuplicateName, UnknownName
+from blockx.phases import SEED_SPELLINGS, DuplicateName, Registry, UnknownName
 from blockx.phases.builders import (
     KNOWN_BUILDERS,
     Builder,
@@ -434,8 +435,71 @@ def test_registry_refuses_an_unknown_builder_naming_it_and_the_known_ones() -> N
     assert caught.value.name == "dbscan"
     assert caught.value.known == KNOWN_BUILDERS
     assert str(caught.value) == (
-        "unknown builder 'dbscan'; known builders: call_list, static, payload"
+        "unknown builder 'dbscan'; known builders: call_list (callList), static, payload"
     )
+
+
+# --- the seed's spellings ---------------------------------------------------------------------
+
+
+def test_the_seeds_spellings_map_to_ours() -> None:
+    assert dict(SEED_SPELLINGS) == {
+        "callList": "call_list",
+        "bundleScan": "bundle_scan",
+        "bundleWrite": "bundle_write",
+        "tableUpserts": "table_upserts",
+    }
+
+
+def test_a_builder_answers_to_the_seeds_spelling_of_its_name() -> None:
+    registry = builder_registry(["callList", "static", "call_list"])
+    assert registry.names() == ("call_list", "static")
+    builder = registry.get("callList")
+    assert isinstance(builder, CallListBuilder)
+    assert registry.get("call_list") is builder
+    assert registry.require("callList") is builder
+    assert "callList" in registry
+    assert "staticList" not in registry
+
+
+def test_an_unknown_name_is_refused_listing_the_known_ones_in_both_spellings() -> None:
+    with pytest.raises(UnknownName) as caught:
+        builder_registry(["call_list", "bundleScan"])
+    assert caught.value.known == KNOWN_BUILDERS
+    assert str(caught.value) == (
+        "unknown builder 'bundleScan' (bundle_scan); "
+        "known builders: call_list (callList), static, payload"
+    )
+    registry = builder_registry(["callList"])
+    with pytest.raises(UnknownName) as caught:
+        registry.require("foo")
+    assert str(caught.value) == "unknown builder 'foo'; known builders: call_list (callList)"
+
+
+@attrs.frozen
+class Named:
+    """An implementation that has only a name, standing in for a data-phase builder or writer."""
+
+    name: str
+
+
+@pytest.mark.parametrize(
+    ("seed", "ours"),
+    [
+        ("dbscan", "dbscan"),
+        ("bundleScan", "bundle_scan"),
+        ("bundleWrite", "bundle_write"),
+        ("tableUpserts", "table_upserts"),
+    ],
+)
+def test_a_data_phase_name_answers_to_both_spellings_once_registered(seed: str, ours: str) -> None:
+    implementation = Named(name=ours)
+    registry = Registry([implementation])
+    assert registry.names() == (ours,)
+    assert registry.require(seed) is implementation
+    assert registry.require(ours) is implementation
+    with pytest.raises(DuplicateName):
+        Registry([implementation, Named(name=seed)])
 
 
 def test_registry_of_builder_instances_refuses_two_with_one_name() -> None:

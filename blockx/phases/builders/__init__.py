@@ -23,7 +23,8 @@ _FACTORIES: Final[Mapping[str, Callable[[], Builder]]] = {
 }
 
 KNOWN_BUILDERS: Final[tuple[str, ...]] = tuple(_FACTORIES)
-"""Every builder name `builder_registry` accepts: call_list, static, payload."""
+"""Every builder name `builder_registry` accepts: call_list, static, payload (and the seed's
+spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
 
 
 def builder_registry(names: Iterable[str]) -> BuilderRegistry:

@@ -24,7 +24,8 @@ _FACTORIES: Final[Mapping[str, Callable[[], Plugin]]] = {
 }
 
 KNOWN_PLUGINS: Final[tuple[str, ...]] = tuple(_FACTORIES)
-"""Every plugin name `plugin_registry` accepts: log, test, jsonl."""
+"""Every plugin name `plugin_registry` accepts: log, test, jsonl (and the seed's
+spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
 
 
 def plugin_registry(names: Iterable[str]) -> PluginRegistry:

@@ -35,10 +35,12 @@ from blockx._process import sole_exception
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
+    InvalidOutputs,
     InvalidTaskSpec,
     PlacementClient,
     WatchEndedEarly,
     WorkerClient,
+    task_outputs,
     task_spec,
     task_spec_from_json,
 )
@@ -139,7 +141,8 @@ def _add_submit(commands: _Commands) -> None:
         "--plugin",
         "--writer",
         metavar="TYPE",
-        help="the plugin that stores the outputs, e.g. jsonl (default: none)",
+        help="the plugin that stores the outputs, e.g. jsonl, or result to keep them in the "
+        "task's result, printed as its outputs (default: none)",
     )
     submit.add_argument(
         "--plugin-config",
@@ -331,7 +334,7 @@ async def _follow(task_ids: list[str], client: WorkerClient) -> int:
     failed: list[tuple[str, pb.TaskResult | None]] = []
     async with contextlib.aclosing(client.watch(task_ids)) as updates:
         async for update in updates:
-            print(json.dumps(update.to_dict()), flush=True)
+            print(json.dumps(readable(update)), flush=True)
             if not update.is_terminal or update.task_id not in pending:
                 continue
             pending.discard(update.task_id)
@@ -608,7 +611,35 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
 
 
 def _print_json(message: Any) -> None:
-    print(json.dumps(message.to_dict(), indent=2), flush=True)
+    print(json.dumps(readable(message), indent=2), flush=True)
+
+
+def readable(message: Any) -> dict[str, Any]:
+    """`message` as JSON, with the outputs a task result kept shown as JSON values.
+
+    The wire carries them as text (`outputsJson`); printed, they are `outputs`
+    in the same place. Text that is not a JSON array is printed as it came.
+    """
+    document: dict[str, Any] = message.to_dict()
+    if isinstance(message, pb.TaskResult):
+        return _outputs_shown(message, document)
+    result = getattr(message, "result", None)
+    if isinstance(result, pb.TaskResult) and "result" in document:
+        document["result"] = _outputs_shown(result, document["result"])
+    return document
+
+
+def _outputs_shown(result: pb.TaskResult, document: dict[str, Any]) -> dict[str, Any]:
+    try:
+        outputs = task_outputs(result)
+    except InvalidOutputs:
+        return document
+    if outputs is None:
+        return document
+    return dict(
+        ("outputs", outputs) if key == "outputsJson" else (key, value)
+        for key, value in document.items()
+    )
 
 
 def _report_failure(task_id: str, result: pb.TaskResult | None) -> None:

@@ -60,13 +60,13 @@ BLOCK: Final = Profile(
     deployment="block",
     service="blockx-worker",
     builders=("call_list", "static", "payload"),
-    plugins=("log", "test", "jsonl"),
+    plugins=("log", "test", "jsonl", "result"),
 )
 BUNDLE: Final = Profile(
     deployment="bundle",
     service="blockx-bundle-worker",
     builders=("call_list",),
-    plugins=("log", "jsonl"),
+    plugins=("log", "jsonl", "result"),
     defaults={"workerRegistryPrefix": "/blockx/bundle-workers/", "streamBuild.enabled": True},
 )
 PROFILES: Final = {profile.deployment: profile for profile in (BLOCK, BUNDLE)}

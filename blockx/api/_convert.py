@@ -124,6 +124,7 @@ def result_to_pb(result: TaskResult) -> pb.TaskResult:
         task_code_epoch=result.task_code_epoch,
         accepted_at_ms=result.accepted_at_ms,
         finished_at_ms=result.finished_at_ms,
+        outputs_json=result.outputs_json,
     )
 
 

@@ -36,6 +36,8 @@ class FailureCode(enum.StrEnum):
     """The calls phase failed without a more specific call code."""
     PLUGIN_FAILED = "PLUGIN_FAILED"
     """The plugin could not store the outputs (or raised)."""
+    OUTPUTS_TOO_LARGE = "OUTPUTS_TOO_LARGE"
+    """The outputs, as JSON, are larger than the `result` plugin keeps in a retained result."""
     PHASE_IO_TIMEOUT = "PHASE_IO_TIMEOUT"
     """A builder or plugin took longer than `phaseIoTimeoutMs`."""
 

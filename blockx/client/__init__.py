@@ -2,12 +2,14 @@
 
 `WorkerClient` talks to one worker; `PlacementClient` places tasks across
 the workers registered in etcd; `task_spec` and `task_spec_from_json` build
-and check the task a client sends; `ShadowForwarder` is the small coordinator
-inside a worker that mirrors a sample of its submits to another worker.
+and check the task a client sends; `task_outputs` reads the call values a
+result kept; `ShadowForwarder` is the small coordinator inside a worker that
+mirrors a sample of its submits to another worker.
 Every failure is a `BlockxError`.
 """
 
 from blockx._channels import NoAsyncioLoop
+from blockx.client._outputs import InvalidOutputs, task_outputs
 from blockx.client._placement import (
     DEFAULT_REGISTRY_PREFIX,
     NoWorkerAvailable,
@@ -36,6 +38,7 @@ __all__ = [
     "OLD_KEYS",
     "SEND_TIMEOUT_S",
     "TASK_FILE_KEYS",
+    "InvalidOutputs",
     "InvalidTaskSpec",
     "InvalidWorkerAddress",
     "NoAsyncioLoop",
@@ -49,6 +52,7 @@ __all__ = [
     "WorkerUnreachable",
     "parse_worker_address",
     "shadow_target",
+    "task_outputs",
     "task_spec",
     "task_spec_from_json",
 ]

@@ -106,10 +106,18 @@ class TaskSpec:
 
 @attrs.frozen(kw_only=True)
 class PluginResult:
+    """How one plugin stored a task's outputs.
+
+    `outputs_json` is set by a plugin that stores the outputs in the task's
+    result itself (the `result` plugin): a JSON array, held as long as the
+    result is retained and sent as the result's `outputs_json`.
+    """
+
     plugin_type: str
     ok: bool
     records_written: int = 0
     detail: str = ""
+    outputs_json: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -175,6 +183,11 @@ class TaskResult:
     task_code_epoch: str = ""
     accepted_at_ms: int = 0
     finished_at_ms: int = 0
+
+    @property
+    def outputs_json(self) -> str:
+        """The outputs a plugin kept in this result (a JSON array), or "" if none did."""
+        return next((kept.outputs_json for kept in self.plugin_results if kept.outputs_json), "")
 
 
 @attrs.frozen(kw_only=True)

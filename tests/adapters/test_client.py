@@ -25,7 +25,7 @@ from grpclib.server import Server
 
 from blockx import cli
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client import WatchEndedEarly, WorkerCallError, WorkerClient, task_spec
+from blockx.client import WatchEndedEarly, WorkerCallError, WorkerClient, task_outputs, task_spec
 from blockx.errors import BlockxError
 
 FAIL_AFTER_S = 10
@@ -36,6 +36,10 @@ RUNNING_PHASES = (pb.TaskPhase.PREPARING, pb.TaskPhase.CALLS)
 """The live updates the fake sends for an ordinary task before its terminal one."""
 
 
+KEPT_OUTPUTS = {"valued": '[42,"HI!",{"$bytes":"AP8="},18446744073709551615]'}
+"""The outputs the fake's result of a task id carries (the `result` plugin kept them)."""
+
+
 def succeeded(task_id: str) -> pb.TaskResult:
     return pb.TaskResult(
         task_id=task_id,
@@ -44,7 +48,15 @@ def succeeded(task_id: str) -> pb.TaskResult:
         call_stats=pb.CallStatistics(calls_total=2, calls_succeeded=2),
         accepted_at_ms=ACCEPTED_AT_MS,
         finished_at_ms=FINISHED_AT_MS,
+        outputs_json=KEPT_OUTPUTS.get(task_id, ""),
     )
+
+
+def shown_with_outputs(result: pb.TaskResult) -> dict[str, object]:
+    """What the CLI prints of a result whose outputs were kept: `outputs` as JSON values."""
+    shown = result.to_dict()
+    del shown["outputsJson"]
+    return shown | {"outputs": [42, "HI!", {"$bytes": "AP8="}, 2**64 - 1]}
 
 
 def failed(task_id: str) -> pb.TaskResult:
@@ -115,7 +127,8 @@ class FakeWorker(pb.WorkerServiceBase):
     GetTaskResult: "missing" is NOT_FOUND, "vanishes" is still RUNNING.
     WatchTasks, per id in turn: "missing" is NOT_FOUND; "hang" sends PREPARING
     and then waits until cancelled; "vanishes" sends PREPARING and ends;
-    "fails" ends FAILED; any other id runs PREPARING, CALLS, then SUCCEEDED.
+    "fails" ends FAILED; any other id runs PREPARING, CALLS, then SUCCEEDED
+    (a result of "valued" carries kept outputs).
     Must be made on the asyncio loop.
     """
 
@@ -384,6 +397,15 @@ async def test_run_task_returns_the_terminal_result_and_reports_each_update() ->
     assert worker.watched == [["t1"]]
 
 
+async def test_run_task_returns_the_kept_outputs_and_task_outputs_reads_them() -> None:
+    async with connected() as (_, client):
+        result = await client.run_task(spec("valued"))
+        plain = await client.run_task(spec("t1"))
+    assert result.outputs_json == KEPT_OUTPUTS["valued"]
+    assert task_outputs(result) == [42, "HI!", {"$bytes": "AP8="}, 2**64 - 1]
+    assert task_outputs(plain) is None
+
+
 async def test_run_task_of_a_failing_task_returns_its_failed_result() -> None:
     async with connected() as (_, client):
         assert await client.run_task(spec("fails")) == failed("fails")
@@ -526,6 +548,20 @@ async def test_cli_submit_watch_shows_progress_and_prints_the_result(
     assert progress == ["task t1: PREPARING", "task t1: CALLS", "task t1: SUCCEEDED"]
 
 
+async def test_cli_submit_watch_prints_the_kept_outputs_as_json_values(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with connected() as (_, client):
+        status = await run_cli(
+            "submit", "--worker", client.address, "--task-id", "valued", "--builder", "static",
+            "--plugin", "result", "--watch",
+        )  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0
+    assert json.loads(captured.out) == shown_with_outputs(succeeded("valued"))
+    assert '"outputs": [\n    42,\n    "HI!",' in captured.out
+
+
 async def test_cli_submit_watch_of_a_failing_task_exits_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -575,6 +611,19 @@ async def test_cli_result_prints_the_response(capsys: pytest.CaptureFixture[str]
         "phase": "TASK_PHASE_TERMINAL",
         "result": succeeded("t1").to_dict(),
     }
+
+
+async def test_cli_result_and_watch_print_the_kept_outputs_as_json_values(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with connected() as (_, client):
+        result_status = await run_cli("result", "valued", "--worker", client.address)
+        result_out = capsys.readouterr().out
+        watch_status = await run_cli("watch", "valued", "--worker", client.address)
+        watch_lines = capsys.readouterr().out.splitlines()
+    assert (result_status, watch_status) == (0, 0)
+    assert json.loads(result_out)["result"] == shown_with_outputs(succeeded("valued"))
+    assert json.loads(watch_lines[-1])["result"] == shown_with_outputs(succeeded("valued"))
 
 
 async def test_cli_result_of_an_unknown_task_exits_1_with_one_line(

@@ -1,6 +1,7 @@
-"""The plugins under Trio: what each one stores, logs or refuses.
+"""The plugins under Trio: what each one stores, keeps, logs or refuses.
 
-The jsonl plugin runs its IO in a real worker thread against `tmp_path`.
+The jsonl plugin runs its IO in a real worker thread against `tmp_path`; the
+result plugin encodes in one.
 Every async test runs under `fail_after`.
 """
 
@@ -19,6 +20,7 @@ from blockx.calls import FailureCode, encode_value
 from blockx.phases import DuplicateName, UnknownName
 from blockx.phases.plugins import (
     KNOWN_PLUGINS,
+    MAX_OUTPUTS_BYTES,
     TEST_STORE_TASKS,
     JsonlPlugin,
     LogPlugin,
@@ -26,6 +28,7 @@ from blockx.phases.plugins import (
     PluginFailed,
     PluginRegistry,
     PluginRequest,
+    ResultPlugin,
     plugin_registry,
 )
 from blockx.phases.plugins import test_outputs as stored_outputs
@@ -367,16 +370,142 @@ async def test_jsonl_plugin_reports_an_unwritable_path_as_retryable(tmp_path: Pa
     assert blocker.read_text(encoding="utf-8") == "not a directory"
 
 
+# --- result (kept in the retained result) -----------------------------------------------------
+
+
+async def test_result_plugin_keeps_the_outputs_as_one_json_array_in_call_order() -> None:
+    outputs: list[object] = [3, "HI!", [1, {"k": None}], 1.5, True, None, b"\x00\xff", 2**64 - 1]
+    with trio.fail_after(TIMEOUT_S):
+        result = await ResultPlugin().run(request("result", outputs, task_id="r1"))
+    assert result == PluginResult(
+        plugin_type="result",
+        ok=True,
+        records_written=8,
+        outputs_json='[3,"HI!",[1,{"k":null}],1.5,true,null,{"$bytes":"AP8="},'
+        "18446744073709551615]",
+    )
+    assert json.loads(result.outputs_json)[-1] == 2**64 - 1  # exact, not a float
+
+
+async def test_result_plugin_of_no_outputs_keeps_an_empty_array() -> None:
+    with trio.fail_after(TIMEOUT_S):
+        result = await ResultPlugin().run(request("result", []))
+    assert (result.records_written, result.outputs_json) == (0, "[]")
+
+
+async def test_result_plugin_keeps_outputs_of_exactly_the_default_limit() -> None:
+    assert MAX_OUTPUTS_BYTES == 1024 * 1024
+    text = "x" * (MAX_OUTPUTS_BYTES - len('["",1]'))
+    with trio.fail_after(TIMEOUT_S):
+        result = await ResultPlugin().run(request("result", [text, 1]))
+    assert len(result.outputs_json.encode("utf-8")) == MAX_OUTPUTS_BYTES
+    assert json.loads(result.outputs_json) == [text, 1]
+
+
+async def test_result_plugin_refuses_outputs_one_byte_over_the_default_limit() -> None:
+    text = "x" * (MAX_OUTPUTS_BYTES - len('["",1]') + 1)
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await ResultPlugin().run(request("result", [text, 1]))
+    error = caught.value
+    assert (error.code, error.retryable) == (FailureCode.OUTPUTS_TOO_LARGE, False)
+    assert error.message == (
+        "result: the outputs take 1048577 bytes as JSON, over the limit of 1048576 bytes"
+    )
+
+
+async def test_result_plugin_measures_utf8_bytes_against_a_lower_max_bytes() -> None:
+    # '["é"]' is 5 characters and 6 bytes; n outputs of 1 are 2n + 1 bytes.
+    with trio.fail_after(TIMEOUT_S):
+        kept = await ResultPlugin().run(request("result", ["é"], config={"max_bytes": 6}))
+        with pytest.raises(PluginFailed) as over:
+            await ResultPlugin().run(request("result", ["é"], config={"max_bytes": 5}))
+        with pytest.raises(PluginFailed) as many:
+            await ResultPlugin().run(request("result", [1] * 5, config={"max_bytes": 9}))
+    assert kept.outputs_json == '["é"]'
+    assert over.value.code is FailureCode.OUTPUTS_TOO_LARGE
+    assert over.value.message == (
+        "result: the outputs take 6 bytes as JSON, over the limit of 5 bytes "
+        "(config_json.max_bytes)"
+    )
+    assert many.value.message.startswith("result: the outputs take 11 bytes as JSON, ")
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        pytest.param(
+            {"max_bytes": 0},
+            "result: config_json.max_bytes must be an integer from 1 to 1048576, got 0",
+            id="zero",
+        ),
+        pytest.param(
+            {"max_bytes": 1048577},
+            "result: config_json.max_bytes must be an integer from 1 to 1048576, got 1048577",
+            id="over-the-worker-limit",
+        ),
+        pytest.param(
+            {"max_bytes": True},
+            "result: config_json.max_bytes must be an integer from 1 to 1048576, got True",
+            id="boolean",
+        ),
+        pytest.param(
+            {"max_bytes": "10"},
+            "result: config_json.max_bytes must be an integer from 1 to 1048576, got '10'",
+            id="text",
+        ),
+        pytest.param(
+            {"limit": 10},
+            "result: config_json has unknown key 'limit'; allowed keys: max_bytes",
+            id="unknown-key",
+        ),
+    ],
+)
+async def test_result_plugin_refuses_a_bad_config_naming_it(config: object, expected: str) -> None:
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await ResultPlugin().run(request("result", [1], config=config))
+    assert (caught.value.code, caught.value.message) == (FailureCode.PLUGIN_FAILED, expected)
+    assert caught.value.retryable is False
+
+
+@pytest.mark.parametrize(
+    ("bad_output", "reason"),
+    [
+        pytest.param(encode_value(float("inf")), "Out of range float values", id="infinity"),
+        pytest.param(msgpack.packb({b"key": 1}), "keys must be str", id="bytes-key"),
+        pytest.param(
+            msgpack.packb(msgpack.ExtType(5, b"x")), "type ExtType have no JSON form", id="ext-type"
+        ),
+        pytest.param(b"\xc1", "not a msgpack value", id="not-msgpack"),
+    ],
+)
+async def test_result_plugin_keeps_nothing_when_an_output_has_no_json_form(
+    bad_output: bytes, reason: str
+) -> None:
+    result_request = PluginRequest(
+        task_id="t1",
+        handler=ResultHandler(type="result"),
+        outputs=(encode_value(1), encode_value(2), bad_output),
+        task_code_epoch="e1",
+    )
+    with trio.fail_after(TIMEOUT_S), pytest.raises(PluginFailed) as caught:
+        await ResultPlugin().run(result_request)
+    assert caught.value.code is FailureCode.PLUGIN_FAILED
+    assert caught.value.message.startswith("result: output 2 ")
+    assert reason in caught.value.message
+    assert caught.value.retryable is False
+
+
 # --- registry ---------------------------------------------------------------------------------
 
 
 def test_registry_holds_the_named_plugins() -> None:
-    assert KNOWN_PLUGINS == ("log", "test", "jsonl")
+    assert KNOWN_PLUGINS == ("log", "test", "jsonl", "result")
     registry = plugin_registry(KNOWN_PLUGINS)
     assert registry.names() == KNOWN_PLUGINS
     assert isinstance(registry.get("log"), LogPlugin)
     assert isinstance(registry.get("test"), MemoryPlugin)
     assert isinstance(registry.get("jsonl"), JsonlPlugin)
+    assert isinstance(registry.get("result"), ResultPlugin)
     assert registry.get("table_upserts") is None
     assert plugin_registry([]).names() == ()
 
@@ -385,7 +514,7 @@ def test_registry_refuses_an_unknown_plugin_naming_it_and_the_known_ones() -> No
     with pytest.raises(UnknownName) as caught:
         plugin_registry(["log", "bundle_write"])
     assert str(caught.value) == (
-        "unknown plugin 'bundle_write' (bundleWrite); known plugins: log, test, jsonl"
+        "unknown plugin 'bundle_write' (bundleWrite); known plugins: log, test, jsonl, result"
     )
 
 
@@ -395,7 +524,7 @@ def test_an_unknown_plugin_in_the_seeds_spelling_is_refused_naming_ours_too() ->
     with pytest.raises(UnknownName) as caught:
         registry.require("tableUpserts")
     assert str(caught.value) == (
-        "unknown plugin 'tableUpserts' (table_upserts); known plugins: log, test, jsonl"
+        "unknown plugin 'tableUpserts' (table_upserts); known plugins: log, test, jsonl, result"
     )
 
 

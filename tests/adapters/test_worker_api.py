@@ -207,7 +207,7 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
             "call_list",
             "nowhere",
             "PLUGIN_NOT_FOUND",
-            "unknown plugin 'nowhere'; known plugins: log, test, jsonl",
+            "unknown plugin 'nowhere'; known plugins: log, test, jsonl, result",
             id="plugin",
         ),
         pytest.param(
@@ -515,6 +515,57 @@ async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_c
         assert results["p3"].retryable
         assert results["p4"].execute_result is not None
         assert results["p4"].execute_result.plugin_results[0].records_written == 1
+
+
+async def test_call_values_kept_by_the_result_plugin_reach_get_result_and_watch() -> None:
+    static = pb.FunctionCallConfig(
+        type="static", config_json='{"function": "demo.add", "args": [20, 22], "count": 2}'
+    )
+    tasks = {
+        "kept": pb.TaskSpec(
+            task_id="kept", function_call=static, result_handler=pb.ResultHandler(type="result")
+        ),
+        "too-big": call_list_task(
+            "too-big",
+            ("demo.add", [1, 2]),
+            ("demo.add", [3, 4]),
+            result_handler=pb.ResultHandler(type="result", config_json='{"max_bytes": 4}'),
+        ),
+    }
+    async with running_worker() as worker:
+        for task in tasks.values():
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, *tasks)
+        final = {u.task_id: u.result for u in updates if u.is_terminal}
+        got = {
+            task_id: await worker.call(
+                worker.stub.get_task_result, pb.GetTaskResultRequest(task_id=task_id)
+            )
+            for task_id in tasks
+        }
+
+    kept = final["kept"]
+    assert kept is not None
+    assert (kept.state, kept.outputs_json) == (pb.TaskState.SUCCEEDED, "[42,42]")
+    assert kept.execute_result is not None
+    assert [(p.plugin_type, p.records_written) for p in kept.execute_result.plugin_results] == [
+        ("result", 2)
+    ]
+    assert got["kept"].result == kept
+
+    too_big = final["too-big"]
+    assert too_big is not None
+    assert (too_big.state, too_big.phase, too_big.failure_code, too_big.outputs_json) == (
+        pb.TaskState.FAILED,
+        pb.TaskPhase.PLUGIN,
+        "OUTPUTS_TOO_LARGE",
+        "",
+    )
+    assert too_big.message == (
+        "result: the outputs take 5 bytes as JSON, over the limit of 4 bytes "
+        "(config_json.max_bytes)"
+    )
+    assert got["too-big"].result == too_big
 
 
 async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(

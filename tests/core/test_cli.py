@@ -21,10 +21,12 @@ from grpclib.const import Status
 from blockx import cli
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
+    InvalidOutputs,
     InvalidTaskSpec,
     InvalidWorkerAddress,
     WorkerCallError,
     parse_worker_address,
+    task_outputs,
     task_spec,
     task_spec_from_json,
 )
@@ -394,6 +396,46 @@ def test_progress_elsewhere_writes_a_line_per_update() -> None:
         progress.redraw()
         progress.update(update(pb.TaskPhase.TERMINAL, pb.TaskState.FAILED))
     assert stream.getvalue() == "task t1: PREPARING 0.0s\ntask t1: FAILED 1.0s\n"
+
+
+# --- outputs kept in a result --------------------------------------------------------------
+
+
+def test_task_outputs_are_the_kept_json_array_or_none() -> None:
+    assert task_outputs(pb.TaskResult(task_id="t1")) is None
+    assert task_outputs(pb.TaskResult(task_id="t1", outputs_json="[]")) == []
+    kept = pb.TaskResult(task_id="t1", outputs_json='[3,"HI!",[1,{"k":null}]]')
+    assert task_outputs(kept) == [3, "HI!", [1, {"k": None}]]
+
+
+@pytest.mark.parametrize(
+    ("outputs_json", "reason"),
+    [
+        pytest.param("[3,", "is not JSON (Expecting value: line 1 column 4 (char 3))", id="cut"),
+        pytest.param('{"a": 1}', "is an object, not an array", id="object"),
+    ],
+)
+def test_task_outputs_that_are_not_a_json_array_are_refused_naming_the_task(
+    outputs_json: str, reason: str
+) -> None:
+    with pytest.raises(InvalidOutputs) as caught:
+        task_outputs(pb.TaskResult(task_id="t1", outputs_json=outputs_json))
+    assert str(caught.value) == f"the outputs_json of task t1 {reason}"
+
+
+def test_printed_results_show_kept_outputs_as_json_values_in_place() -> None:
+    result = pb.TaskResult(task_id="t1", outputs_json="[3]", task_code_epoch="e1")
+    assert cli.readable(result) == {"taskId": "t1", "taskCodeEpoch": "e1", "outputs": [3]}
+    response = pb.GetTaskResultResponse(task_id="t1", result=result)
+    assert cli.readable(response)["result"]["outputs"] == [3]
+    update = pb.TaskUpdate(task_id="t1", is_terminal=True, result=result)
+    assert cli.readable(update)["result"]["outputs"] == [3]
+    assert cli.readable(pb.TaskResult(task_id="t1")) == {"taskId": "t1"}
+
+
+def test_printed_outputs_that_are_not_a_json_array_stay_as_sent() -> None:
+    result = pb.TaskResult(task_id="t1", outputs_json="[3,")
+    assert cli.readable(result) == {"taskId": "t1", "outputsJson": "[3,"}
 
 
 # --- serve ---------------------------------------------------------------------------------

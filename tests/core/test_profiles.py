@@ -61,6 +61,11 @@ def test_profiles_name_only_builders_and_plugins_that_exist() -> None:
     assert set(BLOCK.plugins) == set(KNOWN_PLUGINS)
 
 
+def test_every_profile_can_keep_outputs_in_the_result() -> None:
+    # Without the `result` plugin a client has no way to read the values its calls returned.
+    assert all("result" in profile.plugins for profile in PROFILES.values())
+
+
 def test_an_unknown_deployment_is_refused() -> None:
     odd = Profile(
         deployment="batch",

@@ -6,6 +6,7 @@ unknown enum values from newer peers surviving a round trip. The last tests
 pin how a domain result's failure code reaches its message.
 """
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -87,6 +88,7 @@ task_results = st.builds(
     task_code_epoch=st.text(),
     accepted_at_ms=INT64,
     finished_at_ms=INT64,
+    outputs_json=st.text(),
 )
 task_updates = st.builds(
     TaskUpdate,
@@ -256,3 +258,25 @@ def test_a_failed_result_carries_its_failure_code_by_name() -> None:
     assert converted == expected_pb("CALL_RAISED", TaskState.FAILED)
     assert TaskResult.parse(bytes(converted)) == expected_pb("CALL_RAISED", TaskState.FAILED)
     assert converted.to_dict()["failureCode"] == "CALL_RAISED"
+
+
+def test_outputs_a_plugin_kept_travel_once_in_the_result_not_in_its_plugin_result() -> None:
+    kept = slots.PluginResult(
+        plugin_type="result", ok=True, records_written=2, outputs_json='[3,"HI!"]'
+    )
+    result = attrs.evolve(domain_result(None, slots.TaskState.SUCCEEDED), plugin_results=(kept,))
+
+    converted = TaskResult.parse(bytes(result_to_pb(result)))
+
+    assert converted.outputs_json == '[3,"HI!"]'
+    assert converted.execute_result is not None
+    assert converted.execute_result.plugin_results == [
+        PluginResult(plugin_type="result", ok=True, records_written=2, detail="")
+    ]
+
+
+def test_a_result_whose_plugin_kept_no_outputs_has_none_on_the_wire() -> None:
+    stored = slots.PluginResult(plugin_type="jsonl", ok=True, records_written=2)
+    result = attrs.evolve(domain_result(None, slots.TaskState.SUCCEEDED), plugin_results=(stored,))
+    assert result.outputs_json == ""
+    assert result_to_pb(result).outputs_json == ""

@@ -91,6 +91,28 @@ async def test_the_cli_submits_and_follows_a_task_from_another_process() -> None
         assert b"CALL_RAISED" in done.stderr
 
 
+async def test_the_cli_prints_the_values_of_a_static_task_kept_by_the_result_plugin() -> None:
+    async with serve_process("--executors", "2") as worker:
+        address = f"127.0.0.1:{worker.port}"
+        submit = [
+            sys.executable, "-m", "blockx", "submit", "--worker", address,
+            "--task-id", "values-1",
+            "--builder", "static",
+            "--config", json.dumps({"function": "text.shout", "args": ["hello"], "count": 2}),
+            "--plugin", "result",
+            "--watch",
+        ]  # fmt: skip
+        done = await trio.run_process(submit, capture_stdout=True, capture_stderr=True, cwd=REPO)
+        followed = json.loads(done.stdout)
+        result = [sys.executable, "-m", "blockx", "result", "values-1", "--worker", address]
+        done = await trio.run_process(result, capture_stdout=True, capture_stderr=True, cwd=REPO)
+        retained = json.loads(done.stdout)["result"]
+
+    assert followed["state"] == "TASK_STATE_SUCCEEDED"
+    assert followed["outputs"] == ["HELLO!", "HELLO!"]
+    assert retained == followed
+
+
 async def test_sigterm_ends_every_task_terminal_for_its_watchers_and_leaves_no_executor() -> None:
     async with serve_process(
         "--executors", "2", "--slots", "4", env={"DRAIN_TIMEOUT_MS": "1500"}

@@ -16,15 +16,17 @@ from blockx.phases.plugins._jsonl import JsonlPlugin
 from blockx.phases.plugins._log import LogPlugin
 from blockx.phases.plugins._memory import TEST_STORE_TASKS, MemoryPlugin, test_outputs
 from blockx.phases.plugins._model import Plugin, PluginFailed, PluginRegistry, PluginRequest
+from blockx.phases.plugins._result import MAX_OUTPUTS_BYTES, ResultPlugin
 
 _FACTORIES: Final[Mapping[str, Callable[[], Plugin]]] = {
     "log": LogPlugin,
     "test": MemoryPlugin,
     "jsonl": JsonlPlugin,
+    "result": ResultPlugin,
 }
 
 KNOWN_PLUGINS: Final[tuple[str, ...]] = tuple(_FACTORIES)
-"""Every plugin name `plugin_registry` accepts: log, test, jsonl (and the seed's
+"""Every plugin name `plugin_registry` accepts: log, test, jsonl, result (and the seed's
 spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
 
 
@@ -35,6 +37,7 @@ def plugin_registry(names: Iterable[str]) -> PluginRegistry:
 
 __all__ = [
     "KNOWN_PLUGINS",
+    "MAX_OUTPUTS_BYTES",
     "TEST_STORE_TASKS",
     "JsonlPlugin",
     "LogPlugin",
@@ -43,6 +46,7 @@ __all__ = [
     "PluginFailed",
     "PluginRegistry",
     "PluginRequest",
+    "ResultPlugin",
     "plugin_registry",
     "test_outputs",
 ]

@@ -10,7 +10,6 @@ or on the disk.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from collections.abc import Sequence
@@ -23,29 +22,12 @@ from blockx.phases.plugins._model import (
     PluginFailed,
     PluginRequest,
     decoded_output,
+    json_ready,
     parse_config,
 )
 from blockx.slots import PluginResult
 
 NAME: Final = "jsonl"
-BYTES_KEY: Final = "$bytes"
-
-
-def _json_ready(value: object) -> object:
-    """`value` with bytes replaced by `{"$bytes": <base64>}`; TypeError for what JSON lacks.
-
-    A walk rather than json's `default` hook: `default` never sees tuple
-    subclasses such as msgpack's ExtType, and would write them as arrays.
-    """
-    if value is None or isinstance(value, str | int | float):
-        return value
-    if isinstance(value, bytes):
-        return {BYTES_KEY: base64.b64encode(value).decode("ascii")}
-    if type(value) is list:
-        return [_json_ready(item) for item in value]
-    if type(value) is dict:
-        return {key: _json_ready(item) for key, item in value.items()}
-    raise TypeError(f"values of type {type(value).__name__} have no JSON form")
 
 
 def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
@@ -55,7 +37,7 @@ def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
         value = decoded_output(NAME, index, output)
         try:
             line = json.dumps(
-                {"task_id": task_id, "index": index, "value": _json_ready(value)},
+                {"task_id": task_id, "index": index, "value": json_ready(value)},
                 allow_nan=False,
                 separators=(",", ":"),
             )

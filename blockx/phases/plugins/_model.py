@@ -1,4 +1,5 @@
-"""What a plugin is: its request, its protocol, its error and its registry.
+"""What a plugin is: its request, its protocol, its error and its registry, and the
+JSON form of an output that the plugins writing JSON share.
 
 A plugin (the seed's writer plugin) runs the third phase of a task: it stores
 the outputs of the task's successful calls, in call order, where the task's
@@ -8,8 +9,9 @@ block the Trio thread: file and network IO go to a worker thread.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
-from typing import ClassVar, Protocol
+from typing import ClassVar, Final, Protocol
 
 import attrs
 
@@ -68,3 +70,23 @@ def decoded_output(plugin: str, index: int, output: bytes) -> object:
         raise PluginFailed(
             message=f"{plugin}: output {index} is not a msgpack value ({error})"
         ) from error
+
+
+BYTES_KEY: Final = "$bytes"
+
+
+def json_ready(value: object) -> object:
+    """`value` with bytes replaced by `{"$bytes": <base64>}`; TypeError for what JSON lacks.
+
+    A walk rather than json's `default` hook: `default` never sees tuple
+    subclasses such as msgpack's ExtType, and would write them as arrays.
+    """
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if isinstance(value, bytes):
+        return {BYTES_KEY: base64.b64encode(value).decode("ascii")}
+    if type(value) is list:
+        return [json_ready(item) for item in value]
+    if type(value) is dict:
+        return {key: json_ready(item) for key, item in value.items()}
+    raise TypeError(f"values of type {type(value).__name__} have no JSON form")

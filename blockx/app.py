@@ -415,13 +415,15 @@ def run(
     profile: Profile,
     *,
     overrides: Mapping[str, object] | None = None,
+    flags: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
     """The worker process: load configuration, serve until signalled. Returns the exit status.
+    `flags` names the command-line flag of each override, for errors (see `load_config`).
 
     A failure to start (BlockxError) is raised as itself, never inside an exception group,
     so that the command line reports it as one line."""
-    config = load_config(profile=profile.defaults, env=env, overrides=overrides)
+    config = load_config(profile=profile.defaults, env=env, overrides=overrides, flags=flags)
     profile.check(config)
     setup_logging(config.observability.log_format)
     tune_gc()

@@ -23,10 +23,12 @@ import contextlib
 import datetime
 import functools
 import json
+import re
 import sys
+import textwrap
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, TextIO, TypeAlias
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, TextIO, TypeAlias
 
 import trio
 import trio_asyncio
@@ -44,10 +46,15 @@ from blockx.client import (
     task_spec,
     task_spec_from_json,
 )
+from blockx.config import default_config
 from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError, InvalidValue, StartupError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
 from blockx.hub import add_commands as add_hub_commands
+from blockx.phases import spelled
+from blockx.phases.builders import builder_registry
+from blockx.phases.plugins import plugin_registry
+from blockx.profiles import BLOCK
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -86,22 +93,53 @@ def _parser() -> argparse.ArgumentParser:
 _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+SERVE_FLAGS: Final = {
+    "listenAddr": "--listen",
+    "worker.taskSlots": "--slots",
+    "executorCount": "--executors",
+    "functionCode.dir": "--functions",
+}
+"""The setting each `serve` flag sets (its JSON path): the flag is named in its errors."""
+
+
 def _add_serve(commands: _Commands) -> None:
+    defaults = default_config()
     serve = commands.add_parser(
         "serve",
         help="run a worker",
         description=(
-            "Run a worker until SIGINT or SIGTERM. Flags override the configuration file "
-            "(WORKER_CONFIG) and the environment."
+            "Run a worker until SIGINT or SIGTERM (a second one exits at once). Flags override "
+            "the configuration file (WORKER_CONFIG) and the environment; --print-config shows "
+            "every setting. Function code comes from --functions, or from Redis when "
+            "FUNCTIONS_REDIS_URL is set (see `functions publish`)."
         ),
     )
     serve.add_argument(
         "--profile", choices=("block", "bundle"), default="block", help="default: block"
     )
-    serve.add_argument("--listen", metavar="ADDR", help="listenAddr, e.g. :8081")
-    serve.add_argument("--slots", type=int, metavar="N", help="worker.taskSlots")
-    serve.add_argument("--executors", type=int, metavar="N", help="executorCount")
-    serve.add_argument("--functions", metavar="DIR", help="functionCode.dir")
+    serve.add_argument(
+        "--listen",
+        metavar="ADDR",
+        help=f"listenAddr, env WORKER_LISTEN (default {defaults.listen_addr})",
+    )
+    serve.add_argument(
+        "--slots",
+        type=int,
+        metavar="N",
+        help=f"worker.taskSlots, env TASK_SLOTS (default {defaults.worker.task_slots})",
+    )
+    serve.add_argument(
+        "--executors",
+        type=int,
+        metavar="N",
+        help=f"executorCount, env EXECUTOR_COUNT (default {defaults.executor.count})",
+    )
+    serve.add_argument(
+        "--functions",
+        metavar="DIR",
+        help=f"functionCode.dir, env FUNCTIONS_DIR (default {defaults.function_code.dir}, "
+        "from the current directory)",
+    )
     serve.add_argument(
         "--print-config",
         action="store_true",
@@ -127,6 +165,8 @@ def _add_submit(commands: _Commands) -> None:
             "Submit a task, described by a JSON task file or by flags. Prints the submit "
             "response as JSON, or with --watch follows the task and prints its result."
         ),
+        epilog=_phases_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_worker_flag(submit)
     submit.add_argument("--task-id", metavar="ID", help="default: the file's, else a new id")
@@ -176,6 +216,33 @@ def _add_submit(commands: _Commands) -> None:
     submit.add_argument("--watch", action="store_true", help="follow the task and print its result")
     _add_etcd_flags(submit, required=False)
     submit.set_defaults(run=_submit, parser=submit)
+
+
+def _phases_help() -> str:
+    """The builders and plugins of the block profile, with what each one takes."""
+    sections = (
+        (
+            "builders (--builder TYPE, with --config JSON and --payload)",
+            builder_registry(BLOCK.builders),
+        ),
+        ("plugins (--plugin TYPE, with --plugin-config JSON)", plugin_registry(BLOCK.plugins)),
+    )
+    lines: list[str] = []
+    for title, registry in sections:
+        lines.append(f"{title}:")
+        for name in registry.names():
+            implementation = registry.get(name)
+            assert implementation is not None
+            lines.append(f"  {spelled(name)}")
+            lines.extend(
+                textwrap.wrap(
+                    implementation.usage,
+                    width=76,
+                    initial_indent="      ",
+                    subsequent_indent="      ",
+                )
+            )
+    return "\n".join(lines)
 
 
 def _add_watch(commands: _Commands) -> None:
@@ -241,18 +308,19 @@ def _serve(args: argparse.Namespace) -> int:
     from blockx.profiles import PROFILES  # noqa: PLC0415
 
     profile = PROFILES[args.profile]
-    overrides: dict[str, object] = {
+    given = {
         "listenAddr": args.listen,
         "worker.taskSlots": args.slots,
         "executorCount": args.executors,
         "functionCode.dir": args.functions,
     }
+    overrides = {path: value for path, value in given.items() if value is not None}
     if args.print_config:
-        config = load_config(profile=profile.defaults, overrides=overrides)
+        config = load_config(profile=profile.defaults, overrides=overrides, flags=SERVE_FLAGS)
         print(json.dumps(config.to_json_dict(), indent=2))
         return 0
     # Logging is set up by `app.run`: its format is configuration (logFormat).
-    return app.run(profile, overrides=overrides)
+    return app.run(profile, overrides=overrides, flags=SERVE_FLAGS)
 
 
 # ------------------------------------------------------------------ functions
@@ -284,14 +352,19 @@ def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) 
         raise sole from None
 
 
+_CONFIG_FLAGS: Final = {pb.TaskPhase.BUILDER: "--config", pb.TaskPhase.PLUGIN: "--plugin-config"}
+"""The flag that gave the config a failing phase read, for a task made from flags."""
+
+
 def _submit(args: argparse.Namespace) -> int:
     task = _task_from_args(args)
+    flags = {} if args.file is not None else _CONFIG_FLAGS
     if args.etcd is not None:
         if args.slot_id:
             args.parser.error("--slot-id: not allowed with --etcd (placement reserves the slot)")
-        return _run_placement(args, functools.partial(_place, task, args.watch))
+        return _run_placement(args, functools.partial(_place, task, args.watch, flags))
     if args.watch:
-        action = functools.partial(_submit_and_follow, task, args.slot_id)
+        action = functools.partial(_submit_and_follow, task, args.slot_id, flags)
     else:
         action = functools.partial(_submit_only, task, args.slot_id)
     return _run_client(args.worker, action)
@@ -303,7 +376,9 @@ async def _submit_only(task: pb.TaskSpec, slot_id: str, client: WorkerClient) ->
     return 0
 
 
-async def _submit_and_follow(task: pb.TaskSpec, slot_id: str, client: WorkerClient) -> int:
+async def _submit_and_follow(
+    task: pb.TaskSpec, slot_id: str, flags: Mapping[pb.TaskPhase, str], client: WorkerClient
+) -> int:
     progress = Progress(sys.stderr, task.task_id, clock=trio.current_time)
     with progress:
         async with trio.open_nursery() as nursery:
@@ -314,7 +389,7 @@ async def _submit_and_follow(task: pb.TaskSpec, slot_id: str, client: WorkerClie
     _print_json(result)
     if result.state == pb.TaskState.SUCCEEDED:
         return 0
-    _report_failure(task.task_id, result)
+    _report_failure(task.task_id, result, flags)
     return 1
 
 
@@ -424,7 +499,9 @@ def _run_placement(
         raise sole from None
 
 
-async def _place(task: pb.TaskSpec, follow: bool, placement: PlacementClient) -> int:
+async def _place(
+    task: pb.TaskSpec, follow: bool, flags: Mapping[pb.TaskPhase, str], placement: PlacementClient
+) -> int:
     placed = await placement.place(task)
     print(
         f"blockx: task {task.task_id} placed on {placed.worker_addr} (slot {placed.slot_id})",
@@ -432,7 +509,7 @@ async def _place(task: pb.TaskSpec, follow: bool, placement: PlacementClient) ->
         flush=True,
     )
     if follow:
-        return await _submit_and_follow(task, placed.slot_id, placed.client)
+        return await _submit_and_follow(task, placed.slot_id, flags, placed.client)
     _print_json(placed.response)
     return 0
 
@@ -642,14 +719,28 @@ def _outputs_shown(result: pb.TaskResult, document: dict[str, Any]) -> dict[str,
     )
 
 
-def _report_failure(task_id: str, result: pb.TaskResult | None) -> None:
-    # One line: a message may carry a traceback, which the JSON result on stdout keeps.
+def _report_failure(
+    task_id: str, result: pb.TaskResult | None, flags: Mapping[pb.TaskPhase, str] | None = None
+) -> None:
+    """One line on stderr: a message may carry a traceback, which the JSON result on stdout
+    keeps. `flags`: for a task made from flags, the flag that gave each phase its config,
+    named instead of the task's `config_json` field."""
     if result is None:
         detail = "no result"
     else:
         first_line = result.message.partition("\n")[0]
+        flag = (flags or {}).get(result.phase)
+        if flag is not None:
+            first_line = in_flag_terms(first_line, flag)
         detail = ": ".join(part for part in (result.failure_code, first_line) if part)
     print(f"blockx: task {task_id} failed: {detail or 'no failure code'}", file=sys.stderr)
+
+
+def in_flag_terms(message: str, flag: str) -> str:
+    """`message` naming `flag` where it names the config that flag gave:
+    'config_json.path must be ...' -> '"path" in --plugin-config must be ...'."""
+    message = re.sub(r"config_json\.([A-Za-z_]\w*)", lambda key: f'"{key[1]}" in {flag}', message)
+    return message.replace("config_json", flag)
 
 
 class Progress:

@@ -722,6 +722,7 @@ def load_config(
     profile: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> WorkerConfig:
     """Defaults, then `profile` (a profile's defaults), the `WORKER_CONFIG` file, `env`,
     `overrides`.
@@ -729,6 +730,8 @@ def load_config(
     `env` defaults to `os.environ`. `profile` and `overrides` map JSON paths
     ("listenAddr", "worker.taskSlots") to typed values; a None override means
     "not given" so that unset command-line flags can be passed as they are.
+    `flags` maps the JSON path of an override to the command-line flag that gave
+    it ("worker.taskSlots" -> "--slots"), so that an error names what was typed.
     """
     environ = os.environ if env is None else env
     values = {setting.path: setting.get(_DEFAULTS) for setting in _SETTINGS}
@@ -737,7 +740,7 @@ def load_config(
         _mapping_layer(profile or {}, "profile"),
         _file_layer(environ),
         _env_layer(environ),
-        _mapping_layer(overrides or {}, "override"),
+        _mapping_layer(overrides or {}, "override", flags or {}),
     )
     for layer in layers:
         for path, value, source in layer:
@@ -805,12 +808,15 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
         yield setting.path, _read(setting.kind.from_text, text, setting.path, source), source
 
 
-def _mapping_layer(values: Mapping[str, object], source: str) -> _Layer:
+def _mapping_layer(
+    values: Mapping[str, object], source: str, flags: Mapping[str, str] | None = None
+) -> _Layer:
     for path, value in values.items():
         if value is None:
             continue
-        setting = _known(path, value, source)
-        yield path, _read(setting.kind.from_json, value, path, source), source
+        given_by = (flags or {}).get(path, source)
+        setting = _known(path, value, given_by)
+        yield path, _read(setting.kind.from_json, value, path, given_by), given_by
 
 
 def _known(path: str, value: object, source: str) -> _Setting:

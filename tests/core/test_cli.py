@@ -30,7 +30,10 @@ from blockx.client import (
     task_spec,
     task_spec_from_json,
 )
-from blockx.profiles import PROFILES
+from blockx.phases import spelled
+from blockx.phases.builders import builder_registry
+from blockx.phases.plugins import plugin_registry
+from blockx.profiles import BLOCK, PROFILES
 
 CONFIG_ENV = (
     "WORKER_CONFIG",
@@ -468,8 +471,102 @@ def test_serve_with_a_bad_flag_value_exits_1_naming_the_setting(
 ) -> None:
     assert cli.main(["serve", "--print-config", "--slots", "0"]) == 1
     assert last_error_line(capsys) == (
-        "blockx: error: worker.taskSlots = 0 (from override): must be > 0"
+        "blockx: error: worker.taskSlots = 0 (from --slots): must be > 0"
     )
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--listen", "8081"], "listenAddr = '8081' (from --listen): must be"),
+        (["--executors", "-1"], "executorCount = -1 (from --executors): must be > 0"),
+        (["--functions", ""], "functionCode.dir = '' (from --functions): must name a directory"),
+    ],
+)
+def test_serve_flag_errors_name_the_flag(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["serve", "--print-config", *flags]) == 1
+    assert last_error_line(capsys).startswith(f"blockx: error: {expected}")
+
+
+def test_serve_help_shows_each_flags_setting_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for text in (
+        "listenAddr, env WORKER_LISTEN (default :8081)",
+        "worker.taskSlots, env TASK_SLOTS (default 50)",
+        "executorCount, env EXECUTOR_COUNT (default 8)",
+        "functionCode.dir, env FUNCTIONS_DIR (default examples/functions, from the current",
+        "FUNCTIONS_REDIS_URL",
+    ):
+        assert text in shown
+
+
+def test_submit_help_lists_every_builder_and_plugin_with_what_it_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["submit", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    builders, plugins = builder_registry(BLOCK.builders), plugin_registry(BLOCK.plugins)
+    assert (len(builders), len(plugins)) == (3, 4)
+    for registry in (builders, plugins):
+        for name in registry.names():
+            implementation = registry.get(name)
+            assert implementation is not None
+            assert f"{spelled(name)} {implementation.usage}" in shown
+    assert 'call_list (callList) payload {"calls":' in shown
+    assert 'static config {"function": "module.fn", "args": [...], "count": N}' in shown
+    assert 'jsonl config {"path": "FILE"}' in shown
+
+
+@pytest.mark.parametrize(
+    ("message", "flag", "expected"),
+    [
+        (
+            "jsonl: config_json.path is required: the file to append lines to",
+            "--plugin-config",
+            'jsonl: "path" in --plugin-config is required: the file to append lines to',
+        ),
+        (
+            "static: config_json has unknown key 'cont'; allowed keys: function, count, args",
+            "--config",
+            "static: --config has unknown key 'cont'; allowed keys: function, count, args",
+        ),
+        (
+            "call_list: payload is not valid JSON",
+            "--config",
+            "call_list: payload is not valid JSON",
+        ),
+    ],
+)
+def test_failure_messages_name_the_flag_that_gave_the_config(
+    message: str, flag: str, expected: str
+) -> None:
+    assert cli.in_flag_terms(message, flag) == expected
+
+
+def test_a_failed_task_from_flags_is_reported_naming_its_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = pb.TaskResult(
+        phase=pb.TaskPhase.PLUGIN,
+        failure_code="PLUGIN_FAILED",
+        message="jsonl: config_json.path must be a non-empty string, got 3\ntraceback",
+    )
+    cli._report_failure("t1", result, {pb.TaskPhase.PLUGIN: "--plugin-config"})
+    cli._report_failure("t1", result)  # a task from a file: its fields, as they are
+    assert capsys.readouterr().err.splitlines() == [
+        'blockx: task t1 failed: PLUGIN_FAILED: jsonl: "path" in --plugin-config must be a '
+        "non-empty string, got 3",
+        "blockx: task t1 failed: PLUGIN_FAILED: jsonl: config_json.path must be a non-empty "
+        "string, got 3",
+    ]
 
 
 def test_serve_runs_the_profile_with_the_flags_as_overrides(
@@ -479,7 +576,10 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
 
     runs: list[tuple[object, object]] = []
 
-    def fake_run(profile: object, *, overrides: object = None, env: object = None) -> int:
+    def fake_run(
+        profile: object, *, overrides: object = None, flags: object = None, env: object = None
+    ) -> int:
+        assert flags == cli.SERVE_FLAGS
         runs.append((profile, overrides))
         return 0
 
@@ -491,7 +591,6 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
         (
             PROFILES["bundle"],
             {
-                "listenAddr": None,
                 "worker.taskSlots": 4,
                 "executorCount": 1,
                 "functionCode.dir": "fn",

@@ -159,7 +159,9 @@ def test_serve_refuses_bad_configuration_with_the_field_named() -> None:
         timeout=60,
     )
     assert done.returncode == 1
-    assert "worker.taskSlots" in done.stderr
+    assert done.stderr.splitlines() == [
+        "blockx: error: worker.taskSlots = 0 (from --slots): must be > 0"
+    ]
 
 
 async def test_a_second_signal_exits_at_once_leaving_no_executor_and_no_runtime_dir(

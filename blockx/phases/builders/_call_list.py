@@ -85,6 +85,10 @@ class CallListBuilder:
     """Calls spelled out in the payload."""
 
     name: Final = NAME
+    usage: Final = (
+        'payload {"calls": [{"function": "module.fn", "args": [...], "id": "..."}, ...]} '
+        "(args and id optional); no config"
+    )
 
     async def build(self, request: BuildRequest) -> list[CallSpec]:
         return call_list_calls(request)

@@ -34,6 +34,11 @@ class Builder(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def usage(self) -> str:
+        """What it takes, in one line: its config keys and its payload (for `--help`)."""
+        ...
+
     async def build(self, request: BuildRequest) -> list[CallSpec]: ...
 
 

@@ -62,6 +62,10 @@ class StaticBuilder:
     """`count` identical calls of `function` with `args` (development stub)."""
 
     name: Final = STATIC
+    usage: Final = (
+        'config {"function": "module.fn", "args": [...], "count": N} (args default [], '
+        "count default 1): N identical calls; no payload"
+    )
 
     async def build(self, request: BuildRequest) -> list[CallSpec]:
         return static_calls(request)
@@ -71,6 +75,10 @@ class PayloadBuilder:
     """One call of `function` per element of the payload's JSON array (development stub)."""
 
     name: Final = PAYLOAD
+    usage: Final = (
+        'config {"function": "module.fn"}; payload a JSON array: one call per element, '
+        "with the element as its argument (any other JSON value: one call)"
+    )
 
     async def build(self, request: BuildRequest) -> list[CallSpec]:
         return payload_calls(request)

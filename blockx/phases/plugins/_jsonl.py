@@ -79,6 +79,9 @@ class JsonlPlugin:
     """Appends each task's outputs to the JSON-lines file named by `config_json.path`."""
 
     name: Final = NAME
+    usage: Final = (
+        'config {"path": "FILE"}: appends one JSON line per output to FILE (on the worker)'
+    )
 
     async def run(self, request: PluginRequest) -> PluginResult:
         config = parse_config(NAME, request.handler.config_json, ("path",))

@@ -39,6 +39,7 @@ class LogPlugin:
     """Logs a summary of each task's outputs at INFO."""
 
     name: Final = NAME
+    usage: Final = "no config: logs how many outputs there were and a preview of them"
 
     async def run(self, request: PluginRequest) -> PluginResult:
         parse_config(NAME, request.handler.config_json, ())

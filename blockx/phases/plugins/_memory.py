@@ -77,6 +77,11 @@ class MemoryPlugin:
     """Keeps each task's decoded outputs in memory for `test_outputs` (development stub)."""
 
     name: Final = NAME
+    usage: Final = (
+        "no config needed: keeps the outputs in the worker's memory for tests "
+        '(optional {"fail": true, "message": "...", "code": "...", "retryable": true, '
+        '"delay_ms": N})'
+    )
 
     async def run(self, request: PluginRequest) -> PluginResult:
         config = parse_config(

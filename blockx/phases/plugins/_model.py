@@ -41,6 +41,11 @@ class Plugin(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def usage(self) -> str:
+        """What it takes and does, in one line: its config keys (for `--help`)."""
+        ...
+
     async def run(self, request: PluginRequest) -> PluginResult: ...
 
 

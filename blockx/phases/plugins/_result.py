@@ -85,6 +85,10 @@ class ResultPlugin:
     """Keeps each task's outputs, as a bounded JSON array, in the task's retained result."""
 
     name: Final = NAME
+    usage: Final = (
+        "keeps the outputs in the task's result, shown by --watch and `result` "
+        f'(optional config {{"max_bytes": N}}, at most {MAX_OUTPUTS_BYTES})'
+    )
 
     async def run(self, request: PluginRequest) -> PluginResult:
         limit, set_by = _limit(request.handler.config_json)

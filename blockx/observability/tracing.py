@@ -3,9 +3,10 @@
 Owns the tracer a worker uses (`open_tracing`) and the open spans of its live
 tasks (`TaskTracing`). With an OTLP endpoint configured the tracer comes from
 an SDK `TracerProvider` that exports in batches over OTLP/HTTP (a background
-thread, which is shut down and flushed when the worker stops); without one it
-is the API's no-op tracer: no SDK object, no thread, and the task actor's
-calls cost a method call each.
+thread, which is shut down and flushed when the worker stops; its failures are
+logged at most once a minute, see `span_export`); without one it is the API's
+no-op tracer: no SDK object, no thread, and the task actor's calls cost a
+method call each.
 
 Must never set the global tracer provider (the tracer is handed to the
 slot-table actor, so two workers in one process never share one) and never
@@ -211,7 +212,11 @@ def traces_url(endpoint: str) -> str:
 
 
 def sdk_provider(endpoint: str, *, service: str, version: str) -> TracerProvider:
-    """An SDK provider exporting to `endpoint` in batches over OTLP/HTTP; starts a thread."""
+    """An SDK provider exporting to `endpoint` in batches over OTLP/HTTP; starts a thread.
+
+    The OTLP exporter is wrapped in a `ThrottledSpanExporter`, so a collector
+    that cannot be reached costs the log one WARNING a minute.
+    """
     # Imported here: a worker without an endpoint never loads the SDK.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
         OTLPSpanExporter,
@@ -220,10 +225,14 @@ def sdk_provider(endpoint: str, *, service: str, version: str) -> TracerProvider
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
 
+    from blockx.observability.span_export import ThrottledSpanExporter  # noqa: PLC0415
+
     resource = Resource.create({"service.name": service, "service.version": version})
     # shutdown_on_exit=False: the worker shuts it down itself, off the Trio thread.
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint))))
+    url = traces_url(endpoint)
+    exporter = ThrottledSpanExporter(OTLPSpanExporter(endpoint=url), url=url)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 

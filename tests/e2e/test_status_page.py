@@ -214,8 +214,11 @@ async def test_the_status_page_in_chromium_follows_a_task_from_running_to_succee
 
             task = call_list("page-1", ("demo.sleep", [1.5]), ("demo.add", [2, 3]))
             await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
-            running = await page.read_until(lambda shown: "page-1" in shown["slots"])
-            assert "RUNNING" in running["slots"]
+            # Reserved inline (ALLOCATED) first, then RUNNING once activated: a snapshot
+            # may fall in between, so wait for the running one.
+            running = await page.read_until(
+                lambda shown: "page-1" in shown["slots"] and "RUNNING" in shown["slots"]
+            )
             assert running["recent"] == "no task has finished yet"
 
             done = await page.read_until(lambda shown: "page-1" in shown["recent"])

@@ -308,17 +308,19 @@ async def test_jsonl_plugin_writes_bytes_as_base64_objects(tmp_path: Path) -> No
     assert base64.b64decode("AP8=") == b"\x00\xff"
 
 
-@pytest.mark.parametrize(
-    ("bad_output", "reason"),
-    [
-        pytest.param(encode_value(float("nan")), "Out of range float values", id="nan"),
-        pytest.param(msgpack.packb({b"key": 1}), "keys must be str", id="bytes-key"),
-        pytest.param(
-            msgpack.packb(msgpack.ExtType(5, b"x")), "type ExtType have no JSON form", id="ext-type"
-        ),
-        pytest.param(b"\xc1", "not a msgpack value", id="not-msgpack"),
-    ],
-)
+NO_JSON_FORM = [
+    pytest.param(encode_value(float("nan")), "Out of range float values", id="nan"),
+    pytest.param(encode_value(float("inf")), "Out of range float values", id="infinity"),
+    pytest.param(msgpack.packb({b"key": 1}), "keys must be str", id="bytes-key"),
+    pytest.param(
+        msgpack.packb(msgpack.ExtType(5, b"x")), "type ExtType have no JSON form", id="ext-type"
+    ),
+    pytest.param(b"\xc1", "not a msgpack value", id="not-msgpack"),
+]
+"""Outputs that have no JSON form, and what the refusal says of each."""
+
+
+@pytest.mark.parametrize(("bad_output", "reason"), NO_JSON_FORM)
 async def test_jsonl_plugin_writes_nothing_when_an_output_has_no_json_form(
     tmp_path: Path, bad_output: bytes, reason: str
 ) -> None:
@@ -467,17 +469,7 @@ async def test_result_plugin_refuses_a_bad_config_naming_it(config: object, expe
     assert caught.value.retryable is False
 
 
-@pytest.mark.parametrize(
-    ("bad_output", "reason"),
-    [
-        pytest.param(encode_value(float("inf")), "Out of range float values", id="infinity"),
-        pytest.param(msgpack.packb({b"key": 1}), "keys must be str", id="bytes-key"),
-        pytest.param(
-            msgpack.packb(msgpack.ExtType(5, b"x")), "type ExtType have no JSON form", id="ext-type"
-        ),
-        pytest.param(b"\xc1", "not a msgpack value", id="not-msgpack"),
-    ],
-)
+@pytest.mark.parametrize(("bad_output", "reason"), NO_JSON_FORM)
 async def test_result_plugin_keeps_nothing_when_an_output_has_no_json_form(
     bad_output: bytes, reason: str
 ) -> None:

@@ -46,7 +46,7 @@ from blockx.client import (
     task_spec,
     task_spec_from_json,
 )
-from blockx.config import default_config
+from blockx.config import default_config, load_config
 from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError, InvalidValue, StartupError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
@@ -54,7 +54,7 @@ from blockx.hub import add_commands as add_hub_commands
 from blockx.phases import spelled
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
-from blockx.profiles import BLOCK
+from blockx.profiles import BLOCK, PROFILES
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -302,10 +302,8 @@ def _add_functions(commands: _Commands) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    # Imported here: the worker's modules are only needed by the worker.
+    # Imported here: the worker's own modules are only needed by the worker.
     from blockx import app  # noqa: PLC0415
-    from blockx.config import load_config  # noqa: PLC0415
-    from blockx.profiles import PROFILES  # noqa: PLC0415
 
     profile = PROFILES[args.profile]
     given = {

@@ -1,12 +1,15 @@
 """The worker application: the one place that orders start and stop, read top down.
 
-Start: bind the gRPC port (the worker's address, and with it its identity) ->
+Start: check that a function-code directory can be read -> bind the gRPC
+port (the worker's address, and with it its identity) and the metrics port
+(either of these failing is a one-line StartupError, before anything runs) ->
 tracing -> function code (first epoch loaded) -> actors (watch hub,
 executors, dispatcher, slot table) -> gRPC serve (and the shadow sender) ->
-metrics port and status page (unless `metricsListenAddr` is "none") and memory
-diagnostics -> ready (health SERVING) once the first executor is healthy ->
-etcd registration (unless `etcdEndpoints` is "none"; an unreachable etcd never
-stops the worker from serving).
+status page on the metrics port (unless `metricsListenAddr` is "none") and
+memory diagnostics -> ready (the slot table admits work, health SERVING) once
+the first executor is healthy -> etcd registration (unless `etcdEndpoints` is
+"none"; an unreachable etcd never stops the worker from serving). `stop` set
+at any point of the start cancels it.
 
 Stop (first SIGINT/SIGTERM, or `stop` set): health NOT_SERVING and the slot
 table stops admitting (new slots and unactivated submits get UNAVAILABLE) ->
@@ -14,8 +17,10 @@ deregister from etcd (bounded by a short timeout) -> wait for live tasks up to
 `drainTimeoutMs` -> end what is left (each task converges to a terminal
 result that its watchers receive) -> stop executors -> close watch streams
 after they deliver what they hold -> stop the server -> close the metrics port
--> flush trace spans. A second signal exits at once; executors notice their
-closed sockets and exit.
+-> flush trace spans. A second signal exits at once (the same signal again
+within a second is the same request: see `SignalRule`), removing the
+executors' runtime directory; executors ignore signals, notice their closed
+sockets and exit.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """`python -m blockx`: the command line (see `blockx.cli`)."""
 
-from blockx.cli import main
+from blockx._process import cache_own_bytecode
+
+cache_own_bytecode()  # before the imports it speeds up, and the executors' imports
+
+from blockx.cli import main  # noqa: E402
 
 raise SystemExit(main())

@@ -19,7 +19,7 @@ def quick_start_commands() -> list[str]:
 
 def test_the_quick_start_has_a_serve_command_and_a_test_command() -> None:
     serve, test = quick_start_commands()
-    assert serve == "uv sync && uv run python -m blockx serve"
+    assert serve == "uv sync --compile-bytecode && uv run python -m blockx serve"
     assert test == "tools/test"
 
 

@@ -13,17 +13,23 @@ measures, from a plain-asyncio grpclib client in this process:
 * latency_p50_ms / latency_p99_ms: one-call tasks (`demo.add`) one after
   another, each timed from just before SubmitTask to the terminal WatchTasks
   update (after warm-up tasks).
-* tasks_per_s: one-call tasks with `--in-flight` concurrent submit+watch loops,
-  first submit -> last terminal update.
+* unary_tasks_per_s: one-call tasks with `--in-flight` concurrent submit+watch
+  loops (SubmitTask + WatchTasks each), first submit -> last terminal update;
+  worker_cpu_ms_per_task_unary: the worker process's CPU (from /proc) over
+  that phase, divided by its tasks.
 * rpc_per_s / echo_rpc_per_s / rpc_ratio: GetTaskResult of a finished task
   from many concurrent callers, against the worker and against a bare grpclib
   echo server (plain asyncio, its own process) that answers with the very
   reply the worker gave, encoded once as the worker keeps a retained result's
   reply; the same load, in alternating rounds of one run (medians).
+  echo_cpu_ms_per_rpc: the echo process's CPU over its rounds divided by the
+  RPCs it answered; echo_latency_p50_ms: its median over 500 RPCs made one
+  after another.
 
-Targets: latency p50 <= 2 ms, p99 <= 5 ms; tasks/s >= 1500; rpc_ratio >= 0.8
-(RPC rate >= 80 % of the echo server's); idle RSS <= 150 MiB; ready <= 1.0 s;
-first result <= 1.2 s.
+Targets (issue 12), all against figures of the same run:
+worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
+0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
+1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8.
 Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 """
 
@@ -141,6 +147,10 @@ class CpuUse:
                     self._gone.add(pid)
                 else:
                     self._used_s[name] += after - before
+
+    def used_s(self, group: str) -> float:
+        """CPU seconds the processes of `group` used over the blocks so far."""
+        return self._used_s[group]
 
     def report(self) -> None:
         shares = []
@@ -314,6 +324,18 @@ class RpcLoad:
         self._channels = [Channel(HOST, port) for _ in range(channels)]
         self._stubs = [pb.WorkerServiceStub(channel) for channel in self._channels]
         self._request = pb.GetTaskResultRequest(task_id=task_id)
+        self.calls = 0
+        """Calls answered in measured rounds (`rate`), warm-up excluded."""
+
+    async def latency_p50_ms(self, count: int) -> float:
+        """Median time of `count` calls made one after another."""
+        stub = self._stubs[0]
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await stub.get_task_result(self._request)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1000
 
     async def _loop(self, stub: pb.WorkerServiceStub, until: float) -> int:
         calls = 0
@@ -329,6 +351,7 @@ class RpcLoad:
         stubs = self._stubs
         loops = (self._loop(stubs[n % len(stubs)], until) for n in range(self.callers))
         calls = sum(await asyncio.gather(*loops))
+        self.calls += calls
         return calls / (time.perf_counter() - started)
 
     def close(self) -> None:
@@ -346,6 +369,7 @@ async def compare_rpc(
     """
     for load in loads.values():
         await load.rate(RPC_WARMUP_S)  # connections open, code paths warm
+        load.calls = 0
     rates: dict[str, list[float]] = {name: [] for name in loads}
     for _ in range(rounds):
         for name, load in loads.items():
@@ -430,7 +454,9 @@ async def measure_tasks(
     with tasks_cpu:
         rate = await phase("tasks", lambda: tasks_per_s(channels, args.tasks, args.in_flight))
     tasks_cpu.report()
-    result("tasks_per_s", rate, 0)
+    result("unary_tasks_per_s", rate, 0)
+    worker_ms = tasks_cpu.used_s("worker") * 1000 / args.tasks
+    result("worker_cpu_ms_per_task_unary", worker_ms, 3)
 
 
 async def measure_rpc(
@@ -454,6 +480,8 @@ async def measure_rpc(
         rpc = await phase(
             "rpc", lambda: compare_rpc(loads, meters, args.rpc_seconds, args.rpc_rounds)
         )
+        echo_calls = loads["echo"].calls
+        echo_p50_ms = await phase("echo latency", lambda: loads["echo"].latency_p50_ms(500))
     finally:
         for rpc_load in loads.values():
             rpc_load.close()
@@ -464,6 +492,8 @@ async def measure_rpc(
     result("rpc_per_s", rpc["worker"], 0)
     result("echo_rpc_per_s", rpc["echo"], 0)
     result("rpc_ratio", rpc["worker"] / rpc["echo"], 3)
+    result("echo_latency_p50_ms", echo_p50_ms, 3)
+    result("echo_cpu_ms_per_rpc", meters["echo"].used_s("echo") * 1000 / echo_calls, 3)
 
 
 async def stop_worker(worker: WorkerProcess, log_path: str | None) -> None:

@@ -195,6 +195,38 @@ async def test_call_list_refuses_a_bad_payload_naming_the_problem(
     assert expected in error.message
 
 
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        ({"function": "demo.echo", "args": 1}, "calls[2].args must be a JSON array"),
+        ({"function": "demo.echo", "id": "0"}, "duplicate call id '0' at calls[2]"),
+        ({"function": "demo.echo", "args": [2**64]}, "calls[2].args cannot be encoded"),
+        ({"function": "demo.echo", "arg": [1]}, "calls[2] has unknown key 'arg'"),
+        ({"function": ["demo.echo"]}, "calls[2].function must be 'module.function'"),
+        ({"function": "demo.echo", "id": ""}, "calls[2].id must be a non-empty string"),
+        ("demo.echo", "calls[2] must be an object"),
+    ],
+)
+async def test_call_list_names_a_bad_call_after_good_ones_alike(bad: object, expected: str) -> None:
+    """Calls like those before them are checked on a shorter path; a bad one is still
+    refused with the message it gets on its own."""
+    good = [{"function": "demo.echo", "args": [1]}, {"function": "demo.echo", "args": [2]}]
+    error = await refusal(CallListBuilder(), request("call_list", payload=[*good, bad]))
+    assert error.message.startswith(f"call_list: {expected}")
+
+
+async def test_call_list_of_many_mixed_calls_keeps_each_ones_fields() -> None:
+    entries: list[dict[str, object]] = [
+        {"function": f"demo.f{index % 3}", "args": [index, "x"]} for index in range(50)
+    ]
+    entries[7]["id"] = "seventh"
+    calls = await CallListBuilder().build(request("call_list", payload=entries))
+    assert plain(calls) == [
+        ("seventh" if index == 7 else str(index), f"demo.f{index % 3}", [index, "x"])
+        for index in range(50)
+    ]
+
+
 async def test_call_list_refuses_a_payload_that_is_not_json_naming_the_position() -> None:
     error = await refusal(CallListBuilder(), request("call_list", payload='{"calls": [}'))
     assert error.message == (

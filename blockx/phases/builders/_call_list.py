@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from blockx.calls import CallSpec
+from blockx.calls import CallSpec, encode_args
 from blockx.errors import shown
 from blockx.phases.builders._json import (
     argument_list,
@@ -50,35 +50,66 @@ def call_list_calls(request: BuildRequest) -> list[CallSpec]:
     entries = _entries(parse_json(NAME, "payload", request.payload))
     calls: list[CallSpec] = []
     seen: set[str] = set()
+    functions: set[str] = set()  # references already checked: a task names few
     for index, entry in enumerate(entries):
-        where = f"calls[{index}]"
-        if not isinstance(entry, dict):
-            raise BuilderFailed(
-                message=f"{NAME}: {where} must be an object with 'function' and optional "
-                f"'args' and 'id', got {json_type(entry)}"
-            )
-        check_keys(NAME, where, entry, CALL_KEYS)
-        function = function_ref(NAME, f"{where}.function", entry.get("function"))
-        args = argument_list(NAME, f"{where}.args", entry.get("args", []))
-        call_id = entry.get("id", str(index))
-        if not isinstance(call_id, str) or not call_id:
-            raise BuilderFailed(
-                message=f"{NAME}: {where}.id must be a non-empty string, got {shown(call_id)}"
-            )
-        if call_id in seen:
-            raise BuilderFailed(
-                message=f"{NAME}: duplicate call id {call_id!r} at {where}; "
-                "call ids must be unique (an entry without 'id' takes its index)"
-            )
-        seen.add(call_id)
-        calls.append(
-            CallSpec(
-                call_id=call_id,
-                function=function,
-                args=encoded_args(NAME, f"{where}.args", args),
-            )
-        )
+        # The common case is checked without building messages; `_call` checks the rest
+        # field by field, naming what is wrong.
+        if (
+            type(entry) is dict
+            and entry.keys() <= _CALL_KEY_SET
+            and type(function := entry.get("function")) is str
+            and function in functions
+            and type(args := entry.get("args", [])) is list
+            and type(call_id := entry.get("id", str(index))) is str
+            and call_id
+            and call_id not in seen
+            and (encoded := _encoded_or_none(args)) is not None
+        ):
+            seen.add(call_id)
+            calls.append(CallSpec(call_id=call_id, function=function, args=encoded))
+            continue
+        call = _call(index, entry, seen)
+        functions.add(call.function)
+        calls.append(call)
     return calls
+
+
+_CALL_KEY_SET: Final = frozenset(CALL_KEYS)
+
+
+def _encoded_or_none(args: list[object]) -> bytes | None:
+    """`args` encoded, or None when they cannot be (`_call` then says why)."""
+    try:
+        return encode_args(args)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _call(index: int, entry: object, seen: set[str]) -> CallSpec:
+    """Entry `index` checked field by field, each refusal naming it."""
+    where = f"calls[{index}]"
+    if not isinstance(entry, dict):
+        raise BuilderFailed(
+            message=f"{NAME}: {where} must be an object with 'function' and optional "
+            f"'args' and 'id', got {json_type(entry)}"
+        )
+    check_keys(NAME, where, entry, CALL_KEYS)
+    function = function_ref(NAME, f"{where}.function", entry.get("function"))
+    args = argument_list(NAME, f"{where}.args", entry.get("args", []))
+    call_id = entry.get("id", str(index))
+    if not isinstance(call_id, str) or not call_id:
+        raise BuilderFailed(
+            message=f"{NAME}: {where}.id must be a non-empty string, got {shown(call_id)}"
+        )
+    if call_id in seen:
+        raise BuilderFailed(
+            message=f"{NAME}: duplicate call id {call_id!r} at {where}; "
+            "call ids must be unique (an entry without 'id' takes its index)"
+        )
+    seen.add(call_id)
+    return CallSpec(
+        call_id=call_id, function=function, args=encoded_args(NAME, f"{where}.args", args)
+    )
 
 
 class CallListBuilder:

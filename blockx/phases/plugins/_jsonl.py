@@ -30,24 +30,25 @@ from blockx.slots import PluginResult
 NAME: Final = "jsonl"
 
 
+_ENCODER: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+"""One encoder for every line: `json.dumps` with options makes a new one per call."""
+
+
 def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
     """The lines for `outputs`, or `PluginFailed` naming the first output that has none."""
+    prefix = f'{{"task_id":{_ENCODER.encode(task_id)},"index":'
     lines: list[str] = []
     for index, output in enumerate(outputs):
         value = decoded_output(NAME, index, output)
         try:
-            line = json.dumps(
-                {"task_id": task_id, "index": index, "value": json_ready(value)},
-                allow_nan=False,
-                separators=(",", ":"),
-            )
+            encoded = _ENCODER.encode(json_ready(value))
         except (TypeError, ValueError, RecursionError) as error:
             raise PluginFailed(
                 message=f"{NAME}: output {index} cannot be written as JSON ({error}); "
                 "nothing was written"
             ) from error
-        lines.append(line)
-    return "".join(line + "\n" for line in lines).encode("utf-8")
+        lines.append(f'{prefix}{index},"value":{encoded}}}\n')
+    return "".join(lines).encode("utf-8")
 
 
 def append_durably(path: str, data: bytes) -> None:

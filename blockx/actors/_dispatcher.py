@@ -48,6 +48,7 @@ from blockx.dispatch import (
     ExecutorJoined,
     ExecutorLeft,
     FinishCallPhase,
+    RevokeCalls,
     RunCalls,
     SubcallRequested,
     TaskCancelled,
@@ -64,6 +65,7 @@ from blockx.executors import (
     ExecutorMessage,
     ExecutorTransport,
     ExecutorUp,
+    RevokeCall,
     Subcall,
     SubcallResult,
     ToExecutor,
@@ -260,6 +262,9 @@ class DispatcherActor:
                 case CancelCalls(executor_id=executor_id, attempts=attempts):
                     for call_id, attempt in attempts:
                         self._send(executor_id, CancelCall(call_id=call_id, attempt=attempt))
+                case RevokeCalls(executor_id=executor_id, attempts=attempts):
+                    for call_id, attempt in attempts:
+                        self._send(executor_id, RevokeCall(call_id=call_id, attempt=attempt))
                 case DeliverSubcallResult(executor_id=executor_id, outcome=outcome):
                     own_id = self._ids.executor_subcall_id(outcome.call_id)
                     self._send(

@@ -66,6 +66,9 @@ class FailureCode(enum.StrEnum):
     """The encoded return value exceeds the executor's result size limit."""
     CALL_CANCELLED = "CALL_CANCELLED"
     """Cancelled before it started, or while it waited on a subcall."""
+    CALL_REVOKED = "CALL_REVOKED"
+    """Taken back before it started, to run on an executor that is idle: the call
+    runs again elsewhere and the attempt does not count; never a task's code."""
 
     # --- a call attempt, as the dispatcher ends it
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"

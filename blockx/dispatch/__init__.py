@@ -12,6 +12,7 @@ from blockx.dispatch._commands import (
     DeliverSubcallResult,
     DispatchCommand,
     FinishCallPhase,
+    RevokeCalls,
     RunCalls,
 )
 from blockx.dispatch._core import DispatchCore, Step
@@ -42,6 +43,7 @@ __all__ = [
     "ExecutorJoined",
     "ExecutorLeft",
     "FinishCallPhase",
+    "RevokeCalls",
     "RunCalls",
     "Step",
     "SubcallRequested",

@@ -34,6 +34,15 @@ class CancelCalls:
 
 
 @attrs.frozen(kw_only=True)
+class RevokeCalls:
+    """Give these (call id, attempt) pairs back if they have not started; an attempt
+    given back is answered with a CALL_REVOKED outcome, one that started runs on."""
+
+    executor_id: str
+    attempts: tuple[tuple[str, int], ...]
+
+
+@attrs.frozen(kw_only=True)
 class DeliverSubcallResult:
     """Hand the final outcome of a subcall to the attempt that waits for it."""
 
@@ -51,4 +60,4 @@ class FinishCallPhase:
     outcome: CallPhaseOutcome
 
 
-DispatchCommand = RunCalls | CancelCalls | DeliverSubcallResult | FinishCallPhase
+DispatchCommand = RunCalls | CancelCalls | RevokeCalls | DeliverSubcallResult | FinishCallPhase

@@ -11,7 +11,8 @@ queued on them at once, which keeps their pipe full.
 1. Fairness: tasks with dispatchable calls sit in a round-robin ring; each turn
    dispatches one call of the task at the front, so no task starves while
    others progress. A task never has more than `window` top-level calls
-   running. Each call goes to the executor with the most room.
+   running. Each call goes to an executor that has nothing, else to the one
+   with the most room.
 2. Retries: a retryable failure with attempts left waits
    `base * 2**(attempt-1)` plus up to `jitter_percent` of that (scaled by the
    event's `draw`) and runs again, ahead of the task's fresh calls. A call
@@ -30,6 +31,14 @@ queued on them at once, which keeps their pipe full.
    executor leaves or whose deadline passes fails retryably, and its
    outstanding subcalls are abandoned.
 6. Pure: no clock, no randomness, no IO. Time and draws come in on events.
+7. Idle executors take queued calls back: an executor runs its calls in the
+   order it got them, so all but the oldest of an executor's calls may still
+   be queued behind a long one. Whenever an executor has nothing at all, the
+   newest half of the queued top-level calls of the executor holding the most
+   is revoked; an executor gives back what has not started (CALL_REVOKED, the
+   attempt does not count) and those calls run next, on the idle one. What
+   had started runs on. So no queued call waits behind another while an
+   executor is idle, and pipelining stays deep for short calls.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from blockx.dispatch._commands import (
     DeliverSubcallResult,
     DispatchCommand,
     FinishCallPhase,
+    RevokeCalls,
     RunCalls,
 )
 from blockx.dispatch._events import (
@@ -90,6 +100,13 @@ class _Call:
     ended: bool = False
     waiting_on: int = 0  # outstanding subcalls of the running attempt
     children: list[_Call] = attrs.Factory(list)
+    revoking: bool = False  # asked back from its executor, no answer yet
+    revoked: int = 0  # attempts given back: they do not count against the retry policy
+
+    @property
+    def tries(self) -> int:
+        """Attempts that count: those that ran, or may have."""
+        return self.attempts - self.revoked
 
 
 @attrs.define(eq=False)
@@ -207,6 +224,7 @@ class DispatchCore:
             case _:
                 assert_never(event)
         self._pump(event.now_ms, commands)
+        self._steal(commands)
         return Step(commands=tuple(commands))
 
     # ----------------------------------------------------------------- events
@@ -241,6 +259,11 @@ class DispatchCore:
                 continue
             call = executor.running.get(outcome.call_id)
             if call is None or call.attempts != outcome.attempt:
+                continue
+            if call.revoking and outcome.error_code is FailureCode.CALL_REVOKED:
+                self._take_off(call, commands)
+                call.revoked += 1
+                self._requeue(self._tasks[call.task_id], call)
                 continue
             self._take_off(call, commands)
             if outcome.error_code is None:
@@ -347,6 +370,7 @@ class DispatchCore:
         executor.waiting -= call.waiting_on
         call.waiting_on = 0
         call.executor_id = None
+        call.revoking = False
         if call.parent is None:
             self._tasks[call.task_id].running_top -= 1
         for child in call.children:
@@ -399,9 +423,9 @@ class DispatchCore:
     ) -> None:
         task = self._tasks[call.task_id]
         policy = task.policy
-        if retryable and call.attempts < policy.retry.max_attempts:
+        if retryable and call.tries < policy.retry.max_attempts:
             task.retried += 1
-            due_ms = now_ms + policy.retry.backoff_ms(call.attempts, draw)
+            due_ms = now_ms + policy.retry.backoff_ms(call.tries, draw)
             if due_ms <= now_ms:
                 self._requeue(task, call)
             else:
@@ -423,7 +447,7 @@ class DispatchCore:
             CallFailure(
                 call_id=call.spec.call_id,
                 function=call.spec.function,
-                attempts=call.attempts,
+                attempts=call.tries,
                 error_code=error_code,
                 error_message=message,
             )
@@ -434,7 +458,7 @@ class DispatchCore:
                 ok=False,
                 failure_code=error_code,
                 message=f"call {call.spec.call_id} ({call.spec.function}) failed after "
-                f"{call.attempts} attempt(s): {message}",
+                f"{call.tries} attempt(s): {message}",
                 retryable=retryable,
                 stats=self._stats(task),
             )
@@ -563,6 +587,7 @@ class DispatchCore:
                 subcall_rooms[executor_id] = room
         batches: dict[str, list[CallDispatch]] = {}
         deferred: list[_Task] = []  # fresh work waiting for plain room only
+        idle = {e for e in rooms if not self._executors[e].running}  # served first
         while self._ring and subcall_rooms:
             task = self._ring.popleft()
             if task.task_id not in self._tasks:
@@ -578,12 +603,13 @@ class DispatchCore:
                 continue
             else:
                 call = task.ready.popleft()
-                executor_id = max(rooms, key=rooms.__getitem__)
+                executor_id = max(idle or rooms, key=rooms.__getitem__)
             for pool in (rooms, subcall_rooms):
                 if executor_id in pool:
                     pool[executor_id] -= 1
                     if not pool[executor_id]:
                         del pool[executor_id]
+            idle.discard(executor_id)
             self._start(call, self._executors[executor_id], now_ms, task, batches)
             if self._dispatchable(task):
                 self._ring.append(task)
@@ -594,6 +620,36 @@ class DispatchCore:
             RunCalls(executor_id=executor_id, calls=tuple(calls))
             for executor_id, calls in batches.items()
         )
+
+    def _steal(self, commands: list[DispatchCommand]) -> None:
+        """Revoke queued calls for each executor that has nothing (rule 7)."""
+        for executor in self._executors.values():
+            if executor.running or executor.zombies or executor.leaving:
+                continue
+            queued = max(
+                (self._stealable(victim) for victim in self._executors.values()),
+                key=len,
+                default=[],
+            )
+            if not queued:
+                return
+            taken = queued[len(queued) // 2 :][-executor.capacity :]
+            for call in taken:
+                call.revoking = True
+            assert taken[0].executor_id is not None
+            commands.append(
+                RevokeCalls(
+                    executor_id=taken[0].executor_id,
+                    attempts=tuple((call.spec.call_id, call.attempts) for call in taken),
+                )
+            )
+
+    @staticmethod
+    def _stealable(executor: _Executor) -> list[_Call]:
+        """Its top-level calls that may still be queued, oldest first: all but its oldest
+        (which it runs, or has run), neither waiting on subcalls nor being revoked."""
+        calls = list(executor.running.values())[1:]
+        return [c for c in calls if c.parent is None and not c.revoking and not c.waiting_on]
 
     def _start(
         self,
@@ -647,7 +703,8 @@ class DispatchCore:
         for task in self._tasks.values():
             top_running = 0
             for call in task.calls.values():
-                assert call.attempts <= task.policy.retry.max_attempts
+                assert call.tries <= task.policy.retry.max_attempts
+                assert not call.revoking or call.executor_id is not None
                 if call.executor_id is not None:
                     assert placed.get(call.spec.call_id) == call.executor_id
                     top_running += call.parent is None
@@ -669,3 +726,8 @@ class DispatchCore:
                 raise AssertionError(f"{task.task_id} has runnable calls and room is idle")
         owners = {call_id: t.task_id for t in self._tasks.values() for call_id in t.calls}
         assert owners == self._call_owner
+        # Rule 7: while an executor has nothing, queued calls are being taken back.
+        if any(not e.running and not e.zombies for e in executors):
+            revoking = any(c.revoking for e in executors for c in e.running.values())
+            stealable = [e.executor_id for e in executors if self._stealable(e)]
+            assert revoking or not stealable, f"{stealable} keep queued calls from an idle one"

@@ -26,7 +26,8 @@ from blockx.calls import CallOutcome, FailureCode
 from blockx.errors import BlockxError
 from blockx.executors._errors import FrameTooLarge, MalformedFrame, UnknownMessageType
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
+"""Raised whenever a message is added or changes shape (3: RevokeCall)."""
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """Largest frame payload either end sends or accepts (64 MiB)."""
@@ -113,6 +114,15 @@ class CancelCall:
 
 
 @attrs.frozen(kw_only=True)
+class RevokeCall:
+    """Worker → executor: give the attempt back if it has not started (answered with a
+    CALL_REVOKED outcome); if it has started or finished, ignore this."""
+
+    call_id: str
+    attempt: int
+
+
+@attrs.frozen(kw_only=True)
 class CodeRequest:
     """Executor → worker: the source text of `module` in `epoch`, please."""
 
@@ -162,6 +172,7 @@ Message: TypeAlias = (
     | RunCalls
     | CallResults
     | CancelCall
+    | RevokeCall
     | CodeRequest
     | CodeReply
     | Subcall
@@ -170,7 +181,7 @@ Message: TypeAlias = (
 )
 FromExecutor: TypeAlias = Hello | Heartbeat | CallResults | CodeRequest | Subcall
 """What an executor sends."""
-ToExecutor: TypeAlias = RunCalls | CancelCall | CodeReply | SubcallResult | Shutdown
+ToExecutor: TypeAlias = RunCalls | CancelCall | RevokeCall | CodeReply | SubcallResult | Shutdown
 """What the worker's dispatcher may send to an executor (Welcome is the pool's own)."""
 
 MESSAGE_TAGS: Final[Mapping[type[Message], str]] = {
@@ -180,6 +191,7 @@ MESSAGE_TAGS: Final[Mapping[type[Message], str]] = {
     RunCalls: "run_calls",
     CallResults: "call_results",
     CancelCall: "cancel_call",
+    RevokeCall: "revoke_call",
     CodeRequest: "code_request",
     CodeReply: "code_reply",
     Subcall: "subcall",

@@ -57,6 +57,7 @@ from blockx.executors._wire import (
     Heartbeat,
     Hello,
     Message,
+    RevokeCall,
     RunCalls,
     Shutdown,
     Subcall,
@@ -301,6 +302,8 @@ class Executor:
                         cond.notify()
             case CancelCall(call_id=call_id, attempt=attempt):
                 self._cancel((call_id, attempt))
+            case RevokeCall(call_id=call_id, attempt=attempt):
+                self._revoke((call_id, attempt))
             case Shutdown():
                 with cond:
                     self._shutdown = True
@@ -309,13 +312,36 @@ class Executor:
                 _complain(f"the worker sent {type(message).__name__}, which it never may here")
                 _exit(EXIT_PROTOCOL_ERROR)
 
+    def _revoke(self, attempt: _Attempt) -> None:
+        """Give a queued attempt back to the worker; one that started runs on."""
+        with self._cond:
+            if not self._drop_queued(attempt):
+                return
+        self._connection.send(
+            CallResults(
+                results=(
+                    CallOutcome.failure(
+                        call_id=attempt[0],
+                        attempt=attempt[1],
+                        error_code=FailureCode.CALL_REVOKED,
+                        error_message="taken back before it started",
+                        retryable=True,
+                    ),
+                )
+            )
+        )
+
+    def _drop_queued(self, attempt: _Attempt) -> bool:
+        """Remove `attempt` from the queue (the lock held); False if it is not queued."""
+        for index, (request, _deadline) in enumerate(self._queue):
+            if (request.call_id, request.attempt) == attempt:
+                del self._queue[index]
+                return True
+        return False
+
     def _cancel(self, attempt: _Attempt) -> None:
         with self._cond:
-            for index, (request, _deadline) in enumerate(self._queue):
-                if (request.call_id, request.attempt) == attempt:
-                    del self._queue[index]
-                    break
-            else:
+            if not self._drop_queued(attempt):
                 if attempt in self._running:
                     self._cancelled.add(attempt)  # seen when it next waits on a subcall
                     self._cond.notify()

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 
 from blockx.calls import (
@@ -37,6 +38,7 @@ from blockx.executors import (
     Heartbeat,
     Hello,
     Message,
+    RevokeCall,
     RunCalls,
     Shutdown,
     Subcall,
@@ -447,6 +449,23 @@ async def test_cancel_drops_a_queued_call_and_ends_a_subcall_wait() -> None:
             assert (after.call_id, decode_value(after.value)) == ("after", 2)
 
 
+async def test_revoke_gives_back_a_queued_call_and_leaves_a_started_one_running() -> None:
+    with trio.fail_after(10):
+        async with executor_child() as worker:
+            await worker.send(
+                RunCalls(
+                    calls=(call("busy", "demo.sleepy", 0.3), call("queued", "demo.add", 1, 2))
+                ),
+                RevokeCall(call_id="queued", attempt=1),
+                RevokeCall(call_id="busy", attempt=1),  # started: it runs on, unanswered
+            )
+            given_back, busy = await worker.results(2)
+    assert [(r.call_id, r.attempt, r.error_code, r.retryable) for r in given_back.results] == [
+        ("queued", 1, FailureCode.CALL_REVOKED, True)
+    ]
+    assert [(r.call_id, r.ok) for r in busy.results] == [("busy", True)]
+
+
 async def test_cancel_names_one_attempt_of_a_call() -> None:
     with trio.fail_after(10):
         async with executor_child() as worker:
@@ -559,12 +578,13 @@ async def test_the_executor_refuses_to_start_without_a_token() -> None:
     assert TOKEN_ENV.encode() in done.stderr
 
 
-async def test_ctrl_c_does_not_reach_a_running_call() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_from_outside_does_not_reach_a_running_call(signum: int) -> None:
     with trio.fail_after(10):
         async with executor_child() as worker:
             await worker.send(RunCalls(calls=(call("s", "demo.sleepy", 0.2),)))
             await trio.sleep(0.05)
-            worker.process.send_signal(signal.SIGINT)
+            worker.process.send_signal(signum)
             (result,) = (await worker.results(1))[0].results
             assert result.ok, result
 

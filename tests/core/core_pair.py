@@ -42,6 +42,7 @@ from blockx.dispatch import (
     ExecutorJoined,
     ExecutorLeft,
     FinishCallPhase,
+    RevokeCalls,
     RunCalls,
     SubcallRequested,
     TaskCancelled,
@@ -334,6 +335,31 @@ class CorePair:
                         CallResultsArrived(
                             executor_id=executor_id,
                             outcomes=outcomes,
+                            now_ms=self.now_ms,
+                            stimulus_id=stimulus_id,
+                        )
+                    )
+            case RevokeCalls(executor_id=executor_id, attempts=attempts):
+                # The executor runs its oldest attempt; it gives back any other it holds.
+                held = self.running.get(executor_id, {})
+                oldest = next(iter(held), None)
+                given_back = tuple(
+                    CallOutcome.failure(
+                        call_id=call_id,
+                        attempt=attempt,
+                        error_code=FailureCode.CALL_REVOKED,
+                        error_message="taken back",
+                        retryable=True,
+                    )
+                    for call_id, attempt in attempts
+                    if (call_id, attempt) != oldest
+                    and held.pop((call_id, attempt), None) is not None
+                )
+                if given_back:
+                    self._then(
+                        CallResultsArrived(
+                            executor_id=executor_id,
+                            outcomes=given_back,
                             now_ms=self.now_ms,
                             stimulus_id=stimulus_id,
                         )

@@ -31,6 +31,7 @@ from blockx.dispatch import (
     DispatchCore,
     ExecutorJoined,
     ExecutorLeft,
+    RevokeCalls,
     RunCalls,
     SubcallRequested,
     TaskCancelled,
@@ -191,6 +192,18 @@ def failed(
 
 def retryable_failure(call_id: str, *, attempt: int = 1) -> CallOutcome:
     return failed(call_id, attempt=attempt, code=FailureCode.CALL_RAISED_RETRYABLE, retryable=True)
+
+
+def revoked(call_id: str, *, attempt: int = 1) -> CallOutcome:
+    """What an executor answers for an attempt it gives back before starting it."""
+    return failed(
+        call_id, attempt=attempt, code=FailureCode.CALL_REVOKED, retryable=True, message="back"
+    )
+
+
+def revoke(executor_id: str, *attempts: tuple[str, int]) -> RevokeCalls:
+    """`RevokeCalls` of (call id, attempt) pairs on `executor_id`."""
+    return RevokeCalls(executor_id=executor_id, attempts=attempts)
 
 
 def cancel(executor_id: str, *attempts: tuple[str, int]) -> CancelCalls:

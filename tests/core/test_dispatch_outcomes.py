@@ -20,6 +20,7 @@ from tests.core.dispatch_helpers import (
     observe,
     ok,
     retryable_failure,
+    revoke,
     run,
     start,
     ticked,
@@ -230,7 +231,10 @@ def test_outputs_are_in_call_order_whatever_the_order_of_results(core: DispatchC
         run("e1", dispatch("c1", at_ms=0), dispatch("c3", at_ms=0)),
     )
 
-    assert core.handle(arrived("e1", ok("c3"), ok("c1"), now_ms=10)).commands == ()
+    # e1 has nothing left: c2, queued behind c0 on e0, is asked back (e0 had started it).
+    assert core.handle(arrived("e1", ok("c3"), ok("c1"), now_ms=10)).commands == (
+        revoke("e0", ("c2", 1)),
+    )
     assert core.handle(arrived("e0", ok("c2"), now_ms=11)).commands == ()
     assert core.handle(arrived("e0", ok("c0"), now_ms=12)).commands == (
         FinishCallPhase(

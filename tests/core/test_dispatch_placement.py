@@ -14,8 +14,11 @@ from tests.core.dispatch_helpers import (
     joined,
     ok,
     opened,
+    revoke,
+    revoked,
     run,
     start,
+    ticked,
     value_of,
 )
 
@@ -216,3 +219,84 @@ def test_a_task_added_later_joins_the_rotation_at_once(core: DispatchCore) -> No
             run("e0", dispatch(call_id, at_ms=now_ms, task_id=task_id)),
         )
         running = call_id
+
+
+# ------------------------------------------------------------------- stealing
+
+
+def test_no_call_waits_behind_a_long_one_while_an_executor_has_nothing(
+    core: DispatchCore,
+) -> None:
+    """One long call and four short ones on two executors (the issue's case)."""
+    core.handle(joined("e0", capacity=64, now_ms=0))
+    core.handle(joined("e1", capacity=64, now_ms=0))
+
+    # Idle executors first, then the most room: e0 gets the long call and two short ones.
+    assert start(core, "t1", "long", "s1", "s2", "s3", "s4", now_ms=0) == (
+        run("e0", dispatch("long", at_ms=0), dispatch("s2", at_ms=0), dispatch("s4", at_ms=0)),
+        run("e1", dispatch("s1", at_ms=0), dispatch("s3", at_ms=0)),
+    )
+
+    # e1 is done: the newer half of what waits behind "long" is asked back ...
+    assert core.handle(arrived("e1", ok("s1"), ok("s3"), now_ms=500)).commands == (
+        revoke("e0", ("s4", 1)),
+    )
+    # ... given back unstarted, and run on e1 (the attempt does not count).
+    assert core.handle(arrived("e0", revoked("s4"), now_ms=501)).commands == (
+        run("e1", dispatch("s4", at_ms=501, attempt=2)),
+    )
+    assert core.handle(arrived("e1", ok("s4", attempt=2), now_ms=1_000)).commands == (
+        revoke("e0", ("s2", 1)),
+    )
+    assert core.handle(arrived("e0", revoked("s2"), now_ms=1_001)).commands == (
+        run("e1", dispatch("s2", at_ms=1_001, attempt=2)),
+    )
+    # Nothing queued is left behind "long": e1 stays idle without asking again.
+    assert core.handle(arrived("e1", ok("s2", attempt=2), now_ms=1_500)).commands == ()
+    assert core.running_calls("e0") == ("long",)
+
+    done = core.handle(arrived("e0", ok("long"), now_ms=3_000)).commands
+    assert done == (
+        FinishCallPhase(
+            task_id="t1",
+            outcome=CallPhaseOutcome(
+                ok=True,
+                stats=CallStats(calls_total=5, calls_succeeded=5),
+                outputs=tuple(value_of(c) for c in ("long", "s1", "s2", "s3", "s4")),
+            ),
+        ),
+    )
+
+
+def test_a_call_asked_back_after_it_started_runs_on_and_counts_once(
+    core: DispatchCore,
+) -> None:
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    assert start(core, "t1", "c0", "c1", now_ms=0) == (
+        run("e0", dispatch("c0", at_ms=0), dispatch("c1", at_ms=0)),
+    )
+    assert core.handle(joined("e1", capacity=4, now_ms=10)).commands == (revoke("e0", ("c1", 1)),)
+    # e0 had started c1: it says nothing of the revoke and answers c1 as usual.
+    assert core.handle(arrived("e0", ok("c1"), now_ms=20)).commands == ()
+    assert core.handle(ticked(30)).commands == ()  # c1 is not asked back again
+    done = core.handle(arrived("e0", ok("c0"), now_ms=40)).commands
+    assert done == (
+        FinishCallPhase(
+            task_id="t1",
+            outcome=CallPhaseOutcome(
+                ok=True,
+                stats=CallStats(calls_total=2, calls_succeeded=2),
+                outputs=(value_of("c0"), value_of("c1")),
+            ),
+        ),
+    )
+
+
+def test_a_revoke_answer_that_was_not_asked_for_is_a_failed_attempt(
+    core: DispatchCore,
+) -> None:
+    core.handle(joined("e0", capacity=1, now_ms=0))
+    start(core, "t1", "c0", now_ms=0, policy=call_policy(base_backoff_ms=0))
+    assert core.handle(arrived("e0", revoked("c0"), now_ms=5)).commands == (
+        run("e0", dispatch("c0", at_ms=5, attempt=2)),
+    )

@@ -35,6 +35,7 @@ from blockx.executors import (
     Hello,
     MalformedFrame,
     Message,
+    RevokeCall,
     RunCalls,
     Shutdown,
     Subcall,
@@ -98,6 +99,7 @@ STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     RunCalls: st.builds(RunCalls, calls=st.lists(call_requests, max_size=5).map(tuple)),
     CallResults: st.builds(CallResults, results=st.lists(outcomes, max_size=5).map(tuple)),
     CancelCall: st.builds(CancelCall, call_id=ids, attempt=counts),
+    RevokeCall: st.builds(RevokeCall, call_id=ids, attempt=counts),
     CodeRequest: st.builds(CodeRequest, request_id=ids, epoch=ids, module=ids),
     CodeReply: st.builds(CodeReply, request_id=ids, source=maybe_text, error=maybe_text),
     Subcall: st.builds(

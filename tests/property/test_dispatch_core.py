@@ -39,6 +39,7 @@ from blockx.dispatch import (
     ExecutorJoined,
     ExecutorLeft,
     FinishCallPhase,
+    RevokeCalls,
     RunCalls,
     SubcallRequested,
     TaskCancelled,
@@ -82,6 +83,8 @@ class DispatchTable(RuleBasedStateMachine):
         self.subcall_ids: set[str] = set()
         self.waiting: collections.Counter[str] = collections.Counter()  # parent -> subcalls
         self.call_task: dict[str, str] = {}
+        self.revoking: dict[tuple[str, int], str] = {}  # asked back: (call, attempt) -> executor
+        self.revoked: collections.Counter[str] = collections.Counter()  # attempts given back
         self.succeeded: set[str] = set()
 
     # ---------------------------------------------------------------- driving
@@ -103,6 +106,15 @@ class DispatchTable(RuleBasedStateMachine):
                         self._check_room_for(executor_id, call.call_id)
                         self._started(executor_id, call.call_id, call.task_id, call.attempt)
                         per_task[call.task_id] += 1
+                case RevokeCalls(executor_id=executor_id, attempts=attempts):
+                    assert attempts, "empty RevokeCalls"
+                    for call_id, attempt in attempts:
+                        running = self.running[call_id]
+                        assert (running.executor_id, running.attempt) == (executor_id, attempt)
+                        assert not running.subcall, "a subcall was revoked"
+                        assert not self.waiting[call_id], "a call waiting on subcalls was revoked"
+                        assert (call_id, attempt) not in self.revoking, "revoked twice"
+                        self.revoking[call_id, attempt] = executor_id
                 case CancelCalls(executor_id=executor_id, attempts=attempts):
                     for call_id, attempt in attempts:
                         running = self.running.pop(call_id)
@@ -132,7 +144,7 @@ class DispatchTable(RuleBasedStateMachine):
         assert call_id not in self.running, f"{call_id} runs twice at once"
         assert call_id not in self.succeeded, f"{call_id} ran again after it succeeded"
         assert attempt == self.attempts.get(call_id, 0) + 1
-        assert attempt <= record.policy.retry.max_attempts
+        assert attempt - self.revoked[call_id] <= record.policy.retry.max_attempts
         self.attempts[call_id] = attempt
         self.running[call_id] = Running(
             executor_id=executor_id,
@@ -345,6 +357,43 @@ class DispatchTable(RuleBasedStateMachine):
                 stimulus_id=self.stimuli.stamp("arrived"),
             )
         )
+
+    def _revocable(self) -> list[tuple[str, int]]:
+        """Revocations whose attempt still runs on the executor asked."""
+        return sorted(
+            (call_id, attempt)
+            for (call_id, attempt), executor_id in self.revoking.items()
+            if call_id in self.running
+            and (self.running[call_id].executor_id, self.running[call_id].attempt)
+            == (executor_id, attempt)
+        )
+
+    @precondition(lambda self: self._revocable())
+    @rule(data=st.data(), given_back=st.booleans())
+    def answer_revoke(self, data: st.DataObject, given_back: bool) -> None:
+        """The executor gives a queued attempt back, or had started it (and says nothing)."""
+        call_id, attempt = data.draw(st.sampled_from(self._revocable()), label="attempt")
+        executor_id = self.revoking.pop((call_id, attempt))
+        if not given_back:
+            return
+        del self.running[call_id]
+        self.revoked[call_id] += 1
+        outcome = CallOutcome.failure(
+            call_id=call_id,
+            attempt=attempt,
+            error_code=FailureCode.CALL_REVOKED,
+            error_message="taken back",
+            retryable=True,
+        )
+        commands = self._send(
+            CallResultsArrived(
+                executor_id=executor_id,
+                outcomes=(outcome,),
+                now_ms=self.now,
+                stimulus_id=self.stimuli.stamp("revoked"),
+            )
+        )
+        assert not any(isinstance(c, FinishCallPhase) for c in commands), "a revoke ended a task"
 
     @precondition(lambda self: self.zombies)
     @rule(data=st.data())

@@ -26,10 +26,15 @@ measures, from a plain-asyncio grpclib client in this process:
   RPCs it answered; echo_latency_p50_ms: its median over 500 RPCs made one
   after another.
 
+* mixed_makespan_ratio (with 2 executors): one task of two 1 s calls and 40
+  tasks of one 50 ms call, submitted together; first submit -> last terminal
+  update, divided by the ideal 2.0 s.
+
 Targets (issue 12), all against figures of the same run:
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
-1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8.
+1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8;
+mixed_makespan_ratio <= 1.15.
 Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 """
 
@@ -160,6 +165,15 @@ class CpuUse:
         print(f"detail: {self.phase}: CPU use (of one core) {', '.join(shares)}", flush=True)
 
 
+def sleep_task(task_id: str, seconds: list[float]) -> pb.TaskSpec:
+    calls = [{"function": "demo.sleep", "args": [duration]} for duration in seconds]
+    return pb.TaskSpec(
+        task_id=task_id,
+        function_call=pb.FunctionCallConfig(type="call_list"),
+        payload=json.dumps({"calls": calls}).encode(),
+    )
+
+
 def one_call_task(task_id: str) -> pb.TaskSpec:
     calls = [{"function": "demo.add", "args": [1, 2]}]
     return pb.TaskSpec(
@@ -265,10 +279,13 @@ class TaskTimes:
         )
 
 
-async def run_task(stub: pb.WorkerServiceStub, task_id: str, times: TaskTimes) -> float:
-    """Submit one task and watch it to the end; returns the time of its terminal update."""
+async def run_task(
+    stub: pb.WorkerServiceStub, task_id: str, times: TaskTimes, task: pb.TaskSpec | None = None
+) -> float:
+    """Submit one task (a one-call task unless `task` is given) and watch it to the end;
+    returns the time of its terminal update."""
     started = time.perf_counter()
-    await stub.submit_task(pb.SubmitTaskRequest(task=one_call_task(task_id)))
+    await stub.submit_task(pb.SubmitTaskRequest(task=task or one_call_task(task_id)))
     submitted = time.perf_counter()
     terminal: pb.TaskUpdate | None = None
     ended = 0.0
@@ -459,6 +476,21 @@ async def measure_tasks(
     result("worker_cpu_ms_per_task_unary", worker_ms, 3)
 
 
+MIXED_IDEAL_S = 2.0
+"""Two 1 s calls and forty 50 ms calls on 2 executors: 4 s of work, 2 s each at best."""
+
+
+async def mixed_makespan_ratio(stub: pb.WorkerServiceStub) -> float:
+    """One task of two 1 s calls and 40 tasks of one 50 ms call, submitted together:
+    first submit -> last terminal update, over the ideal."""
+    tasks = [sleep_task("mixed-long", [1.0, 1.0])]
+    tasks += [sleep_task(f"mixed-{index}", [0.05]) for index in range(40)]
+    times = TaskTimes()
+    started = time.perf_counter()
+    ends = await asyncio.gather(*(run_task(stub, t.task_id, times, t) for t in tasks))
+    return (max(ends) - started) / MIXED_IDEAL_S
+
+
 async def measure_rpc(
     args: argparse.Namespace, worker: WorkerProcess, serving: dict[str, list[int]]
 ) -> None:
@@ -520,6 +552,10 @@ async def bench(args: argparse.Namespace) -> None:
         pids = await measure_idle_rss(worker, pb.WorkerServiceStub(channels[0]))
         serving = {"bench": [os.getpid()], "worker": [worker.process.pid], "executors": pids}
         await measure_tasks(args, channels, serving)
+        if args.executors == 2:  # the figure is defined on 2 executors
+            stub = pb.WorkerServiceStub(channels[0])
+            ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))
+            result("mixed_makespan_ratio", ratio, 3)
         await measure_rpc(args, worker, serving)
     finally:
         for channel in channels:

@@ -26,6 +26,9 @@ measures, from a plain-asyncio grpclib client in this process:
   RPCs it answered; echo_latency_p50_ms: its median over 500 RPCs made one
   after another.
 
+* w3_efficiency: 200 one-call tasks of 10 ms of CPU each (`demo.burn`),
+  `--in-flight` at a time: the ideal time (the work spread evenly over the
+  executors) divided by the time taken.
 * mixed_makespan_ratio (with 2 executors): one task of two 1 s calls and 40
   tasks of one 50 ms call, submitted together; first submit -> last terminal
   update, divided by the ideal 2.0 s.
@@ -34,7 +37,7 @@ Targets (issue 12), all against figures of the same run:
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
 1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8;
-mixed_makespan_ratio <= 1.15.
+mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85.
 Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 """
 
@@ -476,6 +479,36 @@ async def measure_tasks(
     result("worker_cpu_ms_per_task_unary", worker_ms, 3)
 
 
+W3_TASKS = 200
+W3_CALL_MS = 10.0
+
+
+async def w3_efficiency(channels: list[Channel], executors: int, in_flight: int) -> float:
+    """`W3_TASKS` one-call tasks of `W3_CALL_MS` of CPU each (`demo.burn`), `in_flight`
+    at a time: the ideal time (all the work spread evenly over the executors) over the
+    time taken, first submit -> last terminal update."""
+    stubs = [pb.WorkerServiceStub(channel) for channel in channels]
+    task_ids = iter(range(W3_TASKS))
+    times = TaskTimes()
+
+    async def loop(stub: pb.WorkerServiceStub) -> float:
+        last = 0.0
+        for index in task_ids:
+            call = {"function": "demo.burn", "args": [W3_CALL_MS]}
+            task = pb.TaskSpec(
+                task_id=f"w3-{index}",
+                function_call=pb.FunctionCallConfig(type="call_list"),
+                payload=json.dumps({"calls": [call]}).encode(),
+            )
+            last = max(last, await run_task(stub, task.task_id, times, task))
+        return last
+
+    started = time.perf_counter()
+    ends = await asyncio.gather(*(loop(stubs[n % len(stubs)]) for n in range(in_flight)))
+    ideal_s = W3_TASKS * W3_CALL_MS / 1000 / executors
+    return ideal_s / (max(ends) - started)
+
+
 MIXED_IDEAL_S = 2.0
 """Two 1 s calls and forty 50 ms calls on 2 executors: 4 s of work, 2 s each at best."""
 
@@ -552,6 +585,10 @@ async def bench(args: argparse.Namespace) -> None:
         pids = await measure_idle_rss(worker, pb.WorkerServiceStub(channels[0]))
         serving = {"bench": [os.getpid()], "worker": [worker.process.pid], "executors": pids}
         await measure_tasks(args, channels, serving)
+        efficiency = await phase(
+            "w3", lambda: w3_efficiency(channels, args.executors, args.in_flight)
+        )
+        result("w3_efficiency", efficiency, 3)
         if args.executors == 2:  # the figure is defined on 2 executors
             stub = pb.WorkerServiceStub(channels[0])
             ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))

@@ -20,3 +20,11 @@ def sleep(seconds: float) -> float:
     """Returns after `seconds`: a slow call for trying timeouts and shutdown."""
     time.sleep(seconds)
     return seconds
+
+
+def burn(ms: float) -> float:
+    """Keeps a core busy for `ms` milliseconds of CPU time: a compute-bound call."""
+    until = time.process_time() + ms / 1000
+    while time.process_time() < until:
+        pass
+    return ms

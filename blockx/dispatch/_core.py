@@ -587,7 +587,8 @@ class DispatchCore:
                 subcall_rooms[executor_id] = room
         batches: dict[str, list[CallDispatch]] = {}
         deferred: list[_Task] = []  # fresh work waiting for plain room only
-        idle = {e for e in rooms if not self._executors[e].running}  # served first
+        # Served first, in the executors' order (a set would break ties by hash).
+        idle = dict.fromkeys(e for e in rooms if not self._executors[e].running)
         while self._ring and subcall_rooms:
             task = self._ring.popleft()
             if task.task_id not in self._tasks:
@@ -609,7 +610,7 @@ class DispatchCore:
                     pool[executor_id] -= 1
                     if not pool[executor_id]:
                         del pool[executor_id]
-            idle.discard(executor_id)
+            idle.pop(executor_id, None)
             self._start(call, self._executors[executor_id], now_ms, task, batches)
             if self._dispatchable(task):
                 self._ring.append(task)

@@ -317,19 +317,18 @@ class Executor:
         with self._cond:
             if not self._drop_queued(attempt):
                 return
-        self._connection.send(
-            CallResults(
-                results=(
-                    CallOutcome.failure(
-                        call_id=attempt[0],
-                        attempt=attempt[1],
-                        error_code=FailureCode.CALL_REVOKED,
-                        error_message="taken back before it started",
-                        retryable=True,
-                    ),
-                )
-            )
+        self._unstarted(attempt, FailureCode.CALL_REVOKED, "taken back before it started")
+
+    def _unstarted(self, attempt: _Attempt, code: FailureCode, message: str) -> None:
+        """Report that `attempt` left the queue without running (retryable when revoked)."""
+        outcome = CallOutcome.failure(
+            call_id=attempt[0],
+            attempt=attempt[1],
+            error_code=code,
+            error_message=message,
+            retryable=code is FailureCode.CALL_REVOKED,
         )
+        self._connection.send(CallResults(results=(outcome,)))
 
     def _drop_queued(self, attempt: _Attempt) -> bool:
         """Remove `attempt` from the queue (the lock held); False if it is not queued."""
@@ -346,18 +345,8 @@ class Executor:
                     self._cancelled.add(attempt)  # seen when it next waits on a subcall
                     self._cond.notify()
                 return  # running, finished or unknown: its own result will tell
-        self._connection.send(
-            CallResults(
-                results=(
-                    CallOutcome.failure(
-                        call_id=attempt[0],
-                        attempt=attempt[1],
-                        error_code=FailureCode.CALL_CANCELLED,
-                        error_message="cancelled by the worker before it started",
-                        retryable=False,
-                    ),
-                )
-            )
+        self._unstarted(
+            attempt, FailureCode.CALL_CANCELLED, "cancelled by the worker before it started"
         )
 
     # --- the main loop ------------------------------------------------------------

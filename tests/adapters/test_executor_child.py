@@ -25,6 +25,7 @@ from blockx.calls import (
     decode_args,
     decode_value,
     encode_args,
+    encode_value,
 )
 from blockx.executors import (
     PROTOCOL_VERSION,
@@ -457,13 +458,27 @@ async def test_revoke_gives_back_a_queued_call_and_leaves_a_started_one_running(
                     calls=(call("busy", "demo.sleepy", 0.3), call("queued", "demo.add", 1, 2))
                 ),
                 RevokeCall(call_id="queued", attempt=1),
-                RevokeCall(call_id="busy", attempt=1),  # started: it runs on, unanswered
             )
             given_back, busy = await worker.results(2)
-    assert [(r.call_id, r.attempt, r.error_code, r.retryable) for r in given_back.results] == [
-        ("queued", 1, FailureCode.CALL_REVOKED, True)
-    ]
-    assert [(r.call_id, r.ok) for r in busy.results] == [("busy", True)]
+            assert [
+                (r.call_id, r.attempt, r.error_code, r.retryable) for r in given_back.results
+            ] == [("queued", 1, FailureCode.CALL_REVOKED, True)]
+            assert [(r.call_id, r.ok) for r in busy.results] == [("busy", True)]
+
+            # Once a call has started (here: it waits on its subcall), a revoke is ignored.
+            await worker.send(RunCalls(calls=(call("started", "demo.parent", 1),)))
+            subcall = await worker.receive()
+            assert isinstance(subcall, Subcall)
+            await worker.send(
+                RevokeCall(call_id="started", attempt=1),
+                SubcallResult(
+                    outcome=CallOutcome.success(
+                        call_id=subcall.subcall_id, attempt=1, value=encode_value(2)
+                    )
+                ),
+            )
+            (started,) = (await worker.results(1))[0].results
+            assert (started.call_id, started.ok) == ("started", True)
 
 
 async def test_cancel_names_one_attempt_of_a_call() -> None:

@@ -309,6 +309,36 @@ class CorePair:
             )
         )
 
+    def _give_back(
+        self,
+        executor_id: str,
+        attempts: tuple[tuple[str, int], ...],
+        code: FailureCode,
+        stimulus_id: str,
+    ) -> None:
+        """The executor drops those of `attempts` it holds and answers each with `code`."""
+        held = self.running.get(executor_id, {})
+        outcomes = tuple(
+            CallOutcome.failure(
+                call_id=call_id,
+                attempt=attempt,
+                error_code=code,
+                error_message="given back",
+                retryable=code is FailureCode.CALL_REVOKED,
+            )
+            for call_id, attempt in attempts
+            if held.pop((call_id, attempt), None) is not None
+        )
+        if outcomes:
+            self._then(
+                CallResultsArrived(
+                    executor_id=executor_id,
+                    outcomes=outcomes,
+                    now_ms=self.now_ms,
+                    stimulus_id=stimulus_id,
+                )
+            )
+
     def _dispatch_command(self, command: object, stimulus_id: str) -> None:
         match command:
             case RunCalls(executor_id=executor_id, calls=calls):
@@ -318,52 +348,13 @@ class CorePair:
             case CancelCalls(executor_id=executor_id, attempts=attempts):
                 # The executor drops each attempt and says so, as a child does.
                 self.cancels.extend((executor_id, attempt) for attempt in attempts)
-                held = self.running.get(executor_id, {})
-                outcomes = tuple(
-                    CallOutcome.failure(
-                        call_id=call_id,
-                        attempt=attempt,
-                        error_code=FailureCode.CALL_CANCELLED,
-                        error_message="cancelled",
-                        retryable=False,
-                    )
-                    for call_id, attempt in attempts
-                    if held.pop((call_id, attempt), None) is not None
-                )
-                if outcomes:
-                    self._then(
-                        CallResultsArrived(
-                            executor_id=executor_id,
-                            outcomes=outcomes,
-                            now_ms=self.now_ms,
-                            stimulus_id=stimulus_id,
-                        )
-                    )
+                self._give_back(executor_id, attempts, FailureCode.CALL_CANCELLED, stimulus_id)
             case RevokeCalls(executor_id=executor_id, attempts=attempts):
                 # The executor runs its oldest attempt; it gives back any other it holds.
                 held = self.running.get(executor_id, {})
                 oldest = next(iter(held), None)
-                given_back = tuple(
-                    CallOutcome.failure(
-                        call_id=call_id,
-                        attempt=attempt,
-                        error_code=FailureCode.CALL_REVOKED,
-                        error_message="taken back",
-                        retryable=True,
-                    )
-                    for call_id, attempt in attempts
-                    if (call_id, attempt) != oldest
-                    and held.pop((call_id, attempt), None) is not None
-                )
-                if given_back:
-                    self._then(
-                        CallResultsArrived(
-                            executor_id=executor_id,
-                            outcomes=given_back,
-                            now_ms=self.now_ms,
-                            stimulus_id=stimulus_id,
-                        )
-                    )
+                queued = tuple(attempt for attempt in attempts if attempt != oldest)
+                self._give_back(executor_id, queued, FailureCode.CALL_REVOKED, stimulus_id)
             case FinishCallPhase(task_id=task_id, outcome=outcome):
                 self._then(
                     CallsFinished(

@@ -26,6 +26,10 @@ measures, from a plain-asyncio grpclib client in this process:
   RPCs it answered; echo_latency_p50_ms: its median over 500 RPCs made one
   after another.
 
+* w2_e2e_calls_per_s: one task of 20,000 `demo.add` calls (call_list payload,
+  jsonl writer) through gRPC, submit -> terminal update, median of 3;
+  engine_calls_per_s: bench/calls.py's engine rate for as many calls, run
+  beside it in this run; w2_to_engine_ratio: the first over the second.
 * w3_efficiency: 200 one-call tasks of 10 ms of CPU each (`demo.burn`),
   `--in-flight` at a time: the ideal time (the work spread evenly over the
   executors) divided by the time taken.
@@ -37,7 +41,7 @@ Targets (issue 12), all against figures of the same run:
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
 1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8;
-mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85.
+mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85; w2_to_engine_ratio >= 0.6.
 Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 """
 
@@ -53,6 +57,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -479,6 +484,45 @@ async def measure_tasks(
     result("worker_cpu_ms_per_task_unary", worker_ms, 3)
 
 
+W2_CALLS = 20_000
+W2_RUNS = 3
+
+
+async def w2_calls_per_s(stub: pb.WorkerServiceStub, out_dir: str) -> float:
+    """One task of `W2_CALLS` `demo.add` calls (call_list payload, jsonl writer) through
+    gRPC, submit -> terminal update; the median rate of `W2_RUNS` runs."""
+    calls = [{"function": "demo.add", "args": [index, 1]} for index in range(W2_CALLS)]
+    payload = json.dumps({"calls": calls}).encode()
+    rates = []
+    for run in range(W2_RUNS):
+        task = pb.TaskSpec(
+            task_id=f"w2-{run}",
+            function_call=pb.FunctionCallConfig(type="call_list"),
+            payload=payload,
+            result_handler=pb.ResultHandler(
+                type="jsonl", config_json=json.dumps({"path": f"{out_dir}/w2-{run}.jsonl"})
+            ),
+        )
+        started = time.perf_counter()
+        ended = await run_task(stub, task.task_id, TaskTimes(), task)
+        rates.append(W2_CALLS / (ended - started))
+    return statistics.median(rates)
+
+
+async def engine_calls_per_s() -> float:
+    """bench/calls.py's engine rate (its own process), for the same number of calls."""
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, str(REPO / "bench" / "calls.py"), "--calls", str(W2_CALLS)),
+        *("--repeats", "3"),
+        stdout=subprocess.PIPE,
+    )
+    output, _ = await process.communicate()
+    found = re.search(rb"RESULT name=calls_per_s value=([0-9.]+)", output)
+    if process.returncode != 0 or found is None:
+        raise SystemExit(f"bench/calls.py failed (exit status {process.returncode})")
+    return float(found[1])
+
+
 W3_TASKS = 200
 W3_CALL_MS = 10.0
 
@@ -578,19 +622,25 @@ async def stop_worker(worker: WorkerProcess, log_path: str | None) -> None:
 async def bench(args: argparse.Namespace) -> None:
     worker, ready_s, spawned = await start_worker(args.executors)
     channels = [Channel(HOST, worker.port) for _ in range(args.channels)]
+    stub = pb.WorkerServiceStub(channels[0])
     try:
-        first_ended = await run_task(pb.WorkerServiceStub(channels[0]), "first", TaskTimes())
+        first_ended = await run_task(stub, "first", TaskTimes())
         result("ready_s", ready_s, 3)
         result("first_result_s", first_ended - spawned, 3)
-        pids = await measure_idle_rss(worker, pb.WorkerServiceStub(channels[0]))
+        pids = await measure_idle_rss(worker, stub)
         serving = {"bench": [os.getpid()], "worker": [worker.process.pid], "executors": pids}
         await measure_tasks(args, channels, serving)
+        with tempfile.TemporaryDirectory() as out_dir:
+            w2 = await phase("w2", lambda: w2_calls_per_s(stub, out_dir))
+        result("w2_e2e_calls_per_s", w2, 0)
+        engine = await phase("engine", engine_calls_per_s)
+        result("engine_calls_per_s", engine, 0)
+        result("w2_to_engine_ratio", w2 / engine, 3)
         efficiency = await phase(
             "w3", lambda: w3_efficiency(channels, args.executors, args.in_flight)
         )
         result("w3_efficiency", efficiency, 3)
         if args.executors == 2:  # the figure is defined on 2 executors
-            stub = pb.WorkerServiceStub(channels[0])
             ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))
             result("mixed_makespan_ratio", ratio, 3)
         await measure_rpc(args, worker, serving)

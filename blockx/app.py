@@ -30,6 +30,7 @@ import enum
 import functools
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -130,6 +131,7 @@ async def serve(
     before anything runs."""
     profile.check(config)
     clock = WorkerClock()
+    _check_executor_python(config)
     source = source or _readable_source(config)
     with contextlib.ExitStack() as sockets:  # each server closes its own socket first
         listener, metrics_socket = _bind_all(config, sockets)
@@ -203,6 +205,16 @@ def _bind(addr: str, *, hint: str = "") -> socket.socket:
     except OSError as error:
         reason = (error.strerror or str(error)).lower()
         raise StartupError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+
+
+def _check_executor_python(config: WorkerConfig) -> None:
+    """An `executorPython` that cannot be run stops the start at once: executors would
+    only fail to spawn, again and again."""
+    python = config.executor.python
+    if python and shutil.which(python) is None:
+        raise StartupError(
+            f"cannot start executors: executorPython {python!r} is not an executable file"
+        )
 
 
 def _readable_source(config: WorkerConfig) -> FunctionSource:

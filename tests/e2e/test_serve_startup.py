@@ -88,6 +88,19 @@ def test_a_busy_metrics_port_fails_at_once_naming_its_setting(tmp_path: Path) ->
     assert list((tmp_path / "run").iterdir()) == []
 
 
+def test_an_executor_interpreter_that_cannot_run_fails_at_once(tmp_path: Path) -> None:
+    config = tmp_path / "python.json"
+    config.write_text(json.dumps({"executorPython": str(tmp_path / "no-python")}))
+    env = serve_env(tmp_path)
+    env["WORKER_CONFIG"] = str(config)
+    done = run_serve("--listen", f"127.0.0.1:{free_port()}", "--functions", str(EXAMPLES), env=env)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"blockx: cannot start executors: executorPython '{tmp_path}/no-python' is not an "
+        "executable file"
+    ]
+
+
 def test_serve_outside_the_checkout_says_where_it_looked_for_function_code(
     tmp_path: Path,
 ) -> None:

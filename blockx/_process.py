@@ -6,11 +6,13 @@ benches): a library must never change its host process's settings.
 """
 
 import compileall
+import contextlib
 import gc
 import os
 import resource
 import shutil
 import sys
+from collections.abc import Iterator
 
 # Calls allocate many short-lived, acyclic objects; the default collects the
 # young generation every 700 allocations, which costs blockx's processes a
@@ -67,11 +69,17 @@ def remove_private_dirs() -> None:
     _private_dirs.clear()
 
 
-def sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one exception `group` (and groups nested in it) holds, or None if more."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup):
-        if len(error.exceptions) != 1:
-            return None
-        error = error.exceptions[0]
-    return error
+@contextlib.contextmanager
+def lone_errors(kind: type[BaseException] = BaseException) -> Iterator[None]:
+    """Re-raise an exception group that holds one exception of `kind` (nested groups
+    included) as that exception: `trio.run` wraps what a nursery raised, and an error
+    meant for the user (a BlockxError) must still end as one line."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        if isinstance(error, BaseExceptionGroup) or not isinstance(error, kind):
+            raise
+        raise error from None

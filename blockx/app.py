@@ -42,7 +42,7 @@ import trio_asyncio
 from opentelemetry.trace import Tracer
 
 from blockx._clock import WorkerClock
-from blockx._process import remove_private_dirs, sole_exception, tune_gc
+from blockx._process import lone_errors, remove_private_dirs, tune_gc
 from blockx.actors import (
     ActorParts,
     ActorProbe,
@@ -444,13 +444,8 @@ def run(
     profile.check(config)
     setup_logging(config.observability.log_format)
     tune_gc()
-    try:
+    with lone_errors(BlockxError):
         trio.run(_main, config, profile)
-    except BaseExceptionGroup as group:
-        sole = sole_exception(group)
-        if isinstance(sole, BlockxError):
-            raise sole from None
-        raise
     return 0
 
 

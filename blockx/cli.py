@@ -33,7 +33,7 @@ from typing import Any, Final, TextIO, TypeAlias
 import trio
 import trio_asyncio
 
-from blockx._process import sole_exception
+from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
@@ -306,12 +306,7 @@ def _serve(args: argparse.Namespace) -> int:
     from blockx import app  # noqa: PLC0415
 
     profile = PROFILES[args.profile]
-    given = {
-        "listenAddr": args.listen,
-        "worker.taskSlots": args.slots,
-        "executorCount": args.executors,
-        "functionCode.dir": args.functions,
-    }
+    given = {path: getattr(args, flag.removeprefix("--")) for path, flag in SERVE_FLAGS.items()}
     overrides = {path: value for path, value in given.items() if value is not None}
     if args.print_config:
         config = load_config(profile=profile.defaults, overrides=overrides, flags=SERVE_FLAGS)
@@ -339,15 +334,8 @@ def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) 
         async with trio_asyncio.open_loop(), WorkerClient.connect(address) as client:
             return await action(client)
 
-    try:
+    with lone_errors():
         return trio.run(in_loop)
-    except BaseExceptionGroup as group:
-        # The loop's nursery wraps whatever the action raised; one error is reported
-        # as itself, so that a BlockxError still ends as one line.
-        sole = sole_exception(group)
-        if sole is None:
-            raise
-        raise sole from None
 
 
 _CONFIG_FLAGS: Final = {pb.TaskPhase.BUILDER: "--config", pb.TaskPhase.PLUGIN: "--plugin-config"}
@@ -488,13 +476,8 @@ def _run_placement(
         ):
             return await action(placement)
 
-    try:
+    with lone_errors():
         return trio.run(in_loop)
-    except BaseExceptionGroup as group:
-        sole = sole_exception(group)
-        if sole is None:
-            raise
-        raise sole from None
 
 
 async def _place(

@@ -173,22 +173,17 @@ class CpuUse:
         print(f"detail: {self.phase}: CPU use (of one core) {', '.join(shares)}", flush=True)
 
 
-def sleep_task(task_id: str, seconds: list[float]) -> pb.TaskSpec:
-    calls = [{"function": "demo.sleep", "args": [duration]} for duration in seconds]
+def call_list_task(task_id: str, *calls: tuple[str, list[object]]) -> pb.TaskSpec:
+    entries = [{"function": function, "args": args} for function, args in calls]
     return pb.TaskSpec(
         task_id=task_id,
         function_call=pb.FunctionCallConfig(type="call_list"),
-        payload=json.dumps({"calls": calls}).encode(),
+        payload=json.dumps({"calls": entries}).encode(),
     )
 
 
 def one_call_task(task_id: str) -> pb.TaskSpec:
-    calls = [{"function": "demo.add", "args": [1, 2]}]
-    return pb.TaskSpec(
-        task_id=task_id,
-        function_call=pb.FunctionCallConfig(type="call_list"),
-        payload=json.dumps({"calls": calls}).encode(),
-    )
+    return call_list_task(task_id, ("demo.add", [1, 2]))
 
 
 def percentile(samples: list[float], p: int) -> float:
@@ -287,13 +282,11 @@ class TaskTimes:
         )
 
 
-async def run_task(
-    stub: pb.WorkerServiceStub, task_id: str, times: TaskTimes, task: pb.TaskSpec | None = None
-) -> float:
-    """Submit one task (a one-call task unless `task` is given) and watch it to the end;
-    returns the time of its terminal update."""
+async def run_task(stub: pb.WorkerServiceStub, task: pb.TaskSpec, times: TaskTimes) -> float:
+    """Submit `task` and watch it to the end; returns the time of its terminal update."""
+    task_id = task.task_id
     started = time.perf_counter()
-    await stub.submit_task(pb.SubmitTaskRequest(task=task or one_call_task(task_id)))
+    await stub.submit_task(pb.SubmitTaskRequest(task=task))
     submitted = time.perf_counter()
     terminal: pb.TaskUpdate | None = None
     ended = 0.0
@@ -315,27 +308,38 @@ async def run_task(
 async def sequential_latency(stub: pb.WorkerServiceStub, count: int) -> TaskTimes:
     warm = TaskTimes()
     for i in range(WARMUP_TASKS):
-        await run_task(stub, f"warm-{i}", warm)
+        await run_task(stub, one_call_task(f"warm-{i}"), warm)
     times = TaskTimes()
     for i in range(count):
-        await run_task(stub, f"latency-{i}", times)
+        await run_task(stub, one_call_task(f"latency-{i}"), times)
     return times
 
 
-async def tasks_per_s(channels: list[Channel], count: int, in_flight: int) -> float:
+async def run_concurrently(
+    channels: list[Channel], count: int, in_flight: int, make_task: Callable[[int], pb.TaskSpec]
+) -> float:
+    """Seconds from the first submit to the last terminal update of tasks `make_task(0)`
+    .. `make_task(count - 1)`, run by `in_flight` submit+watch loops over `channels`."""
     stubs = [pb.WorkerServiceStub(channel) for channel in channels]
-    task_ids = iter(range(count))  # shared by the loops: each takes the next id
+    indices = iter(range(count))  # shared by the loops: each takes the next task
     times = TaskTimes()
 
     async def loop(stub: pb.WorkerServiceStub) -> float:
         last = 0.0
-        for i in task_ids:
-            last = max(last, await run_task(stub, f"rate-{i}", times))
+        for index in indices:
+            last = max(last, await run_task(stub, make_task(index), times))
         return last
 
     started = time.perf_counter()
     ends = await asyncio.gather(*(loop(stubs[n % len(stubs)]) for n in range(in_flight)))
-    return count / (max(ends) - started)
+    return max(ends) - started
+
+
+async def tasks_per_s(channels: list[Channel], count: int, in_flight: int) -> float:
+    elapsed = await run_concurrently(
+        channels, count, in_flight, lambda index: one_call_task(f"rate-{index}")
+    )
+    return count / elapsed
 
 
 # ------------------------------------------------------------------ unary RPC
@@ -504,7 +508,7 @@ async def w2_calls_per_s(stub: pb.WorkerServiceStub, out_dir: str) -> float:
             ),
         )
         started = time.perf_counter()
-        ended = await run_task(stub, task.task_id, TaskTimes(), task)
+        ended = await run_task(stub, task, TaskTimes())
         rates.append(W2_CALLS / (ended - started))
     return statistics.median(rates)
 
@@ -531,26 +535,13 @@ async def w3_efficiency(channels: list[Channel], executors: int, in_flight: int)
     """`W3_TASKS` one-call tasks of `W3_CALL_MS` of CPU each (`demo.burn`), `in_flight`
     at a time: the ideal time (all the work spread evenly over the executors) over the
     time taken, first submit -> last terminal update."""
-    stubs = [pb.WorkerServiceStub(channel) for channel in channels]
-    task_ids = iter(range(W3_TASKS))
-    times = TaskTimes()
-
-    async def loop(stub: pb.WorkerServiceStub) -> float:
-        last = 0.0
-        for index in task_ids:
-            call = {"function": "demo.burn", "args": [W3_CALL_MS]}
-            task = pb.TaskSpec(
-                task_id=f"w3-{index}",
-                function_call=pb.FunctionCallConfig(type="call_list"),
-                payload=json.dumps({"calls": [call]}).encode(),
-            )
-            last = max(last, await run_task(stub, task.task_id, times, task))
-        return last
-
-    started = time.perf_counter()
-    ends = await asyncio.gather(*(loop(stubs[n % len(stubs)]) for n in range(in_flight)))
-    ideal_s = W3_TASKS * W3_CALL_MS / 1000 / executors
-    return ideal_s / (max(ends) - started)
+    elapsed = await run_concurrently(
+        channels,
+        W3_TASKS,
+        in_flight,
+        lambda index: call_list_task(f"w3-{index}", ("demo.burn", [W3_CALL_MS])),
+    )
+    return W3_TASKS * W3_CALL_MS / 1000 / executors / elapsed
 
 
 MIXED_IDEAL_S = 2.0
@@ -560,11 +551,11 @@ MIXED_IDEAL_S = 2.0
 async def mixed_makespan_ratio(stub: pb.WorkerServiceStub) -> float:
     """One task of two 1 s calls and 40 tasks of one 50 ms call, submitted together:
     first submit -> last terminal update, over the ideal."""
-    tasks = [sleep_task("mixed-long", [1.0, 1.0])]
-    tasks += [sleep_task(f"mixed-{index}", [0.05]) for index in range(40)]
+    tasks = [call_list_task("mixed-long", ("demo.sleep", [1.0]), ("demo.sleep", [1.0]))]
+    tasks += [call_list_task(f"mixed-{index}", ("demo.sleep", [0.05])) for index in range(40)]
     times = TaskTimes()
     started = time.perf_counter()
-    ends = await asyncio.gather(*(run_task(stub, t.task_id, times, t) for t in tasks))
+    ends = await asyncio.gather(*(run_task(stub, task, times) for task in tasks))
     return (max(ends) - started) / MIXED_IDEAL_S
 
 
@@ -624,7 +615,7 @@ async def bench(args: argparse.Namespace) -> None:
     channels = [Channel(HOST, worker.port) for _ in range(args.channels)]
     stub = pb.WorkerServiceStub(channels[0])
     try:
-        first_ended = await run_task(stub, "first", TaskTimes())
+        first_ended = await run_task(stub, one_call_task("first"), TaskTimes())
         result("ready_s", ready_s, 3)
         result("first_result_s", first_ended - spawned, 3)
         pids = await measure_idle_rss(worker, stub)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -75,6 +76,16 @@ async def _pump(stream: trio.abc.ReceiveStream, worker: ServeProcess, ready: tri
                 ready.set()
         worker.logged.set()
         worker.logged = trio.Event()
+
+
+def runtime_dir_config(tmp_path: Path) -> tuple[Path, Path]:
+    """A WORKER_CONFIG file that puts the executors' runtime directory under
+    `tmp_path/run`, and that directory: (config file, runtime parent)."""
+    runtime_parent = tmp_path / "run"
+    runtime_parent.mkdir(exist_ok=True)
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"executorRuntimeDir": str(runtime_parent)}))
+    return config, runtime_parent
 
 
 def uv_executable() -> str:

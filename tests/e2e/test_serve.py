@@ -15,7 +15,7 @@ import trio_asyncio
 
 from blockx._proto.blockx.worker import v1 as pb
 from tests.e2e.processes import alive, wait_exited
-from tests.e2e.serve_process import REPO, serve_process
+from tests.e2e.serve_process import REPO, runtime_dir_config, serve_process
 
 
 def call_list(task_id: str, calls: list[tuple[str, list[object]]], **fields: object) -> pb.TaskSpec:
@@ -167,10 +167,7 @@ def test_serve_refuses_bad_configuration_with_the_field_named() -> None:
 async def test_a_second_signal_exits_at_once_leaving_no_executor_and_no_runtime_dir(
     tmp_path: Path,
 ) -> None:
-    runtime_parent = tmp_path / "run"
-    runtime_parent.mkdir()
-    config = tmp_path / "worker.json"
-    config.write_text(json.dumps({"executorRuntimeDir": str(runtime_parent)}))
+    config, runtime_parent = runtime_dir_config(tmp_path)
     env = {"DRAIN_TIMEOUT_MS": "60000", "WORKER_CONFIG": str(config)}
     async with serve_process("--executors", "2", env=env) as worker:
         assert len(list(runtime_parent.iterdir())) == 1  # the executors' socket directory

@@ -18,17 +18,14 @@ from pathlib import Path
 
 import trio
 
-from tests.e2e.serve_process import EXAMPLES, REPO, free_port
+from tests.e2e.serve_process import EXAMPLES, REPO, free_port, runtime_dir_config
 
 FAIL_AFTER_S = 30
 
 
 def serve_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a worker whose runtime directory is under `tmp_path/run`."""
-    runtime_parent = tmp_path / "run"
-    runtime_parent.mkdir(exist_ok=True)
-    config = tmp_path / "worker.json"
-    config.write_text(json.dumps({"executorRuntimeDir": str(runtime_parent)}))
+    config, _ = runtime_dir_config(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "METRICS_"))}
     env.update(
         WORKER_CONFIG=str(config),

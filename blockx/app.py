@@ -132,7 +132,7 @@ async def serve(
     profile.check(config)
     clock = WorkerClock()
     _check_executor_python(config)
-    source = source or _readable_source(config)
+    source, first = _code_source(config, source)
     with contextlib.ExitStack() as sockets:  # each server closes its own socket first
         listener, metrics_socket = _bind_all(config, sockets)
         identity = _identity(config, profile, clock, listener)
@@ -143,7 +143,7 @@ async def serve(
             with trio.CancelScope() as starting:
                 system.start_soon(_abandon_start_on, stop, started, starting)
                 inboxes = Inboxes()
-                code = await _load_code(system, config, source, inboxes, clock)
+                code = await _load_code(system, config, source, inboxes, clock, first=first)
                 metrics = WorkerMetrics() if metrics_socket is not None else None
                 parts = ActorParts(
                     config=config,
@@ -217,20 +217,25 @@ def _check_executor_python(config: WorkerConfig) -> None:
         )
 
 
-def _readable_source(config: WorkerConfig) -> FunctionSource:
-    """The configured source; a directory that cannot be read stops the start at once
-    (a Redis source is waited for: the server may come up later)."""
+def _code_source(
+    config: WorkerConfig, given: FunctionSource | None
+) -> tuple[FunctionSource, FunctionSnapshot | None]:
+    """`given`, else the configured source; with a directory, also its first snapshot. A
+    directory that cannot be read stops the start at once (a Redis source is waited
+    for: the server may come up later)."""
+    if given is not None:
+        return given, None
     source = function_source(config)
     if isinstance(source, DirectorySource):
         try:
-            source.read()
+            return source, source.read()
         except BlockxError as error:
             where = os.path.abspath(config.function_code.dir)
             raise StartupError(
                 f"cannot read function code from {where}: {error} (set --functions DIR or "
                 "FUNCTIONS_DIR; a relative path is from the current directory)"
             ) from None
-    return source
+    return source, None
 
 
 def _tracing(
@@ -265,24 +270,28 @@ def function_source(config: WorkerConfig) -> FunctionSource:
 async def _load_code(
     system: trio.Nursery,
     config: WorkerConfig,
-    source: FunctionSource | None,
+    source: FunctionSource,
     inboxes: Inboxes,
     clock: WorkerClock,
+    *,
+    first: FunctionSnapshot | None,
 ) -> FunctionCodeView:
-    """The code view, holding the first snapshot; the refresher then feeds the slot table."""
-    first: FunctionSnapshot = await system.start(
+    """The code view, holding the first snapshot (`first` if the source was read already);
+    the refresher then feeds the slot table."""
+    loaded: FunctionSnapshot = await system.start(
         functools.partial(
             run_code_refresher,
-            source or function_source(config),
+            source,
             inboxes.code_loaded,
             interval_s=config.function_code.refresh_ms / 1000,
             # In-memory code is read on the Trio thread: exact under a virtual clock.
             use_thread=not isinstance(source, MemorySource),
+            first=first,
         )
     )
-    logger.info("function code epoch %s loaded", first.epoch)
+    logger.info("function code epoch %s loaded", loaded.epoch)
     view = FunctionCodeView(config.code_view_config())
-    view.observe(first, clock.now_ms())
+    view.observe(loaded, clock.now_ms())
     return view
 
 

@@ -31,21 +31,27 @@ async def run_code_refresher(
     *,
     interval_s: float,
     use_thread: bool = True,
+    first: FunctionSnapshot | None = None,
     task_status: trio.TaskStatus[FunctionSnapshot] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Poll `source` every `interval_s` forever; `deliver` each new current snapshot.
 
     `task_status.started(snapshot)` hands over the first snapshot loaded (it is
     not delivered), so `await nursery.start(run_code_refresher, ...)` returns
-    once there is code to pin. `use_thread=False` runs the source's calls on
-    the Trio thread: only for in-memory sources, where it keeps virtual-clock
-    tests exact.
+    once there is code to pin; `first`, a snapshot the caller already read from
+    `source`, is handed over at once instead and the first poll waits
+    `interval_s`. `use_thread=False` runs the source's calls on the Trio
+    thread: only for in-memory sources, where it keeps virtual-clock tests exact.
     """
     InvalidCodeViewConfig.check(
         interval_s > 0, field="interval_s", value=interval_s, allowed="must be > 0"
     )
     current: str | None = None
     failing = False
+    if first is not None:
+        task_status.started(first)
+        current = first.epoch
+        await trio.sleep(interval_s)
     while True:
         try:
             snapshot = await _load_if_new(source, current, use_thread=use_thread)

@@ -243,6 +243,29 @@ async def test_refresher_follows_changes_and_keeps_pinned_code_until_retention(
     view.check_invariants()
 
 
+async def test_a_first_snapshot_already_read_is_handed_over_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The worker reads a directory once to check it; the refresher does not read it again
+    to start, and polls one interval later."""
+    source = MemorySource()
+    already = source.load(source.publish({"demo": V1}))
+    source.unavailable = True  # a read now would fail: the start must not read
+    deliver = Delivered(FunctionCodeView(default_config().code_view_config()))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            started = await nursery.start(
+                functools.partial(refresher(deliver, source), first=already)
+            )
+            assert (started, trio.current_time()) == (already, 0.0)
+            source.unavailable = False
+            changed = source.publish({"demo": V2})
+            await trio.sleep_until(1.5)  # the first poll is at 1.0
+            assert deliver.epochs == [(1_000, changed)]
+            nursery.cancel_scope.cancel()
+
+
 async def test_refresher_starts_after_the_first_good_load_and_survives_outages(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:

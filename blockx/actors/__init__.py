@@ -30,6 +30,7 @@ from blockx.actors._messages import (
     CloseAllStreams,
     CodeLoaded,
     DispatcherMessage,
+    Follow,
     ForceDrain,
     Forget,
     GetResult,
@@ -49,11 +50,19 @@ from blockx.actors._messages import (
     WorkerStatus,
 )
 from blockx.actors._slot_table import SlotTableActor
-from blockx.actors._streams import WatchStream
+from blockx.actors._streams import (
+    Accepted,
+    Finished,
+    Refused,
+    StreamEvent,
+    TaskStream,
+    WatchStream,
+)
 from blockx.actors._task import Admission, TaskRuntime, TaskStart, run_task
 from blockx.actors._watch import WatchHub
 
 __all__ = [
+    "Accepted",
     "ActivationDone",
     "ActivationRefused",
     "ActorParts",
@@ -67,6 +76,8 @@ __all__ = [
     "CodeLoaded",
     "DispatcherActor",
     "DispatcherMessage",
+    "Finished",
+    "Follow",
     "ForceDrain",
     "Forget",
     "GetResult",
@@ -76,16 +87,19 @@ __all__ = [
     "OpenWatch",
     "PhaseDone",
     "Publish",
+    "Refused",
     "Reply",
     "RequestSlot",
     "RunTaskCalls",
     "SlotTableActor",
     "SlotTableMessage",
     "StartDrain",
+    "StreamEvent",
     "SubmitTask",
     "Subscribe",
     "TaskRuntime",
     "TaskStart",
+    "TaskStream",
     "TransportFactory",
     "Unsubscribe",
     "WatchChanged",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 
 from blockx.actors._inbox import Reply
-from blockx.actors._streams import WatchStream
+from blockx.actors._streams import HubStream, TaskStream, WatchStream
 from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, FailureCode, RetryPolicy
 from blockx.executors import PoolEvent
 from blockx.functions import FunctionSnapshot
@@ -46,6 +46,9 @@ class SubmitTask:
     spec: TaskSpec
     slot_id: str | None
     reply: Reply[TaskSnapshot]
+    stream: TaskStream | None = None
+    """Set for a submit on a `RunTasks` stream: without `slot_id` it waits for a free slot
+    instead of being refused, and once accepted the stream follows the task."""
 
 
 @attrs.frozen(kw_only=True)
@@ -186,8 +189,16 @@ DispatcherMessage = RunTaskCalls | CancelTaskCalls | PoolEvent
 class Subscribe:
     """Deliver `snapshots` (the current state) to `stream`, then every later update."""
 
-    stream: WatchStream
+    stream: HubStream
     snapshots: tuple[TaskSnapshot, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Follow:
+    """`stream` (already subscribed) follows `task_id` from now on: it was accepted on it."""
+
+    stream: TaskStream
+    task_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -199,7 +210,7 @@ class Publish:
 class Unsubscribe:
     """The stream ended: cleanly (`broken` False) or because its client went away."""
 
-    stream: WatchStream
+    stream: HubStream
     broken: bool
 
 
@@ -215,7 +226,7 @@ class CloseAllStreams:
     """Shutdown: every stream ends after what it already has is delivered."""
 
 
-WatchHubMessage = Subscribe | Publish | Unsubscribe | Forget | CloseAllStreams
+WatchHubMessage = Subscribe | Follow | Publish | Unsubscribe | Forget | CloseAllStreams
 
 
 # ----------------------------------------------------------- values
@@ -228,3 +239,5 @@ class WorkerStatus:
     heartbeat: Heartbeat
     slots: tuple[SlotView, ...]
     tasks: tuple[TaskSnapshot, ...]
+    waiting_submits: int = 0
+    """Submits from `RunTasks` streams held until a slot is free."""

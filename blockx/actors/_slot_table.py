@@ -14,6 +14,7 @@ its state only through its inbox (`GetStatus`, `GetResult`).
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Sequence
 
@@ -29,6 +30,7 @@ from blockx.actors._messages import (
     CancelTaskCalls,
     CodeLoaded,
     DispatcherMessage,
+    Follow,
     ForceDrain,
     Forget,
     GetResult,
@@ -62,6 +64,7 @@ from blockx.slots import (
     Event,
     ForgetReason,
     ForgetTask,
+    NoSlot,
     PhaseFinished,
     PrepareTaskActivation,
     SlotMachine,
@@ -130,6 +133,9 @@ class SlotTableActor:
         self._tracing = tracing
         self._on_finished = (tracing.task_finished, *on_finished)
         self._tasks: dict[str, _TaskActor] = {}
+        self._held: collections.deque[SubmitTask] = collections.deque()
+        """Submits from `RunTasks` streams waiting for a free slot, oldest first."""
+        self._slot_freed = False
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
 
@@ -141,6 +147,9 @@ class SlotTableActor:
             deadline = self._clock.trio_time(wake_ms if due_ms is None else min(due_ms, wake_ms))
             if not await take_until(self._receive, deadline, self._take):
                 self._on_timers_due()
+            if self._slot_freed:
+                self._slot_freed = False
+                self._admit_held()
             if self._machine.draining and self._machine.active_task_count() == 0:
                 self.drained.set()
 
@@ -178,6 +187,7 @@ class SlotTableActor:
                 now_ms, stimulus_id = self._stamp("ready")
                 self._apply(WorkerReady(now_ms=now_ms, stimulus_id=stimulus_id))
             case StartDrain():
+                self._slot_freed = True  # held submits are refused now
                 now_ms, stimulus_id = self._stamp("drain")
                 self._apply(DrainStarted(now_ms=now_ms, stimulus_id=stimulus_id))
             case ForceDrain():
@@ -194,6 +204,10 @@ class SlotTableActor:
                     task_id=task_id, ttl_ms=ttl_ms, now_ms=now_ms, stimulus_id=stimulus_id
                 )
                 self._request(event, reply)
+            case SubmitTask(stream=stream) if stream is not None:
+                if stream.held or not self._submit_streamed(message):
+                    stream.held += 1  # behind its stream's earlier ones: order is kept
+                    self._held.append(message)
             case SubmitTask(spec=spec, slot_id=slot_id, reply=reply):
                 now_ms, stimulus_id = self._stamp("submit")
                 event = TaskSubmitted(
@@ -268,6 +282,7 @@ class SlotTableActor:
             tasks=tuple(
                 self._machine.get_result(slot.task_id) for slot in slots if slot.task_id is not None
             ),
+            waiting_submits=len(self._held),
         )
 
     def _request(self, event: Event, reply: Reply[TaskSnapshot]) -> None:
@@ -279,6 +294,39 @@ class SlotTableActor:
         assert step.reply is not None
         reply(step.reply)
         self._execute(step)
+
+    def _submit_streamed(self, message: SubmitTask) -> bool:
+        """Submit from a stream; False (nothing changed) when it must wait for a free slot."""
+        stream = message.stream
+        assert stream is not None
+        now_ms, stimulus_id = self._stamp("submit")
+        event = TaskSubmitted(
+            spec=message.spec, slot_id=message.slot_id, now_ms=now_ms, stimulus_id=stimulus_id
+        )
+        try:
+            step = self._machine.handle(event)
+        except WorkerError as error:
+            if isinstance(error, NoSlot) and message.slot_id is None:
+                return False
+            message.reply(error)
+            return True
+        assert step.reply is not None
+        message.reply(step.reply)
+        if not step.reply.is_terminal:
+            self._hub.post(Follow(stream=stream, task_id=message.spec.task_id))
+        self._execute(step)
+        return True
+
+    def _admit_held(self) -> None:
+        """A slot was freed (or admission changed): admit held submits, oldest first."""
+        while self._held:
+            message = self._held[0]
+            stream = message.stream
+            assert stream is not None
+            if not stream.abandoned and not self._submit_streamed(message):
+                return
+            self._held.popleft()
+            stream.held -= 1
 
     def _apply(self, event: Event) -> None:
         self._execute(self._machine.handle(event))
@@ -301,8 +349,10 @@ class SlotTableActor:
                     self._tracing.phase_started(command.task_id, command.phase, actor.plugin)
                 self._publish(command.task_id)
             case ConvergeTask(task_id=task_id, result=result):
+                self._slot_freed = True
                 self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
+                self._slot_freed = True
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
                     self._hub.post(Forget(task_id=task_id))
 

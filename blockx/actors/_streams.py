@@ -1,4 +1,7 @@
-"""A `WatchTasks` stream as the watch hub sees it: the task ids it follows and its buffer.
+"""The streams the watch hub feeds: a `WatchTasks` stream and a `RunTasks` stream.
+
+A `WatchTasks` stream (`WatchStream`) follows the task ids it was opened
+with.
 
 The buffer holds at most one pending update per task id: a newer
 non-terminal update replaces an older one that the reader has not taken yet,
@@ -6,13 +9,36 @@ and the terminal update is never replaced. So a slow reader costs memory in
 proportion to the tasks it follows, never to the updates it missed, and it
 always receives the terminal result. The front end takes updates from the
 stream; the hub is the only writer.
+
+A `RunTasks` stream (`TaskStream`) follows the tasks submitted on it as they
+are accepted, and carries the answers to those submits as well.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import attrs
 
 from blockx.slots import TaskSnapshot, WorkerError
+
+
+class HubStream(Protocol):
+    """What the watch hub needs of a stream."""
+
+    abandoned: bool
+
+    @property
+    def task_ids(self) -> Iterable[str]: ...
+
+    def offer(self, snapshot: TaskSnapshot) -> None: ...
+
+    def lose(self, task_id: str, error: WorkerError) -> bool:
+        """The worker forgot `task_id`. True: the whole stream has ended with it."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class WatchStream:
@@ -42,6 +68,10 @@ class WatchStream:
             self._open_tasks.discard(snapshot.task_id)
         self._wake()
 
+    def lose(self, task_id: str, error: WorkerError) -> bool:
+        self.fail(error)
+        return True
+
     def fail(self, error: WorkerError) -> None:
         self.error = error
         self._open_tasks.clear()
@@ -66,3 +96,119 @@ class WatchStream:
         if self._pending:
             return False
         return self.error is not None or self.closed or not self._open_tasks
+
+
+@attrs.frozen
+class Accepted:
+    """A submit on the stream was admitted (or named a task the worker already knows)."""
+
+    snapshot: TaskSnapshot
+
+
+@attrs.frozen
+class Refused:
+    """A submit on the stream was not admitted; nothing of the task runs."""
+
+    task_id: str
+    error: WorkerError
+
+
+@attrs.frozen
+class Finished:
+    """A task the stream follows ended: `snapshot` is terminal and holds the result."""
+
+    snapshot: TaskSnapshot
+
+
+StreamEvent = Accepted | Refused | Finished
+
+
+class TaskStream:
+    """One `RunTasks` stream: the submits it has in flight, the tasks it follows, its events.
+
+    Three parties touch it, each its own fields. The front end's handler counts
+    what it posted (`posted`), marks the end of its input (`end_input`) and
+    takes the events in order (`take`). The slot-table actor answers each
+    submit (`answer`: an accepted task is followed from then on) and counts
+    the submits it holds until a slot is free (`held`). The watch hub offers
+    the updates of the tasks followed (`offer`); only terminal updates become
+    events. So the
+    buffer holds at most one answer per submit and one terminal update per
+    accepted task: bounded by the handler's window of unanswered submits plus
+    the slots.
+    """
+
+    def __init__(self, *, wake: Callable[[], None], room: Callable[[], None], window: int) -> None:
+        """`wake`: there are events to take, or the stream may be finished. `room`: the
+        unanswered submits fell below `window`."""
+        self._wake = wake
+        self._room = room
+        self.window = window
+        self._events: list[StreamEvent] = []
+        self._following: set[str] = set()
+        self.unanswered = 0
+        """Submits posted to the slot table and not answered yet (the handler's count)."""
+        self.held = 0
+        """Of those, how many the slot table holds until a slot is free (the slot table's)."""
+        self.input_done = False
+        self.closed = False
+        self.abandoned = False
+        """Set by the reader when it stops reading, before it unsubscribes."""
+
+    @property
+    def task_ids(self) -> frozenset[str]:
+        """The accepted tasks whose terminal update has not come yet."""
+        return frozenset(self._following)
+
+    def posted(self) -> None:
+        self.unanswered += 1
+
+    def end_input(self) -> None:
+        self.input_done = True
+        self._wake()
+
+    def answer(self, task_id: str, answer: TaskSnapshot | WorkerError) -> None:
+        """The slot table's answer to a submit posted on this stream."""
+        self.unanswered -= 1
+        if isinstance(answer, WorkerError):
+            self._events.append(Refused(task_id, answer))
+        else:
+            self._events.append(Accepted(answer))
+            if answer.is_terminal:  # a duplicate of a task that already ended
+                self._events.append(Finished(answer))
+            else:  # followed from now on, though the hub hears of it a step later
+                self._following.add(task_id)
+        if self.unanswered == self.window - 1:
+            self._room()
+        self._wake()
+
+    def offer(self, snapshot: TaskSnapshot) -> None:
+        if snapshot.is_terminal and snapshot.task_id in self._following:
+            self._following.discard(snapshot.task_id)
+            self._events.append(Finished(snapshot))
+            self._wake()
+
+    def lose(self, task_id: str, error: WorkerError) -> bool:
+        """The worker forgot `task_id`: it ends here as refused. False: the stream goes on."""
+        if task_id in self._following:
+            self._following.discard(task_id)
+            self._events.append(Refused(task_id, error))
+            self._wake()
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def take(self) -> list[StreamEvent]:
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will be sent: closed, or input ended with every task answered and ended."""
+        if self._events:
+            return False
+        if self.closed:
+            return True
+        return self.input_done and self.unanswered == 0 and not self._following

@@ -15,6 +15,7 @@ import trio
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
     CloseAllStreams,
+    Follow,
     Forget,
     Publish,
     SlotTableMessage,
@@ -23,7 +24,7 @@ from blockx.actors._messages import (
     WatchChanged,
     WatchHubMessage,
 )
-from blockx.actors._streams import WatchStream
+from blockx.actors._streams import HubStream
 from blockx.slots import NotFound, TaskSnapshot
 
 logger = logging.getLogger("blockx.watch")
@@ -37,8 +38,8 @@ class WatchHub:
     ) -> None:
         self._receive = inbox.receive
         self._slot_table = slot_table
-        self._streams: dict[str, set[WatchStream]] = {}
-        self._all: set[WatchStream] = set()
+        self._streams: dict[str, set[HubStream]] = {}
+        self._all: set[HubStream] = set()
         self._emptied = trio.Event()
         self.open_streams = 0
         """Published: how many streams are open."""
@@ -65,19 +66,26 @@ class WatchHub:
                     self._follow(task_id, stream)
                 for snapshot in snapshots:
                     self._deliver(snapshot)
+            case Follow(stream=stream, task_id=task_id):
+                if stream in self._all:
+                    self._follow(task_id, stream)
+                else:  # its reader left before it heard of the task: a watch broken at once
+                    self._slot_table.post(
+                        WatchChanged(task_id=task_id, attached=False, broken=True)
+                    )
             case Publish(snapshot=snapshot):
                 self._deliver(snapshot)
             case Unsubscribe(stream=stream, broken=broken):
                 self._drop(stream, broken=broken)
             case Forget(task_id=task_id):
-                for stream in list(self._streams.get(task_id, ())):
-                    stream.fail(NotFound(task_id=task_id))
-                    self._drop(stream, broken=False)
+                for stream in self._streams.pop(task_id, set()):
+                    if stream.lose(task_id, NotFound(task_id=task_id)):
+                        self._drop(stream, broken=False)
             case CloseAllStreams():
                 for stream in self._all:
                     stream.close()
 
-    def _follow(self, task_id: str, stream: WatchStream) -> None:
+    def _follow(self, task_id: str, stream: HubStream) -> None:
         streams = self._streams.setdefault(task_id, set())
         if not streams:
             self._slot_table.post(WatchChanged(task_id=task_id, attached=True))
@@ -93,7 +101,7 @@ class WatchHub:
             # Nothing more will come for this task: its streams stop counting.
             del self._streams[snapshot.task_id]
 
-    def _drop(self, stream: WatchStream, *, broken: bool) -> None:
+    def _drop(self, stream: HubStream, *, broken: bool) -> None:
         if stream not in self._all:
             return
         self._all.discard(stream)

@@ -10,6 +10,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.actors import Accepted, Finished, Refused, StreamEvent
 from blockx.calls import CallFailurePolicy, RetryPolicy
 from blockx.slots import (
     ErrorCode,
@@ -170,3 +171,17 @@ def task_update(snapshot: TaskSnapshot) -> pb.TaskUpdate:
         is_terminal=snapshot.is_terminal,
         result=_result_or_none(snapshot),
     )
+
+
+def stream_response(event: StreamEvent) -> pb.RunTasksResponse:
+    match event:
+        case Accepted(snapshot=snapshot):
+            return pb.RunTasksResponse(accepted=submit_response(snapshot))
+        case Refused(task_id=task_id, error=error):
+            return pb.RunTasksResponse(refused=refusal(task_id, error))
+        case Finished(snapshot=snapshot):
+            return pb.RunTasksResponse(finished=task_update(snapshot))
+
+
+def refusal(task_id: str, error: WorkerError) -> pb.TaskRefusal:
+    return pb.TaskRefusal(task_id=task_id, status=STATUS_OF[error.code].value, message=str(error))

@@ -9,12 +9,20 @@ full, or the front end is closing, the answer is UNAVAILABLE at once.
 asyncio event; the handler sends what the stream holds whenever it is set.
 A stream that ends after the terminal update of every task it follows is a
 clean detach; a handler cancelled by its client going away is a disconnect.
+
+`RunTasks` does both on one stream: a reader posts each request as a submit
+that carries the stream's `TaskStream` (the slot table answers into it and
+holds a submit without a slot until one is free), while the handler sends the
+answers and the terminal updates the stream collects. The reader stops reading
+while `RUN_TASKS_WINDOW` submits are unanswered, so a client that writes
+faster than slots free up is slowed by HTTP/2 flow control, not by refusals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar, cast
 
@@ -28,10 +36,13 @@ from blockx.actors import (
     GetStatus,
     Inbox,
     OpenWatch,
+    Refused,
     Reply,
     RequestSlot,
     SlotTableMessage,
     SubmitTask,
+    Subscribe,
+    TaskStream,
     Unsubscribe,
     WatchHubMessage,
     WatchStream,
@@ -42,18 +53,29 @@ from blockx.api._convert import (
     result_response,
     slot_response,
     spec_from_pb,
+    stream_response,
     submit_response,
     task_update,
 )
 from blockx.executors import ExecutorView
 from blockx.identity import WorkerIdentity
-from blockx.slots import TaskResult, TaskSnapshot, TaskState, WorkerError
+from blockx.slots import (
+    SHADOW_LABEL,
+    InvalidArgument,
+    TaskResult,
+    TaskSnapshot,
+    TaskSpec,
+    TaskState,
+    WorkerError,
+)
 
 T = TypeVar("T")
 
 MAX_BACKLOG = 4_096
 """Client requests waiting in the slot table's inbox beyond this are refused (UNAVAILABLE)."""
 MAX_WATCH_TASK_IDS = 10_000
+RUN_TASKS_WINDOW = 64
+"""Submits of one `RunTasks` stream that may wait for an answer before it stops reading."""
 ENCODED_RESULTS = 4_096
 """Terminal GetTaskResult replies kept encoded, most recently used first."""
 
@@ -118,15 +140,22 @@ class WorkerService(pb.WorkerServiceBase):
     async def submit_task(self, message: pb.SubmitTaskRequest) -> pb.SubmitTaskResponse:
         if message.task is None:
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
-        spec = spec_from_pb(message.task)
-        if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
-            spec = spec.as_shadow()
+        spec = _spec(message.task)
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
-        if self.shadow is not None and not spec.is_shadow and snapshot.state is TaskState.RUNNING:
-            self.shadow(message.task)
+        self._offer_shadow(message.task, snapshot)
         return submit_response(snapshot)
+
+    def _offer_shadow(self, task: pb.TaskSpec, snapshot: TaskSnapshot) -> None:
+        """Mirror an accepted task that is not itself a mirror (see `ShadowForwarder`)."""
+        shadow = self.shadow
+        if (
+            shadow is not None
+            and snapshot.state is TaskState.RUNNING
+            and SHADOW_LABEL not in task.labels
+        ):
+            shadow(task)
 
     async def get_task_result(self, message: pb.GetTaskResultRequest) -> pb.GetTaskResultResponse:
         snapshot: TaskSnapshot = await self._ask(
@@ -162,6 +191,7 @@ class WorkerService(pb.WorkerServiceBase):
             reserved_slots=beat.reserved_slots,
             running_tasks=beat.running_tasks,
             free_slots=beat.free_slots,
+            waiting_submits=status.waiting_submits,
             slots=[
                 pb.SlotStatus(
                     slot_id=slot.slot_id,
@@ -183,6 +213,72 @@ class WorkerService(pb.WorkerServiceBase):
                 for view in self._executors()
             ],
         )
+
+    async def run_tasks(
+        self, messages: AsyncIterator[pb.RunTasksRequest]
+    ) -> AsyncIterator[pb.RunTasksResponse]:
+        if self.closing:
+            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+        wake = asyncio.Event()
+        room = asyncio.Event()
+        stream = TaskStream(wake=wake.set, room=room.set, window=RUN_TASKS_WINDOW)
+        self._hub.post(Subscribe(stream=stream, snapshots=()))
+        tasks: dict[str, pb.TaskSpec] = {}  # kept only to mirror accepted tasks
+        reader = asyncio.ensure_future(self._read_tasks(messages, stream, room, tasks))
+        reader.add_done_callback(lambda _: wake.set())
+        broken = True
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                for event in stream.take():
+                    if self.shadow is not None and not isinstance(event, Refused):
+                        task = tasks.pop(event.snapshot.task_id, None)
+                        if task is not None:
+                            self._offer_shadow(task, event.snapshot)
+                    yield stream_response(event)
+                if reader.done() and reader.exception() is not None:
+                    raise cast(BaseException, reader.exception())
+                if stream.finished:
+                    break
+            broken = False
+        finally:
+            reader.cancel()
+            stream.abandoned = True
+            self._hub.post(Unsubscribe(stream=stream, broken=broken))
+
+    async def _read_tasks(
+        self,
+        messages: AsyncIterator[pb.RunTasksRequest],
+        stream: TaskStream,
+        room: asyncio.Event,
+        tasks: dict[str, pb.TaskSpec],
+    ) -> None:
+        """Post every request of `messages` as a submit on `stream`, at most a window ahead."""
+        async for message in messages:
+            while stream.unanswered >= stream.window:
+                room.clear()
+                await room.wait()
+            if self.closing or stream.closed:
+                raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+            stream.posted()
+            if message.task is None:
+                task_id = ""
+                missing = InvalidArgument(field="task", value=None, allowed="a task is required")
+                stream.answer(task_id, missing)
+                continue
+            spec = _spec(message.task)
+            if self.shadow is not None:
+                tasks[spec.task_id] = message.task
+            self._slot_table.post(
+                SubmitTask(
+                    spec=spec,
+                    slot_id=message.slot_id or None,
+                    reply=functools.partial(stream.answer, spec.task_id),
+                    stream=stream,
+                )
+            )
+        stream.end_input()
 
     async def watch_tasks(self, message: pb.WatchTasksRequest) -> AsyncIterator[pb.TaskUpdate]:
         if self.closing:
@@ -213,3 +309,10 @@ class WorkerService(pb.WorkerServiceBase):
         finally:
             stream.abandoned = True
             self._hub.post(Unsubscribe(stream=stream, broken=broken))
+
+
+def _spec(task: pb.TaskSpec) -> TaskSpec:
+    spec = spec_from_pb(task)
+    if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
+        spec = spec.as_shadow()
+    return spec

@@ -429,7 +429,11 @@ async def test_reflection_answers_in_both_versions(stub: Any, messages: Any) -> 
         assert file.package == "blockx.worker.v1"
         (service,) = file.service
         assert service.name == "WorkerService"
-        assert "SubmitTask" in {method.name for method in service.method}
+        methods = {method.name: method for method in service.method}
+        assert "SubmitTask" in methods
+        run_tasks = methods["RunTasks"]
+        assert (run_tasks.client_streaming, run_tasks.server_streaming) == (True, True)
+        assert run_tasks.input_type == ".blockx.worker.v1.RunTasksRequest"
 
 
 async def test_a_request_over_the_size_limit_is_refused_naming_the_limit() -> None:

@@ -17,6 +17,11 @@ measures, from a plain-asyncio grpclib client in this process:
   loops (SubmitTask + WatchTasks each), first submit -> last terminal update;
   worker_cpu_ms_per_task_unary: the worker process's CPU (from /proc) over
   that phase, divided by its tasks.
+* stream_tasks_per_s: as many one-call tasks over RunTasks, one stream per
+  client connection, each writing its share at once (the worker's
+  back-pressure paces it) and reading to the end, first write -> last
+  terminal update; worker_cpu_ms_per_task_stream: the worker's CPU over that
+  phase, divided by its tasks.
 * rpc_per_s / echo_rpc_per_s / rpc_ratio: GetTaskResult of a finished task
   from many concurrent callers, against the worker and against a bare grpclib
   echo server (plain asyncio, its own process) that answers with the very
@@ -38,7 +43,8 @@ measures, from a plain-asyncio grpclib client in this process:
   update, divided by the ideal 2.0 s.
 
 Targets (issue 12), all against figures of the same run:
-worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
+worker_cpu_ms_per_task_stream <= echo_cpu_ms_per_rpc; stream_tasks_per_s >=
+echo_rpc_per_s; worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
 1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8;
 mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85; w2_to_engine_ratio >= 0.6.
@@ -64,17 +70,19 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from grpclib.client import Channel
+from grpclib.const import Cardinality
 from grpclib.server import Server
 
 from blockx._process import tune_gc
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.api._convert import Encoded
 from blockx.api._server import SizeLimitedCodec
-from blockx.api._service import Encoded
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "functions"
 HOST = "127.0.0.1"
 READY_LINE = "worker ready on"
+RUN_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/RunTasks"
 WORKER_ENV = {
     **os.environ,
     "METRICS_LISTEN": "none",  # the bench measures the gRPC path alone
@@ -335,6 +343,37 @@ async def run_concurrently(
     return max(ends) - started
 
 
+async def stream_tasks_per_s(channels: list[Channel], count: int) -> float:
+    """One-call tasks over RunTasks, one stream per channel, each writing its share at once
+    and reading to its end; first write -> last terminal update."""
+
+    async def one_stream(channel: Channel, first: int) -> None:
+        async with channel.request(
+            RUN_TASKS_ROUTE, Cardinality.STREAM_STREAM, pb.RunTasksRequest, pb.RunTasksResponse
+        ) as stream:
+            await stream.send_request()
+
+            async def write() -> None:
+                for index in range(first, count, len(channels)):
+                    await stream.send_message(
+                        pb.RunTasksRequest(task=one_call_task(f"stream-{index}"))
+                    )
+                await stream.end()
+
+            writer = asyncio.create_task(write())
+            async for response in stream:
+                update = response.finished
+                if response.refused is not None:
+                    raise SystemExit(f"a streamed task was refused: {response.refused}")
+                if update is not None and update.state != pb.TaskState.SUCCEEDED:
+                    raise SystemExit(f"task {update.task_id} ended {update.state.name}")
+            await writer
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one_stream(channel, n) for n, channel in enumerate(channels)))
+    return count / (time.perf_counter() - started)
+
+
 async def tasks_per_s(channels: list[Channel], count: int, in_flight: int) -> float:
     elapsed = await run_concurrently(
         channels, count, in_flight, lambda index: one_call_task(f"rate-{index}")
@@ -486,6 +525,14 @@ async def measure_tasks(
     result("unary_tasks_per_s", rate, 0)
     worker_ms = tasks_cpu.used_s("worker") * 1000 / args.tasks
     result("worker_cpu_ms_per_task_unary", worker_ms, 3)
+
+    stream_cpu = CpuUse("stream", serving)
+    with stream_cpu:
+        rate = await phase("stream", lambda: stream_tasks_per_s(channels, args.tasks))
+    stream_cpu.report()
+    result("stream_tasks_per_s", rate, 0)
+    worker_ms = stream_cpu.used_s("worker") * 1000 / args.tasks
+    result("worker_cpu_ms_per_task_stream", worker_ms, 3)
 
 
 W2_CALLS = 20_000

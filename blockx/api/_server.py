@@ -35,7 +35,8 @@ from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server, Stream
 
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
-from blockx.api._service import Encoded, WorkerService
+from blockx.api._convert import Encoded
+from blockx.api._service import WorkerService
 from blockx.config import GrpcSection
 
 SERVICE_NAME = "blockx.worker.v1.WorkerService"

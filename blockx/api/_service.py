@@ -21,12 +21,10 @@ faster than slots free up is slowed by HTTP/2 flow control, not by refusals.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar, cast
 
-import attrs
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
@@ -62,7 +60,6 @@ from blockx.identity import WorkerIdentity
 from blockx.slots import (
     SHADOW_LABEL,
     InvalidArgument,
-    TaskResult,
     TaskSnapshot,
     TaskSpec,
     TaskState,
@@ -76,15 +73,6 @@ MAX_BACKLOG = 4_096
 MAX_WATCH_TASK_IDS = 10_000
 RUN_TASKS_WINDOW = 64
 """Submits of one `RunTasks` stream that may wait for an answer before it stops reading."""
-ENCODED_RESULTS = 4_096
-"""Terminal GetTaskResult replies kept encoded, most recently used first."""
-
-
-@attrs.frozen
-class Encoded:
-    """A reply whose protobuf bytes are already made; the codec sends them as they are."""
-
-    data: bytes
 
 
 class WorkerService(pb.WorkerServiceBase):
@@ -107,11 +95,6 @@ class WorkerService(pb.WorkerServiceBase):
         self._ready = ready
         self.closing = False
         """Set once the worker stops serving: every request gets UNAVAILABLE."""
-        # A terminal result never changes while it is retained (the slot table
-        # hands out the same object), so its reply is encoded once.
-        self._encoded: collections.OrderedDict[str, tuple[TaskResult, Encoded]] = (
-            collections.OrderedDict()
-        )
 
     async def _ask(self, make: Callable[[Reply[T]], SlotTableMessage]) -> T:
         if self.closing:
@@ -135,7 +118,7 @@ class WorkerService(pb.WorkerServiceBase):
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: RequestSlot(task_id=message.task_id, ttl_ms=message.ttl_ms, reply=reply)
         )
-        return slot_response(snapshot)
+        return cast(pb.RequestTaskSlotResponse, slot_response(snapshot))
 
     async def submit_task(self, message: pb.SubmitTaskRequest) -> pb.SubmitTaskResponse:
         if message.task is None:
@@ -145,7 +128,7 @@ class WorkerService(pb.WorkerServiceBase):
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
         self._offer_shadow(message.task, snapshot)
-        return submit_response(snapshot)
+        return cast(pb.SubmitTaskResponse, submit_response(snapshot))
 
     def _offer_shadow(self, task: pb.TaskSpec, snapshot: TaskSnapshot) -> None:
         """Mirror an accepted task that is not itself a mirror (see `ShadowForwarder`)."""
@@ -161,18 +144,7 @@ class WorkerService(pb.WorkerServiceBase):
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: GetResult(task_id=message.task_id, reply=reply)
         )
-        result = snapshot.result
-        if result is None:
-            return result_response(snapshot)
-        cached = self._encoded.get(snapshot.task_id)
-        if cached is None or cached[0] is not result:
-            cached = (result, Encoded(bytes(result_response(snapshot))))
-            self._encoded[snapshot.task_id] = cached
-            if len(self._encoded) > ENCODED_RESULTS:
-                self._encoded.popitem(last=False)
-        else:
-            self._encoded.move_to_end(snapshot.task_id)
-        return cast(pb.GetTaskResultResponse, cached[1])
+        return cast(pb.GetTaskResultResponse, result_response(snapshot))
 
     async def get_worker_status(
         self, message: pb.GetWorkerStatusRequest
@@ -236,7 +208,7 @@ class WorkerService(pb.WorkerServiceBase):
                         task = tasks.pop(event.snapshot.task_id, None)
                         if task is not None:
                             self._offer_shadow(task, event.snapshot)
-                    yield stream_response(event)
+                    yield cast(pb.RunTasksResponse, stream_response(event))
                 if reader.done() and reader.exception() is not None:
                     raise cast(BaseException, reader.exception())
                 if stream.finished:
@@ -300,7 +272,7 @@ class WorkerService(pb.WorkerServiceBase):
                 await wake.wait()
                 wake.clear()
                 for snapshot in stream.take():
-                    yield task_update(snapshot)
+                    yield cast(pb.TaskUpdate, task_update(snapshot))
                 if stream.error is not None:
                     raise grpc_error(stream.error)
                 if stream.finished:

@@ -3,7 +3,8 @@
 These pin down the behaviours the API layer relies on: exact round trips,
 field presence of sub-messages (unset is `None`, set-but-empty survives), and
 unknown enum values from newer peers surviving a round trip. The last tests
-pin how a domain result's failure code reaches its message.
+pin how the worker's replies, encoded by the protobuf runtime from domain
+values, read back as the API's betterproto2 messages.
 """
 
 import attrs
@@ -20,13 +21,17 @@ from blockx._proto.blockx.worker.v1 import (
     PhaseTimings,
     PluginResult,
     ResultHandler,
+    RunTasksResponse,
+    SubmitTaskResponse,
     TaskPhase,
+    TaskRefusal,
     TaskResult,
     TaskSpec,
     TaskState,
     TaskUpdate,
 )
-from blockx.api._convert import result_to_pb
+from blockx.actors import Accepted, Finished, Refused
+from blockx.api._convert import result_bytes, stream_response, submit_response, task_update
 from blockx.calls import CallStats, FailureCode
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
@@ -247,16 +252,20 @@ def expected_pb(failure_code: str, state: TaskState) -> TaskResult:
     )
 
 
+def result_to_pb(result: slots.TaskResult) -> TaskResult:
+    return TaskResult.parse(result_bytes(result))
+
+
 def test_a_successful_result_has_an_empty_failure_code_on_the_wire() -> None:
     result = domain_result(None, slots.TaskState.SUCCEEDED)
     assert result_to_pb(result) == expected_pb("", TaskState.SUCCEEDED)
+    assert bytes(result_to_pb(result)) == result_bytes(result)
 
 
 def test_a_failed_result_carries_its_failure_code_by_name() -> None:
     result = domain_result(FailureCode.CALL_RAISED, slots.TaskState.FAILED)
     converted = result_to_pb(result)
     assert converted == expected_pb("CALL_RAISED", TaskState.FAILED)
-    assert TaskResult.parse(bytes(converted)) == expected_pb("CALL_RAISED", TaskState.FAILED)
     assert converted.to_dict()["failureCode"] == "CALL_RAISED"
 
 
@@ -280,3 +289,39 @@ def test_a_result_whose_plugin_kept_no_outputs_has_none_on_the_wire() -> None:
     result = attrs.evolve(domain_result(None, slots.TaskState.SUCCEEDED), plugin_results=(stored,))
     assert result.outputs_json == ""
     assert result_to_pb(result).outputs_json == ""
+
+
+def test_each_reply_about_a_task_reads_back_with_its_snapshot_and_result() -> None:
+    result = domain_result(FailureCode.TIMED_OUT, slots.TaskState.FAILED)
+    snapshot = slots.TaskSnapshot.of_result(result)
+    expected = expected_pb("TIMED_OUT", TaskState.FAILED)
+
+    update = TaskUpdate.parse(task_update(snapshot).data)
+    assert update == TaskUpdate(
+        task_id="task-0001",
+        state=TaskState.FAILED,
+        phase=TaskPhase.TERMINAL,
+        is_terminal=True,
+        result=expected,
+    )
+    submitted = SubmitTaskResponse.parse(submit_response(snapshot).data)
+    assert (submitted.slot_id, submitted.result) == ("slot-0", expected)
+
+    streamed = RunTasksResponse.parse(stream_response(Finished(snapshot)).data)
+    assert streamed.finished == update
+    streamed = RunTasksResponse.parse(stream_response(Accepted(snapshot)).data)
+    assert streamed.accepted == submitted
+    refused = slots.NoSlot(task_id="t", task_slots=4)
+    streamed = RunTasksResponse.parse(stream_response(Refused("t", refused)).data)
+    assert streamed.refused == TaskRefusal(task_id="t", status=8, message=str(refused))
+
+
+def test_a_live_task_has_no_result_on_the_wire() -> None:
+    live = slots.TaskSnapshot(
+        task_id="live", slot_id="slot-1", state=slots.TaskState.RUNNING, phase=slots.TaskPhase.CALLS
+    )
+    update = TaskUpdate.parse(task_update(live).data)
+    assert update == TaskUpdate(
+        task_id="live", state=TaskState.RUNNING, phase=TaskPhase.CALLS, is_terminal=False
+    )
+    assert update.result is None

@@ -3,7 +3,7 @@
 The only package besides `blockx.discovery` that runs asyncio code.
 """
 
-from blockx.api._convert import STATUS_OF, grpc_error, spec_from_pb
+from blockx.api._convert import STATUS_OF, grpc_error
 from blockx.api._server import SERVICE_NAME, GrpcFrontEnd, RpcObserver, bind_listener
 from blockx.api._service import WorkerService
 
@@ -15,5 +15,4 @@ __all__ = [
     "WorkerService",
     "bind_listener",
     "grpc_error",
-    "spec_from_pb",
 ]

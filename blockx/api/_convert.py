@@ -49,19 +49,19 @@ def grpc_error(error: WorkerError) -> GRPCError:
     return GRPCError(STATUS_OF[error.code], str(error))
 
 
-def spec_from_pb(task: pb.TaskSpec) -> TaskSpec:
+def spec_from_wire(task: Any) -> TaskSpec:
+    """The domain spec of a `TaskSpec` message as the protobuf runtime decoded it."""
     call = task.function_call
-    handler = task.result_handler
     retry = task.call_retry_policy
     return TaskSpec(
         task_id=task.task_id,
-        function_call=FunctionCall(
-            type=call.type if call else "", config_json=call.config_json if call else ""
-        ),
+        function_call=FunctionCall(type=call.type, config_json=call.config_json),
         payload=task.payload,
         result_handler=(
-            ResultHandler(type=handler.type, config_json=handler.config_json)
-            if handler is not None
+            ResultHandler(
+                type=task.result_handler.type, config_json=task.result_handler.config_json
+            )
+            if task.HasField("result_handler")
             else None
         ),
         task_timeout_ms=task.task_timeout_ms,
@@ -76,21 +76,22 @@ def spec_from_pb(task: pb.TaskSpec) -> TaskSpec:
                 base_backoff_ms=retry.base_backoff_ms,
                 jitter_percent=retry.jitter_percent,
             )
-            if retry is not None
+            if task.HasField("call_retry_policy")
             else None
         ),
         labels=dict(task.labels),
     )
 
 
-# ----------------------------------------------------------- replies, encoded once
+# ------------------------------------------------ the hot messages, in the C runtime
 #
-# Replies are built in the official protobuf runtime's C implementation (upb)
-# from the domain values and sent as bytes (`Encoded`): betterproto2 takes
-# about 40x longer to encode a terminal update, which made encoding the
-# largest cost of a task. The message types are the ones the betterproto2
-# modules register in their descriptor pool, so the bytes are the API's
-# messages; tests/core/test_proto.py decodes them with betterproto2.
+# The requests of the per-task RPCs are decoded, and every reply about a task
+# is built, by the official protobuf runtime's C implementation (upb), straight
+# from and into domain values; replies go out as bytes (`Encoded`).
+# betterproto2 took about 40x longer to encode a terminal update and made
+# encoding the largest cost of a task. The message types are the ones the
+# betterproto2 modules register in their descriptor pool, so the bytes are the
+# API's messages: tests/core/test_proto.py reads them back with betterproto2.
 
 
 def _upb(name: str) -> Any:
@@ -100,6 +101,11 @@ def _upb(name: str) -> Any:
     return message_factory.GetMessageClass(descriptor)
 
 
+WIRE_REQUESTS: dict[str, Any] = {
+    name: _upb(f"{name}Request")
+    for name in ("SubmitTask", "RunTasks", "WatchTasks", "GetTaskResult")
+}
+"""The request type of each hot RPC (by method name), as the C runtime decodes it."""
 _SlotReply = _upb("RequestTaskSlotResponse")
 _SubmitReply = _upb("SubmitTaskResponse")
 _ResultReply = _upb("GetTaskResultResponse")

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
-from grpclib.const import Status
+from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.actors import (
@@ -47,10 +48,11 @@ from blockx.actors import (
     WorkerStatus,
 )
 from blockx.api._convert import (
+    WIRE_REQUESTS,
     grpc_error,
     result_response,
     slot_response,
-    spec_from_pb,
+    spec_from_wire,
     stream_response,
     submit_response,
     task_update,
@@ -96,6 +98,24 @@ class WorkerService(pb.WorkerServiceBase):
         self.closing = False
         """Set once the worker stops serving: every request gets UNAVAILABLE."""
 
+    def __mapping__(self) -> dict[str, Handler]:
+        """The generated handlers, but the hot RPCs' are raw: their requests are decoded by
+        the C runtime (`WIRE_REQUESTS`) and their replies are sent as bytes."""
+        mapping = super().__mapping__()
+        raw = {
+            "SubmitTask": self._submit_task,
+            "RunTasks": self._run_tasks,
+            "WatchTasks": self._watch_tasks,
+            "GetTaskResult": self._get_task_result,
+        }
+        for name, handler in raw.items():
+            path = f"/blockx.worker.v1.WorkerService/{name}"
+            generated = mapping[path]
+            mapping[path] = Handler(
+                handler, generated.cardinality, WIRE_REQUESTS[name], generated.reply_type
+            )
+        return mapping
+
     async def _ask(self, make: Callable[[Reply[T]], SlotTableMessage]) -> T:
         if self.closing:
             raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
@@ -120,17 +140,19 @@ class WorkerService(pb.WorkerServiceBase):
         )
         return cast(pb.RequestTaskSlotResponse, slot_response(snapshot))
 
-    async def submit_task(self, message: pb.SubmitTaskRequest) -> pb.SubmitTaskResponse:
-        if message.task is None:
+    async def _submit_task(self, rpc: Stream[Any, Any]) -> None:
+        message = await rpc.recv_message()
+        assert message is not None  # grpclib ends a unary call without a request itself
+        if not message.HasField("task"):
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
         spec = _spec(message.task)
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
         self._offer_shadow(message.task, snapshot)
-        return cast(pb.SubmitTaskResponse, submit_response(snapshot))
+        await rpc.send_message(submit_response(snapshot))
 
-    def _offer_shadow(self, task: pb.TaskSpec, snapshot: TaskSnapshot) -> None:
+    def _offer_shadow(self, task: Any, snapshot: TaskSnapshot) -> None:
         """Mirror an accepted task that is not itself a mirror (see `ShadowForwarder`)."""
         shadow = self.shadow
         if (
@@ -138,13 +160,15 @@ class WorkerService(pb.WorkerServiceBase):
             and snapshot.state is TaskState.RUNNING
             and SHADOW_LABEL not in task.labels
         ):
-            shadow(task)
+            shadow(pb.TaskSpec.parse(task.SerializeToString()))
 
-    async def get_task_result(self, message: pb.GetTaskResultRequest) -> pb.GetTaskResultResponse:
+    async def _get_task_result(self, rpc: Stream[Any, Any]) -> None:
+        message = await rpc.recv_message()
+        assert message is not None
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: GetResult(task_id=message.task_id, reply=reply)
         )
-        return cast(pb.GetTaskResultResponse, result_response(snapshot))
+        await rpc.send_message(result_response(snapshot))
 
     async def get_worker_status(
         self, message: pb.GetWorkerStatusRequest
@@ -186,17 +210,15 @@ class WorkerService(pb.WorkerServiceBase):
             ],
         )
 
-    async def run_tasks(
-        self, messages: AsyncIterator[pb.RunTasksRequest]
-    ) -> AsyncIterator[pb.RunTasksResponse]:
+    async def _run_tasks(self, rpc: Stream[Any, Any]) -> None:
         if self.closing:
             raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
         wake = asyncio.Event()
         room = asyncio.Event()
         stream = TaskStream(wake=wake.set, room=room.set, window=RUN_TASKS_WINDOW)
         self._hub.post(Subscribe(stream=stream, snapshots=()))
-        tasks: dict[str, pb.TaskSpec] = {}  # kept only to mirror accepted tasks
-        reader = asyncio.ensure_future(self._read_tasks(messages, stream, room, tasks))
+        tasks: dict[str, Any] = {}  # kept only to mirror accepted tasks
+        reader = asyncio.ensure_future(self._read_tasks(rpc, stream, room, tasks))
         reader.add_done_callback(lambda _: wake.set())
         broken = True
         try:
@@ -208,7 +230,7 @@ class WorkerService(pb.WorkerServiceBase):
                         task = tasks.pop(event.snapshot.task_id, None)
                         if task is not None:
                             self._offer_shadow(task, event.snapshot)
-                    yield cast(pb.RunTasksResponse, stream_response(event))
+                    await rpc.send_message(stream_response(event))
                 if reader.done() and reader.exception() is not None:
                     raise cast(BaseException, reader.exception())
                 if stream.finished:
@@ -220,21 +242,17 @@ class WorkerService(pb.WorkerServiceBase):
             self._hub.post(Unsubscribe(stream=stream, broken=broken))
 
     async def _read_tasks(
-        self,
-        messages: AsyncIterator[pb.RunTasksRequest],
-        stream: TaskStream,
-        room: asyncio.Event,
-        tasks: dict[str, pb.TaskSpec],
+        self, rpc: Stream[Any, Any], stream: TaskStream, room: asyncio.Event, tasks: dict[str, Any]
     ) -> None:
-        """Post every request of `messages` as a submit on `stream`, at most a window ahead."""
-        async for message in messages:
+        """Post every request of `rpc` as a submit on `stream`, at most a window ahead."""
+        async for message in rpc:
             while stream.unanswered >= stream.window:
                 room.clear()
                 await room.wait()
             if self.closing or stream.closed:
                 raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
             stream.posted()
-            if message.task is None:
+            if not message.HasField("task"):
                 task_id = ""
                 missing = InvalidArgument(field="task", value=None, allowed="a task is required")
                 stream.answer(task_id, missing)
@@ -252,7 +270,9 @@ class WorkerService(pb.WorkerServiceBase):
             )
         stream.end_input()
 
-    async def watch_tasks(self, message: pb.WatchTasksRequest) -> AsyncIterator[pb.TaskUpdate]:
+    async def _watch_tasks(self, rpc: Stream[Any, Any]) -> None:
+        message = await rpc.recv_message()
+        assert message is not None
         if self.closing:
             raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
         if not message.task_ids:
@@ -272,7 +292,7 @@ class WorkerService(pb.WorkerServiceBase):
                 await wake.wait()
                 wake.clear()
                 for snapshot in stream.take():
-                    yield cast(pb.TaskUpdate, task_update(snapshot))
+                    await rpc.send_message(task_update(snapshot))
                 if stream.error is not None:
                     raise grpc_error(stream.error)
                 if stream.finished:
@@ -283,8 +303,8 @@ class WorkerService(pb.WorkerServiceBase):
             self._hub.post(Unsubscribe(stream=stream, broken=broken))
 
 
-def _spec(task: pb.TaskSpec) -> TaskSpec:
-    spec = spec_from_pb(task)
+def _spec(task: Any) -> TaskSpec:
+    spec = spec_from_wire(task)
     if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
         spec = spec.as_shadow()
     return spec

@@ -35,9 +35,10 @@ measures, from a plain-asyncio grpclib client in this process:
   jsonl writer) through gRPC, submit -> terminal update, median of 3;
   engine_calls_per_s: bench/calls.py's engine rate for as many calls, run
   beside it in this run; w2_to_engine_ratio: the first over the second.
-* w3_efficiency: 200 one-call tasks of 10 ms of CPU each (`demo.burn`),
-  `--in-flight` at a time: the ideal time (the work spread evenly over the
-  executors) divided by the time taken.
+* w3_efficiency: 200 one-call tasks of 10 ms of CPU each (`demo.burn`) over
+  RunTasks (as stream_tasks_per_s runs them): the ideal time (the work spread
+  evenly over the executors) divided by the time taken; w3_efficiency_unary:
+  the same by `--in-flight` SubmitTask + WatchTasks loops.
 * mixed_makespan_ratio (with 2 executors): one task of two 1 s calls and 40
   tasks of one 50 ms call, submitted together; first submit -> last terminal
   update, divided by the ideal 2.0 s.
@@ -343,9 +344,12 @@ async def run_concurrently(
     return max(ends) - started
 
 
-async def stream_tasks_per_s(channels: list[Channel], count: int) -> float:
-    """One-call tasks over RunTasks, one stream per channel, each writing its share at once
-    and reading to its end; first write -> last terminal update."""
+async def run_streamed(
+    channels: list[Channel], count: int, make_task: Callable[[int], pb.TaskSpec]
+) -> float:
+    """Seconds from the first write to the last terminal update of tasks `make_task(0)`
+    .. `make_task(count - 1)` over RunTasks, one stream per channel, each writing its
+    share at once (the worker's back-pressure paces it) and reading to its end."""
 
     async def one_stream(channel: Channel, first: int) -> None:
         async with channel.request(
@@ -355,9 +359,7 @@ async def stream_tasks_per_s(channels: list[Channel], count: int) -> float:
 
             async def write() -> None:
                 for index in range(first, count, len(channels)):
-                    await stream.send_message(
-                        pb.RunTasksRequest(task=one_call_task(f"stream-{index}"))
-                    )
+                    await stream.send_message(pb.RunTasksRequest(task=make_task(index)))
                 await stream.end()
 
             writer = asyncio.create_task(write())
@@ -371,7 +373,12 @@ async def stream_tasks_per_s(channels: list[Channel], count: int) -> float:
 
     started = time.perf_counter()
     await asyncio.gather(*(one_stream(channel, n) for n, channel in enumerate(channels)))
-    return count / (time.perf_counter() - started)
+    return time.perf_counter() - started
+
+
+async def stream_tasks_per_s(channels: list[Channel], count: int) -> float:
+    elapsed = await run_streamed(channels, count, lambda index: one_call_task(f"stream-{index}"))
+    return count / elapsed
 
 
 async def tasks_per_s(channels: list[Channel], count: int, in_flight: int) -> float:
@@ -578,15 +585,22 @@ W3_TASKS = 200
 W3_CALL_MS = 10.0
 
 
-async def w3_efficiency(channels: list[Channel], executors: int, in_flight: int) -> float:
-    """`W3_TASKS` one-call tasks of `W3_CALL_MS` of CPU each (`demo.burn`), `in_flight`
-    at a time: the ideal time (all the work spread evenly over the executors) over the
-    time taken, first submit -> last terminal update."""
+def w3_task(index: int) -> pb.TaskSpec:
+    return call_list_task(f"w3-{index}", ("demo.burn", [W3_CALL_MS]))
+
+
+async def w3_efficiency(channels: list[Channel], executors: int) -> float:
+    """`W3_TASKS` one-call tasks of `W3_CALL_MS` of CPU each (`demo.burn`) over RunTasks:
+    the ideal time (all the work spread evenly over the executors) over the time taken,
+    first write -> last terminal update."""
+    elapsed = await run_streamed(channels, W3_TASKS, w3_task)
+    return W3_TASKS * W3_CALL_MS / 1000 / executors / elapsed
+
+
+async def w3_efficiency_unary(channels: list[Channel], executors: int, in_flight: int) -> float:
+    """The same tasks by `in_flight` SubmitTask + WatchTasks loops."""
     elapsed = await run_concurrently(
-        channels,
-        W3_TASKS,
-        in_flight,
-        lambda index: call_list_task(f"w3-{index}", ("demo.burn", [W3_CALL_MS])),
+        channels, W3_TASKS, in_flight, lambda index: w3_task(W3_TASKS + index)
     )
     return W3_TASKS * W3_CALL_MS / 1000 / executors / elapsed
 
@@ -674,10 +688,12 @@ async def bench(args: argparse.Namespace) -> None:
         engine = await phase("engine", engine_calls_per_s)
         result("engine_calls_per_s", engine, 0)
         result("w2_to_engine_ratio", w2 / engine, 3)
-        efficiency = await phase(
-            "w3", lambda: w3_efficiency(channels, args.executors, args.in_flight)
-        )
+        efficiency = await phase("w3", lambda: w3_efficiency(channels, args.executors))
         result("w3_efficiency", efficiency, 3)
+        efficiency = await phase(
+            "w3 unary", lambda: w3_efficiency_unary(channels, args.executors, args.in_flight)
+        )
+        result("w3_efficiency_unary", efficiency, 3)
         if args.executors == 2:  # the figure is defined on 2 executors
             ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))
             result("mixed_makespan_ratio", ratio, 3)

@@ -27,6 +27,7 @@ from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+from grpclib.protocol import H2Protocol
 
 # grpclib keeps its v1alpha service here: it is what its own (public)
 # `ServerReflection.extend` adds beside v1, but `extend` cannot list reflection.
@@ -80,6 +81,48 @@ class SizeLimitedCodec(ProtoCodec):
                 f"request of {len(data)} bytes exceeds grpcMaxMessageBytes ({self.max_bytes})",
             )
         return super().decode(data, message_type)
+
+
+class _CorkedTransport:
+    """A connection's transport whose writes within one step of the loop go out as one send.
+
+    grpclib writes each HTTP/2 frame batch as soon as it has it: a unary reply
+    is three sends (headers, message, trailers), and a stream's replies one
+    each. Held until the loop's next step, they leave in one system call.
+    """
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._held:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._held.append(data)
+
+    def _flush(self) -> None:
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _Server(Server):
+    """grpclib's server, with each connection's writes corked (`_CorkedTransport`)."""
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        made = protocol.connection_made
+        protocol.connection_made = lambda transport: made(_CorkedTransport(transport))  # type: ignore[method-assign,arg-type]
+        return protocol
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -139,7 +182,7 @@ class GrpcFrontEnd:
             ServerReflection(_service_names=SERVED_SERVICES, _pool=pool),
             ServerReflectionV1Alpha(_service_names=SERVED_SERVICES, _pool=pool),
         ]
-        self._server = Server(
+        self._server = _Server(
             services,
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,

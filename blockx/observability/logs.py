@@ -54,7 +54,7 @@ def context_fields(record: logging.LogRecord) -> dict[str, object]:
     return {
         key: value
         for key, value in vars(record).items()
-        if key not in _RECORD_ATTRIBUTES and not key.startswith("_")
+        if key not in _RECORD_ATTRIBUTES and key[0] != "_"
     }
 
 
@@ -206,6 +206,9 @@ class TaskLog(logging.LoggerAdapter[logging.Logger]):
         return msg, kwargs
 
 
+_PHASE_MS_KEYS: Final = tuple((phase, f"{phase.value.lower()}_ms") for phase in RUN_PHASES)
+
+
 def task_finished_fields(result: TaskResult) -> dict[str, object]:
     """The statistics of a terminal result, as the `task_finished` line carries them.
 
@@ -226,7 +229,7 @@ def task_finished_fields(result: TaskResult) -> dict[str, object]:
         "failure_code": result.failure_code or "",
         "result_message": message,
         "retryable": result.retryable,
-        **{f"{phase.value.lower()}_ms": timings.ms(phase) for phase in RUN_PHASES},
+        **{key: timings.ms(phase) for phase, key in _PHASE_MS_KEYS},
         "total_ms": timings.total_ms,
         "calls_total": stats.calls_total,
         "calls_succeeded": stats.calls_succeeded,

@@ -72,7 +72,7 @@ from blockx.functions import (
     run_code_refresher,
 )
 from blockx.identity import WorkerIdentity, version
-from blockx.observability.logs import log_task_finished, setup_logging
+from blockx.observability.logs import LOG_FLUSH_S, flush_logs, log_task_finished, setup_logging
 from blockx.observability.metrics import WorkerMetrics, log_memory_diagnostics
 from blockx.observability.status_page import StatusServer
 from blockx.observability.tracing import TaskTracing, open_tracing
@@ -400,6 +400,7 @@ async def _announce_ready(
         config.worker.task_slots,
         config.executor.count,
     )
+    flush_logs()  # what process managers and scripts wait for: never held
     if registrar is not None:
         await registrar.run()  # until the drain deregisters
 
@@ -451,7 +452,7 @@ def run(
     so that the command line reports it as one line."""
     config = load_config(profile=profile.defaults, env=env, overrides=overrides, flags=flags)
     profile.check(config)
-    setup_logging(config.observability.log_format)
+    setup_logging(config.observability.log_format, hold=True)
     tune_gc()
     with lone_errors(BlockxError):
         trio.run(_main, config, profile)
@@ -462,8 +463,17 @@ async def _main(config: WorkerConfig, profile: Profile) -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, stop)
+        nursery.start_soon(_flush_logs)
         await serve(config, profile, stop=stop)
         nursery.cancel_scope.cancel()
+    flush_logs()
+
+
+async def _flush_logs() -> None:
+    """Held log lines out every `LOG_FLUSH_S` (see `setup_logging(hold=True)`)."""
+    while True:
+        await trio.sleep(LOG_FLUSH_S)
+        flush_logs()
 
 
 REPEAT_WINDOW_S = 1.0

@@ -137,14 +137,60 @@ class TaskContextFilter(logging.Filter):
 
 
 class _WorkerHandler(logging.StreamHandler[TextIO]):
-    """The handler `setup_logging` installs; a later call replaces it and only it."""
+    """The handler `setup_logging` installs; a later call replaces it and only it.
+
+    With `hold` set, lines below WARNING are kept and written together (one
+    write for many lines, where a busy worker logged one write per task): by
+    `flush`, which the process then calls every `LOG_FLUSH_S`, or once
+    `HELD_LINES` are kept. A WARNING or worse goes out at once, after what was
+    kept, so the order of lines holds. Without `hold` each line goes out at once.
+    """
+
+    def __init__(self, stream: TextIO, *, hold: bool) -> None:
+        super().__init__(stream)
+        self._hold = hold
+        self._held: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._held.append(self.format(record) + self.terminator)
+            if not self._hold or record.levelno >= logging.WARNING or len(self._held) >= HELD_LINES:
+                self.flush()
+        except Exception:  # logging's own rule: a broken line must not break the caller
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]  # made by Handler.__init__
+            if self._held:
+                text = "".join(self._held)
+                self._held.clear()
+                self.stream.write(text)
+            self.stream.flush()
+
+
+LOG_FLUSH_S: Final = 0.1
+"""How long a held log line may wait (see `setup_logging(hold=True)`)."""
+HELD_LINES: Final = 256
+
+
+def flush_logs() -> None:
+    """Write every line the installed handler holds."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _WorkerHandler):
+            handler.flush()
 
 
 def setup_logging(
-    log_format: str, level: int = logging.INFO, *, stream: TextIO | None = None
+    log_format: str,
+    level: int = logging.INFO,
+    *,
+    stream: TextIO | None = None,
+    hold: bool = False,
 ) -> logging.Handler:
     """Send every log line to `stream` (stderr) in `log_format` ("json" or "text") from `level`.
 
+    `hold`: lines below WARNING may wait up to `LOG_FLUSH_S`; the caller must
+    then call `flush_logs` that often (logging flushes at exit on its own).
     Calling it again replaces the handler it installed before; other handlers stay.
     """
     formatter: logging.Formatter
@@ -154,7 +200,7 @@ def setup_logging(
         formatter = TextFormatter()
     else:
         raise ValueError(f"log format {log_format!r}: must be one of {', '.join(LOG_FORMATS)}")
-    handler = _WorkerHandler(sys.stderr if stream is None else stream)
+    handler = _WorkerHandler(sys.stderr if stream is None else stream, hold=hold)
     handler.setFormatter(formatter)
     handler.addFilter(TaskContextFilter())
     root = logging.getLogger()

@@ -223,6 +223,8 @@ class SlotMachine:
     def __init__(self, config: SlotConfig) -> None:
         self._config = config
         self._slots = [_Slot(slot_id=f"slot-{i}") for i in range(config.task_slots)]
+        self._free = list(range(config.task_slots))
+        """Indices of the FREE slots, a heap: the lowest is reserved first."""
         self._slot_index = {slot.slot_id: i for i, slot in enumerate(self._slots)}
         self._live: dict[str, _Task] = {}
         self._retained: dict[str, _Retained] = {}
@@ -254,7 +256,7 @@ class SlotMachine:
         return self._log.recent
 
     def free_capacity(self) -> int:
-        return sum(1 for slot in self._slots if slot.state is SlotState.FREE)
+        return len(self._free)
 
     def active_task_count(self) -> int:
         """Submitted tasks that have not reached a terminal state."""
@@ -466,11 +468,9 @@ class SlotMachine:
         return policy
 
     def _reserve(self, task_id: str, ttl_ms: int, now_ms: int) -> _Task:
-        index = next(
-            (i for i, slot in enumerate(self._slots) if slot.state is SlotState.FREE), None
-        )
-        if index is None:
+        if not self._free:
             raise NoSlot(task_id=task_id, task_slots=len(self._slots))
+        index = heapq.heappop(self._free)
         slot = self._slots[index]
         self._move_slot(slot, SlotState.ALLOCATED)
         slot.task_id = task_id
@@ -806,6 +806,7 @@ class SlotMachine:
         """Free the task's slot and forget the live entry (timers go stale with it)."""
         slot = self._slots[task.slot_index]
         self._move_slot(slot, SlotState.FREE)
+        heapq.heappush(self._free, task.slot_index)
         slot.task_id = None
         slot.lease_expires_at_ms = None
         slot.lease_ticket = 0
@@ -858,6 +859,8 @@ class SlotMachine:
                 assert slot.lease_expires_at_ms is None
                 assert slot.lease_ticket == 0
         assert held.keys() == self._live.keys(), "live task without a slot"
+        free = [i for i, slot in enumerate(self._slots) if slot.state is SlotState.FREE]
+        assert sorted(self._free) == free, "the free-slot heap differs from the FREE slots"
         for task in self._live.values():
             submitted = task.spec is not None
             assert submitted == (task.phase is not None)

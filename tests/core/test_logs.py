@@ -12,11 +12,13 @@ import pytest
 
 from blockx.calls import CallStats, FailureCode
 from blockx.observability.logs import (
+    HELD_LINES,
     RESULT_MESSAGE_LIMIT_CHARS,
     JsonFormatter,
     TaskContextFilter,
     TaskLog,
     TextFormatter,
+    flush_logs,
     log_task_finished,
     setup_logging,
     task_logger,
@@ -167,6 +169,31 @@ def test_setup_logging_installs_one_handler_in_the_chosen_format(
     parsed = json.loads(line)
     assert (parsed["level"], parsed["logger"]) == ("WARNING", "blockx.test")
     assert parsed["msg"] == "worker ready on 127.0.0.1:1"
+
+
+def test_held_lines_go_out_together_on_flush_and_a_warning_takes_them_along(
+    root_logger: logging.Logger,
+) -> None:
+    out = io.StringIO()
+    setup_logging("text", stream=out, hold=True)
+    log = logging.getLogger("blockx.test")
+    log.info("one")
+    log.info("two")
+    assert out.getvalue() == ""  # held
+    flush_logs()
+    assert [line.split()[-1] for line in out.getvalue().splitlines()] == ["one", "two"]
+
+    log.info("three")
+    log.warning("four")  # at once, after what was held
+    assert [line.split()[-1] for line in out.getvalue().splitlines()] == [
+        "one",
+        "two",
+        "three",
+        "four",
+    ]
+    for index in range(HELD_LINES):
+        log.info("n%d", index)
+    assert out.getvalue().splitlines()[-1].endswith(f"n{HELD_LINES - 1}")  # a full hold
 
 
 def test_setup_logging_refuses_an_unknown_format(root_logger: logging.Logger) -> None:

@@ -23,8 +23,6 @@ from blockx.actors._dispatcher import DispatcherActor
 from blockx.actors._engine import CallEngine
 from blockx.actors._inbox import Inbox, Reply
 from blockx.actors._messages import (
-    ActivationDone,
-    ActivationRefused,
     CallsDone,
     CancelTaskCalls,
     CloseAllStreams,
@@ -63,8 +61,6 @@ from blockx.actors._watch import WatchHub
 
 __all__ = [
     "Accepted",
-    "ActivationDone",
-    "ActivationRefused",
     "ActorParts",
     "ActorProbe",
     "Admission",

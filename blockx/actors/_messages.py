@@ -2,11 +2,11 @@
 
 A task's path through the actors, one message per hop:
 
-    client -> SubmitTask -> slot table -> (task actor started) -> ActivationDone
-           (or ActivationRefused: no builder or plugin of the task's types; it ends there)
-           -> slot table -> StartBuilderPhase -> task actor -> PhaseDone(BUILDER)
+    client -> SubmitTask -> slot table (activates it: finds its builder and plugin, or
+           refuses it there) -> StartBuilderPhase -> task actor (started) -> PhaseDone(BUILDER)
            -> slot table -> StartCallPhase -> task actor -> RunTaskCalls -> dispatcher
            -> CallsDone -> slot table -> StartPluginPhase -> task actor -> PhaseDone(PLUGIN)
+           (a task without a result handler: its plugin phase succeeds in the slot table)
            -> slot table -> Publish (every step above) -> watch hub -> WatchStream -> client
 
 Each arrow is a `post` on the receiving actor's `Inbox` (see `_inbox`).
@@ -18,7 +18,7 @@ import attrs
 
 from blockx.actors._inbox import Reply
 from blockx.actors._streams import HubStream, TaskStream, WatchStream
-from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, FailureCode, RetryPolicy
+from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, RetryPolicy
 from blockx.executors import PoolEvent
 from blockx.functions import FunctionSnapshot
 from blockx.slots import (
@@ -70,23 +70,6 @@ class OpenWatch:
 
 
 # from task actors and the dispatcher
-
-
-@attrs.frozen(kw_only=True)
-class ActivationDone:
-    task_id: str
-    slot_id: str
-    task_code_epoch: str
-
-
-@attrs.frozen(kw_only=True)
-class ActivationRefused:
-    """The task cannot run here (BUILDER_NOT_FOUND, PLUGIN_NOT_FOUND): nothing of it ran."""
-
-    task_id: str
-    failure_code: FailureCode
-    message: str
-    retryable: bool
 
 
 @attrs.frozen(kw_only=True)
@@ -146,8 +129,6 @@ SlotTableMessage = (
     | GetResult
     | GetStatus
     | OpenWatch
-    | ActivationDone
-    | ActivationRefused
     | PhaseDone
     | CallsDone
     | WatchChanged

@@ -24,8 +24,6 @@ import trio
 from blockx._clock import WorkerClock
 from blockx.actors._inbox import Inbox, Reply, take_until
 from blockx.actors._messages import (
-    ActivationDone,
-    ActivationRefused,
     CallsDone,
     CancelTaskCalls,
     CodeLoaded,
@@ -48,7 +46,7 @@ from blockx.actors._messages import (
     WatchHubMessage,
     WorkerStatus,
 )
-from blockx.actors._task import TaskRuntime, TaskStart, run_task
+from blockx.actors._task import Activation, Refusal, TaskRuntime, TaskStart, activate, run_task
 from blockx.calls import FailureCode, StimulusIds
 from blockx.errors import Misuse
 from blockx.functions import FunctionCodeError, FunctionCodeView
@@ -66,6 +64,7 @@ from blockx.slots import (
     ForgetTask,
     NoSlot,
     PhaseFinished,
+    PhaseOutcome,
     PrepareTaskActivation,
     SlotMachine,
     SlotRequested,
@@ -172,7 +171,7 @@ class SlotTableActor:
         match message:
             case RequestSlot() | SubmitTask() | GetResult() | GetStatus() | OpenWatch():
                 self._on_request(message)
-            case ActivationDone() | ActivationRefused() | PhaseDone() | CallsDone():
+            case PhaseDone() | CallsDone():
                 self._on_report(message)
             case WatchChanged(task_id=task_id, attached=attached, broken=broken):
                 now_ms, stimulus_id = self._stamp("watch")
@@ -229,28 +228,10 @@ class SlotTableActor:
                     return
                 self._hub.post(Subscribe(stream=stream, snapshots=snapshots))
 
-    def _on_report(
-        self, message: ActivationDone | ActivationRefused | PhaseDone | CallsDone
-    ) -> None:
+    def _on_report(self, message: PhaseDone | CallsDone) -> None:
         now_ms, stimulus_id = self._stamp("report")
+        event: Event
         match message:
-            case ActivationDone(task_id=task_id, slot_id=slot_id, task_code_epoch=epoch):
-                event: Event = ActivationPrepared(
-                    task_id=task_id,
-                    slot_id=slot_id,
-                    task_code_epoch=epoch,
-                    now_ms=now_ms,
-                    stimulus_id=stimulus_id,
-                )
-            case ActivationRefused():
-                event = ActivationFailed(
-                    task_id=message.task_id,
-                    failure_code=message.failure_code,
-                    message=message.message,
-                    retryable=message.retryable,
-                    now_ms=now_ms,
-                    stimulus_id=stimulus_id,
-                )
             case PhaseDone(task_id=task_id, phase=phase, outcome=outcome):
                 self._tracing.phase_ended(task_id, outcome)
                 event = PhaseFinished(
@@ -345,8 +326,16 @@ class SlotTableActor:
             case StartBuilderPhase() | StartCallPhase() | StartPluginPhase():
                 actor = self._tasks.get(command.task_id)
                 if actor is not None:
-                    actor.phases.send_nowait(command)
                     self._tracing.phase_started(command.task_id, command.phase, actor.plugin)
+                    if isinstance(command, StartPluginPhase) and not actor.plugin:
+                        # No result handler: the phase has nothing to do and succeeds here.
+                        self._publish(command.task_id)
+                        outcome = PhaseOutcome(ok=True)
+                        self._on_report(
+                            PhaseDone(task_id=command.task_id, phase=command.phase, outcome=outcome)
+                        )
+                        return
+                    actor.phases.send_nowait(command)
                 self._publish(command.task_id)
             case ConvergeTask(task_id=task_id, result=result):
                 self._slot_freed = True
@@ -356,32 +345,74 @@ class SlotTableActor:
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
                     self._hub.post(Forget(task_id=task_id))
 
+    def _start_phase(self, command: StartPhase) -> None:
+        task_id = command.task_id
+        actor = self._tasks.get(task_id)
+        if actor is not None:
+            self._tracing.phase_started(task_id, command.phase, actor.plugin)
+            if isinstance(command, StartPluginPhase) and not actor.plugin:
+                # No result handler: the phase has nothing to do and succeeds here.
+                self._publish(task_id)
+                done = PhaseOutcome(ok=True)
+                self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=done))
+                return
+            actor.phases.send_nowait(command)
+        self._publish(task_id)
+
     def _start_task(self, command: PrepareTaskActivation) -> None:
+        """Activate the task (its builder, its plugin, its pinned code) and start its actor;
+        or fail it at once, before any phase, if it cannot run here."""
         task_id = command.task_id
         self._tracing.task_started(task_id, command.slot_id)
-        now_ms, stimulus_id = self._stamp("pin")
-        try:
-            epoch = self._code.pin(task_id, now_ms)
-        except FunctionCodeError as error:
-            self._apply(
-                ActivationFailed(
+        now_ms, stimulus_id = self._stamp("activate")
+        found = activate(self._runtime, command.spec)
+        if isinstance(found, Refusal):
+            failure = (found.failure_code, found.message, False)
+        else:
+            try:
+                epoch = self._code.pin(task_id, now_ms)
+            except FunctionCodeError as error:
+                failure = (
+                    FailureCode.ACTIVATION_FAILED,
+                    f"cannot pin function code: {error}",
+                    True,
+                )
+            else:
+                self._tracing.epoch_pinned(task_id, epoch)
+                self._start_actor(command, found, epoch)
+                prepared = ActivationPrepared(
                     task_id=task_id,
-                    failure_code=FailureCode.ACTIVATION_FAILED,
-                    message=f"cannot pin function code: {error}",
-                    retryable=True,
+                    slot_id=command.slot_id,
+                    task_code_epoch=epoch,
                     now_ms=now_ms,
                     stimulus_id=stimulus_id,
                 )
+                self._apply(prepared)
+                return
+        code, message, retryable = failure
+        self._apply(
+            ActivationFailed(
+                task_id=task_id,
+                failure_code=code,
+                message=message,
+                retryable=retryable,
+                now_ms=now_ms,
+                stimulus_id=stimulus_id,
             )
-            return
-        self._tracing.epoch_pinned(task_id, epoch)
-        send, receive = trio.open_memory_channel[StartPhase](PHASE_BUFFER)
+        )
+
+    def _start_actor(self, command: PrepareTaskActivation, found: Activation, epoch: str) -> None:
+        phases: tuple[trio.MemorySendChannel[StartPhase], trio.MemoryReceiveChannel[StartPhase]]
+        phases = trio.open_memory_channel(PHASE_BUFFER)
+        send, receive = phases
         start = TaskStart(
             command=command,
+            activation=found,
             code=self._code.snapshot(epoch),
             scope=trio.CancelScope(),
             phases=receive,
         )
+        task_id = command.task_id
         self._task_nursery.start_soon(run_task, self._runtime, start, name=f"task {task_id}")
         handler = command.spec.result_handler
         self._tasks[task_id] = _TaskActor(

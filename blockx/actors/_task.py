@@ -1,16 +1,16 @@
 """The task actor: one per admitted task, running its builder and its plugin.
 
-The slot-table actor starts it with the task's pinned code. It activates the
-task by finding its builder and its plugin, and reports that (a task naming a
-builder or plugin this worker lacks is refused there, before any phase runs,
-so no call is wasted on a task that could never store its outputs). Then it
-runs each phase when the slot table says so and reports the outcome: the
-builder's calls go to the dispatcher (whose `CallsDone` goes to the slot
-table, not back here), and the plugin gets the outputs from the command that
-starts its phase. It decides nothing about the task's state: an
-outcome is a report, and what happens next is the slot table's answer. The
-slot-table actor ends it by cancelling its scope (task deadline, drain, any
-terminal result).
+The slot-table actor activates a task before it starts its actor: it finds
+the task's builder and plugin (`activate`; a task naming a builder or plugin
+this worker lacks is refused there, before any phase runs, so no call is
+wasted on a task that could never store its outputs) and starts the actor
+with them and the task's pinned code. The actor runs each phase when the slot
+table says so and reports the outcome: the builder's calls go to the
+dispatcher (whose `CallsDone` goes to the slot table, not back here), and the
+plugin gets the outputs from the command that starts its phase. It decides
+nothing about the task's state: an outcome is a report, and what happens next
+is the slot table's answer. The slot-table actor ends it by cancelling its
+scope (task deadline, drain, any terminal result).
 
 Every failure inside a phase becomes that phase's failed outcome, so the task
 always converges to a terminal result and nothing escapes into the worker's
@@ -28,8 +28,6 @@ import trio
 
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
-    ActivationDone,
-    ActivationRefused,
     DispatcherMessage,
     PhaseDone,
     RunTaskCalls,
@@ -49,6 +47,7 @@ from blockx.slots import (
     StartPhase,
     StartPluginPhase,
     TaskPhase,
+    TaskSpec,
 )
 
 logger = logging.getLogger("blockx.task")
@@ -88,10 +87,43 @@ class TaskRuntime:
 
 
 @attrs.frozen(kw_only=True)
+class Activation:
+    """What a task runs with, found before its actor starts."""
+
+    builder: Builder
+    plugin: Plugin | None
+    """None if the task has no result handler."""
+
+
+@attrs.frozen(kw_only=True)
+class Refusal:
+    """Why a task cannot run here (BUILDER_NOT_FOUND, PLUGIN_NOT_FOUND); not retryable, since a
+    worker's builders and plugins are fixed when it starts."""
+
+    failure_code: FailureCode
+    message: str
+
+
+def activate(runtime: TaskRuntime, spec: TaskSpec) -> Activation | Refusal:
+    """Find the task's builder and plugin, or refuse the task naming what it lacks."""
+    try:
+        builder = runtime.builders.require(spec.function_call.type)
+    except UnknownName as error:
+        return Refusal(failure_code=FailureCode.BUILDER_NOT_FOUND, message=str(error))
+    handler = spec.result_handler
+    try:
+        plugin = None if handler is None else runtime.plugins.require(handler.type)
+    except UnknownName as error:
+        return Refusal(failure_code=FailureCode.PLUGIN_NOT_FOUND, message=str(error))
+    return Activation(builder=builder, plugin=plugin)
+
+
+@attrs.frozen(kw_only=True)
 class TaskStart:
     """What the slot-table actor hands a new task actor."""
 
     command: PrepareTaskActivation
+    activation: Activation
     code: FunctionSnapshot
     """The function code pinned for the task."""
     scope: trio.CancelScope
@@ -116,15 +148,10 @@ class _TaskRun:
         self.log.set_phase(TaskPhase.PREPARING.value)
         self.log.set_epoch(start.code.epoch)
         self._calls: tuple[CallSpec, ...] = ()
-        self._builder: Builder | None = None
-        self._plugin: Plugin | None = None
-        """None if the task has no result handler (or is not activated yet)."""
+        self._builder = start.activation.builder
+        self._plugin = start.activation.plugin
 
     async def run(self) -> None:
-        activation = self._activate()
-        self._rt.slot_table.post(activation)
-        if isinstance(activation, ActivationRefused):
-            return
         phase = await self._next()
         while phase is not None:
             self.log.set_phase(phase.phase.value)
@@ -137,29 +164,6 @@ class _TaskRun:
                 case StartPluginPhase(outputs=outputs):
                     await self._run_phase(phase, lambda: self._store(outputs))
                     return
-
-    def _activate(self) -> ActivationDone | ActivationRefused:
-        """Find the task's builder and plugin, or refuse the task naming what it lacks."""
-        try:
-            self._builder = self._rt.builders.require(self._spec.function_call.type)
-        except UnknownName as error:
-            return self._refused(FailureCode.BUILDER_NOT_FOUND, error)
-        handler = self._spec.result_handler
-        try:
-            self._plugin = None if handler is None else self._rt.plugins.require(handler.type)
-        except UnknownName as error:
-            return self._refused(FailureCode.PLUGIN_NOT_FOUND, error)
-        return ActivationDone(
-            task_id=self._task_id,
-            slot_id=self._start.command.slot_id,
-            task_code_epoch=self._start.code.epoch,
-        )
-
-    def _refused(self, code: FailureCode, error: UnknownName) -> ActivationRefused:
-        # Not retryable: a worker's builders and plugins are fixed when it starts.
-        return ActivationRefused(
-            task_id=self._task_id, failure_code=code, message=str(error), retryable=False
-        )
 
     async def _next(self) -> StartPhase | None:
         try:
@@ -182,7 +186,6 @@ class _TaskRun:
 
     async def _build(self) -> PhaseOutcome:
         builder = self._builder
-        assert builder is not None, "a task's builder phase starts only once it is activated"
         request = BuildRequest(
             task_id=self._task_id,
             function_call=self._spec.function_call,

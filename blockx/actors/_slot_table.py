@@ -135,6 +135,8 @@ class SlotTableActor:
         self._held: collections.deque[SubmitTask] = collections.deque()
         """Submits from `RunTasks` streams waiting for a free slot, oldest first."""
         self._slot_freed = False
+        self._watched: set[str] = set()
+        """Live tasks a `WatchTasks` stream opened on: the ones whose every change is published."""
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
 
@@ -226,6 +228,7 @@ class SlotTableActor:
                 except WorkerError as error:
                     stream.fail(error)
                     return
+                self._watched.update(s.task_id for s in snapshots if not s.is_terminal)
                 self._hub.post(Subscribe(stream=stream, snapshots=snapshots))
 
     def _on_report(self, message: PhaseDone | CallsDone) -> None:
@@ -324,24 +327,13 @@ class SlotTableActor:
                 self._publish(command.task_id)
                 self._start_task(command)
             case StartBuilderPhase() | StartCallPhase() | StartPluginPhase():
-                actor = self._tasks.get(command.task_id)
-                if actor is not None:
-                    self._tracing.phase_started(command.task_id, command.phase, actor.plugin)
-                    if isinstance(command, StartPluginPhase) and not actor.plugin:
-                        # No result handler: the phase has nothing to do and succeeds here.
-                        self._publish(command.task_id)
-                        outcome = PhaseOutcome(ok=True)
-                        self._on_report(
-                            PhaseDone(task_id=command.task_id, phase=command.phase, outcome=outcome)
-                        )
-                        return
-                    actor.phases.send_nowait(command)
-                self._publish(command.task_id)
+                self._start_phase(command)
             case ConvergeTask(task_id=task_id, result=result):
                 self._slot_freed = True
                 self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
                 self._slot_freed = True
+                self._watched.discard(task_id)
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
                     self._hub.post(Forget(task_id=task_id))
 
@@ -433,4 +425,7 @@ class SlotTableActor:
             hook(result)
 
     def _publish(self, task_id: str) -> None:
-        self._hub.post(Publish(snapshot=self._machine.get_result(task_id)))
+        """A live task's change, for its `WatchTasks` streams (it has none unless one opened
+        on it: a `RunTasks` stream needs only the terminal update, which `_end_task` sends)."""
+        if task_id in self._watched:
+            self._hub.post(Publish(snapshot=self._machine.get_result(task_id)))

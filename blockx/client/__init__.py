@@ -9,6 +9,13 @@ Every failure is a `BlockxError`.
 """
 
 from blockx._channels import NoAsyncioLoop
+from blockx.client._errors import (
+    InvalidWorkerAddress,
+    WatchEndedEarly,
+    WorkerCallError,
+    WorkerUnreachable,
+)
+from blockx.client._outcomes import TaskOutcome
 from blockx.client._outputs import InvalidOutputs, task_outputs
 from blockx.client._placement import (
     DEFAULT_REGISTRY_PREFIX,
@@ -24,14 +31,7 @@ from blockx.client._specs import (
     task_spec,
     task_spec_from_json,
 )
-from blockx.client._worker import (
-    InvalidWorkerAddress,
-    WatchEndedEarly,
-    WorkerCallError,
-    WorkerClient,
-    WorkerUnreachable,
-    parse_worker_address,
-)
+from blockx.client._worker import TaskToRun, WorkerClient, parse_worker_address
 
 __all__ = [
     "DEFAULT_REGISTRY_PREFIX",
@@ -46,6 +46,8 @@ __all__ = [
     "Placement",
     "PlacementClient",
     "ShadowForwarder",
+    "TaskOutcome",
+    "TaskToRun",
     "WatchEndedEarly",
     "WorkerCallError",
     "WorkerClient",

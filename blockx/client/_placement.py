@@ -16,12 +16,8 @@ from grpclib.const import Status
 
 from blockx._channels import asyncio_loop
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client._worker import (
-    InvalidWorkerAddress,
-    WorkerCallError,
-    WorkerClient,
-    WorkerUnreachable,
-)
+from blockx.client._errors import InvalidWorkerAddress, WorkerCallError, WorkerUnreachable
+from blockx.client._worker import WorkerClient
 from blockx.config import default_config
 from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
 from blockx.errors import BlockxError

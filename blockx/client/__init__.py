@@ -1,8 +1,10 @@
 """The coordinator side: clients of the worker's gRPC API, for Trio code.
 
-`WorkerClient` talks to one worker; `PlacementClient` places tasks across
-the workers registered in etcd; `task_spec` and `task_spec_from_json` build
-and check the task a client sends; `task_outputs` reads the call values a
+`WorkerClient` talks to one worker (`run_tasks` runs a batch on one stream
+and yields a `TaskOutcome` per task); `PlacementClient` places tasks across
+the workers registered in etcd, one at a time or a batch spread over them;
+`task_spec`, `task_spec_from_json` and `task_specs_from_lines` build and
+check the tasks a client sends; `task_outputs` reads the call values a
 result kept; `ShadowForwarder` is the small coordinator inside a worker that
 mirrors a sample of its submits to another worker.
 Every failure is a `BlockxError`.
@@ -27,9 +29,11 @@ from blockx.client._shadow import SEND_TIMEOUT_S, ShadowForwarder, shadow_target
 from blockx.client._specs import (
     OLD_KEYS,
     TASK_FILE_KEYS,
+    InvalidTaskLines,
     InvalidTaskSpec,
     task_spec,
     task_spec_from_json,
+    task_specs_from_lines,
 )
 from blockx.client._worker import TaskToRun, WorkerClient, parse_worker_address
 
@@ -39,6 +43,7 @@ __all__ = [
     "SEND_TIMEOUT_S",
     "TASK_FILE_KEYS",
     "InvalidOutputs",
+    "InvalidTaskLines",
     "InvalidTaskSpec",
     "InvalidWorkerAddress",
     "NoAsyncioLoop",
@@ -57,4 +62,5 @@ __all__ = [
     "task_outputs",
     "task_spec",
     "task_spec_from_json",
+    "task_specs_from_lines",
 ]

@@ -1,4 +1,5 @@
-"""`WorkerClient.run_tasks` against an in-process worker: real actors and server, fake executors.
+"""`WorkerClient.run_tasks`, and `submit --file TASKS.jsonl` that uses it, against an
+in-process worker: real actors and server, fake executors.
 
 Every test runs under `fail_after` (virtual time where the clock autojumps).
 """
@@ -6,7 +7,9 @@ Every test runs under `fail_after` (virtual time where the clock autojumps).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -16,6 +19,7 @@ from grpclib.const import Status
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import TaskOutcome, WorkerCallError, WorkerClient, WorkerUnreachable
 from blockx.errors import Misuse
+from tests.adapters.test_client import run_cli
 from tests.adapters.test_discovery_placement import address, free_port
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
 
@@ -222,3 +226,48 @@ async def test_an_item_that_is_not_a_task_is_a_misuse() -> None:
                 await run_all(client, ["t1"])
             with contextlib.suppress(WorkerCallError):
                 assert (await client.status()).running_tasks == 0
+
+
+# --- submit --file TASKS.jsonl -------------------------------------------------------------
+
+
+def line_of(task_id: str, function: str, args: list[object], **keys: object) -> str:
+    payload = {"calls": [{"function": function, "args": args}]}
+    return json.dumps({"task_id": task_id, "builder": "call_list", "payload": payload, **keys})
+
+
+async def test_cli_submit_a_batch_prints_a_line_per_task_and_a_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "tasks.jsonl"
+    lines = [line_of(f"add-{i}", "demo.add", [i, 1]) for i in range(6)]
+    lines += [line_of("kept", "demo.add", [20, 22], plugin="result")]
+    lines += [line_of("boom", "demo.fail", [])]
+    batch.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with trio.fail_after(FAIL_AFTER_S):
+        async with running_worker() as worker:
+            status = await run_cli("submit", "--worker", address(worker), "--file", str(batch))
+
+    captured = capsys.readouterr()
+    printed = {line["task_id"]: line for line in map(json.loads, captured.out.splitlines())}
+    assert sorted(printed) == sorted([*(f"add-{i}" for i in range(6)), "kept", "boom"])
+    assert printed["add-0"] == {"task_id": "add-0", "state": "SUCCEEDED", "failure_code": ""}
+    assert printed["kept"]["outputs"] == [42]
+    assert printed["boom"]["state"] == "FAILED"
+    assert printed["boom"]["failure_code"] == "CALL_RAISED"
+    assert captured.err.splitlines()[-1] == "blockx: 8 tasks: 1 failed, 7 succeeded"
+    assert status == 1
+
+
+async def test_cli_submit_a_batch_that_all_succeeds_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "tasks.ndjson"
+    batch.write_text(line_of("only", "demo.add", [1, 2]) + "\n", encoding="utf-8")
+    with trio.fail_after(FAIL_AFTER_S):
+        async with running_worker() as worker:
+            status = await run_cli("submit", "--worker", address(worker), "--file", str(batch))
+    captured = capsys.readouterr()
+    assert status == 0
+    assert json.loads(captured.out) == {"task_id": "only", "state": "SUCCEEDED", "failure_code": ""}
+    assert captured.err == "blockx: 1 task: 1 succeeded\n"

@@ -82,4 +82,6 @@ def lone_errors(kind: type[BaseException] = BaseException) -> Iterator[None]:
             error = error.exceptions[0]
         if isinstance(error, BaseExceptionGroup) or not isinstance(error, kind):
             raise
-        raise error from None
+        # `from` its own cause: the group is no context worth showing, but the
+        # error a translated one was raised from is.
+        raise error from error.__cause__

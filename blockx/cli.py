@@ -12,6 +12,8 @@ Subcommands:
   `blockx.client`, each in its own `trio.run` with trio-asyncio's loop.
   `submit --etcd` places the task through the etcd registry instead
   (`PlacementClient`), and `workers --etcd` lists the registered fleet.
+  `submit --file TASKS.jsonl` runs a batch on one `RunTasks` stream (spread
+  over the fleet with `--etcd`), checked whole before anything is sent.
 * `functions publish DIR --redis URL [--prefix P]` publishes the `.py` files
   under DIR as the current function-code epoch and prints it.
 """
@@ -19,6 +21,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import functools
@@ -28,23 +31,29 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TextIO, TypeAlias
 
 import trio
 import trio_asyncio
+from tqdm import tqdm
 
 from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
     InvalidOutputs,
+    InvalidTaskLines,
     InvalidTaskSpec,
+    NoWorkerAvailable,
     PlacementClient,
+    TaskOutcome,
     WatchEndedEarly,
     WorkerClient,
     task_outputs,
     task_spec,
     task_spec_from_json,
+    task_specs_from_lines,
 )
 from blockx.config import default_config, load_config
 from blockx.discovery import WorkerHeartbeat
@@ -59,6 +68,10 @@ from blockx.profiles import BLOCK, PROFILES
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
 """How often the progress line on a terminal redraws its elapsed time."""
+BATCH_SUFFIXES = (".jsonl", ".ndjson")
+"""A `submit --file` whose name ends so is a batch, one task per line."""
+SHOWN_BAD_LINES = 20
+"""How many bad lines of a batch are shown before the count of the rest."""
 EXIT_INTERRUPTED = 130
 
 _BYTES_PER_MB = 1024 * 1024
@@ -157,21 +170,39 @@ def _add_worker_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_SUBMIT_PARAGRAPHS = (
+    "Submit a task, described by a JSON task file or by flags. Prints the submit "
+    "response as JSON, or with --watch follows the task and prints its result.",
+    "A --file ending in .jsonl (or .ndjson) is a batch: one task object per line, "
+    "as in a task file (blank lines skipped; a line without task_id gets a new id), "
+    "run on one RunTasks stream (with --etcd, spread over the fleet) and each followed "
+    "to its end. The whole file is checked first: if any line is bad, each bad line "
+    "is named on stderr and nothing is sent. Prints one JSON line per task on stdout "
+    "as it ends (task_id, state, failure_code and the kept outputs; a task that did "
+    "not run has state REFUSED, or UNKNOWN when its worker was lost, with status and "
+    "message), a progress bar (on a terminal) and a summary on stderr; exits 1 if "
+    "any task failed or did not run.",
+)
+# Wrapped here: the epilog's layout is kept as written, so the formatter wraps nothing.
+_SUBMIT_DESCRIPTION = "\n\n".join(textwrap.fill(text, width=78) for text in _SUBMIT_PARAGRAPHS)
+
+
 def _add_submit(commands: _Commands) -> None:
     submit = commands.add_parser(
         "submit",
         help="submit a task to a worker",
-        description=(
-            "Submit a task, described by a JSON task file or by flags. Prints the submit "
-            "response as JSON, or with --watch follows the task and prints its result."
-        ),
+        description=_SUBMIT_DESCRIPTION,
         epilog=_phases_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_worker_flag(submit)
     submit.add_argument("--task-id", metavar="ID", help="default: the file's, else a new id")
     source = submit.add_mutually_exclusive_group(required=True)
-    source.add_argument("--file", metavar="TASK.json", help="a JSON task file")
+    source.add_argument(
+        "--file",
+        metavar="TASK.json",
+        help="a JSON task file, or a batch of tasks, one per line, in a .jsonl file",
+    )
     source.add_argument("--builder", metavar="TYPE", help="the builder type, e.g. call_list")
     submit.add_argument("--config", metavar="JSON", help="the builder's config (a JSON object)")
     payload = submit.add_mutually_exclusive_group()
@@ -343,6 +374,8 @@ _CONFIG_FLAGS: Final = {pb.TaskPhase.BUILDER: "--config", pb.TaskPhase.PLUGIN: "
 
 
 def _submit(args: argparse.Namespace) -> int:
+    if args.file is not None and args.file.endswith(BATCH_SUFFIXES):
+        return _submit_batch(args)
     task = _task_from_args(args)
     flags = {} if args.file is not None else _CONFIG_FLAGS
     if args.etcd is not None:
@@ -354,6 +387,88 @@ def _submit(args: argparse.Namespace) -> int:
     else:
         action = functools.partial(_submit_only, task, args.slot_id)
     return _run_client(args.worker, action)
+
+
+def _submit_batch(args: argparse.Namespace) -> int:
+    _refuse_builder_flags(args)
+    for flag, given in (("--task-id", args.task_id), ("--slot-id", args.slot_id)):
+        if given:
+            args.parser.error(f"{flag}: not allowed with a batch (each line names its task)")
+    tasks = _tasks_from_batch(args.file)
+    if args.etcd is not None:
+        return _run_placement(
+            args, lambda placement: _follow_batch(placement.run_tasks(tasks), len(tasks))
+        )
+    return _run_client(
+        args.worker, lambda client: _follow_batch(client.run_tasks(tasks), len(tasks))
+    )
+
+
+def _tasks_from_batch(path: str) -> list[pb.TaskSpec]:
+    """Every task of the batch at `path`, or an error naming each bad line (on stderr)."""
+    try:
+        with open(path, "rb") as file:
+            lines = file.read().split(b"\n")
+    except OSError as error:
+        allowed = f"cannot be read ({error.strerror or error})"
+        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
+    try:
+        tasks = task_specs_from_lines(lines, new_task_id=lambda: uuid.uuid4().hex)
+    except InvalidTaskLines as error:
+        for line, problem in error.problems[:SHOWN_BAD_LINES]:
+            print(f"blockx: {path} line {line}: {problem}", file=sys.stderr)
+        if len(error.problems) > SHOWN_BAD_LINES:
+            more = len(error.problems) - SHOWN_BAD_LINES
+            print(f"blockx: {path}: {more} more bad lines", file=sys.stderr)
+        allowed = f"has {error}; nothing was sent"
+        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
+    if not tasks:
+        raise InvalidArgument(field="--file", value=path, allowed="holds no task")
+    return tasks
+
+
+async def _follow_batch(
+    run: AbstractAsyncContextManager[trio.MemoryReceiveChannel[TaskOutcome]], total: int
+) -> int:
+    """One JSON line per task as it ends, a progress bar while they run, then a summary."""
+    states: collections.Counter[str] = collections.Counter()
+    with tqdm(total=total, unit="task", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+        async with run as outcomes:
+            async for outcome in outcomes:
+                line = outcome_line(outcome)
+                states[line["state"]] += 1
+                tqdm.write(json.dumps(line), file=sys.stdout)
+                sys.stdout.flush()
+                bar.update(1)
+    counts = ", ".join(f"{count} {state.lower()}" for state, count in sorted(states.items()))
+    print(f"blockx: {total} task{'' if total == 1 else 's'}: {counts}", file=sys.stderr)
+    return 0 if states["SUCCEEDED"] == total else 1
+
+
+def outcome_line(outcome: TaskOutcome) -> dict[str, Any]:
+    """What `submit` of a batch prints of a task that ended."""
+    result = outcome.result
+    if result is None:
+        refusal = outcome.refusal
+        if refusal is not None:
+            return {
+                "task_id": outcome.task_id,
+                "state": "REFUSED",
+                "status": refusal.status.name,
+                "message": refusal.message,
+            }
+        state = "REFUSED" if isinstance(outcome.error, NoWorkerAvailable) else "UNKNOWN"
+        return {"task_id": outcome.task_id, "state": state, "message": str(outcome.error)}
+    line: dict[str, Any] = {
+        "task_id": outcome.task_id,
+        "state": result.state.name,
+        "failure_code": result.failure_code,
+    }
+    with contextlib.suppress(InvalidOutputs):
+        outputs = task_outputs(result)
+        if outputs is not None:
+            line["outputs"] = outputs
+    return line
 
 
 async def _submit_only(task: pb.TaskSpec, slot_id: str, client: WorkerClient) -> int:

@@ -1,14 +1,23 @@
 """The coordinator side: clients of the worker's gRPC API, for Trio code.
 
-`WorkerClient` talks to one worker; `PlacementClient` places tasks across
-the workers registered in etcd; `task_spec` and `task_spec_from_json` build
-and check the task a client sends; `task_outputs` reads the call values a
+`WorkerClient` talks to one worker (`run_tasks` runs a batch on one stream
+and yields a `TaskOutcome` per task); `PlacementClient` places tasks across
+the workers registered in etcd, one at a time or a batch spread over them;
+`task_spec`, `task_spec_from_json` and `task_specs_from_lines` build and
+check the tasks a client sends; `task_outputs` reads the call values a
 result kept; `ShadowForwarder` is the small coordinator inside a worker that
 mirrors a sample of its submits to another worker.
 Every failure is a `BlockxError`.
 """
 
 from blockx._channels import NoAsyncioLoop
+from blockx.client._errors import (
+    InvalidWorkerAddress,
+    WatchEndedEarly,
+    WorkerCallError,
+    WorkerUnreachable,
+)
+from blockx.client._outcomes import TaskOutcome
 from blockx.client._outputs import InvalidOutputs, task_outputs
 from blockx.client._placement import (
     DEFAULT_REGISTRY_PREFIX,
@@ -20,18 +29,13 @@ from blockx.client._shadow import SEND_TIMEOUT_S, ShadowForwarder, shadow_target
 from blockx.client._specs import (
     OLD_KEYS,
     TASK_FILE_KEYS,
+    InvalidTaskLines,
     InvalidTaskSpec,
     task_spec,
     task_spec_from_json,
+    task_specs_from_lines,
 )
-from blockx.client._worker import (
-    InvalidWorkerAddress,
-    WatchEndedEarly,
-    WorkerCallError,
-    WorkerClient,
-    WorkerUnreachable,
-    parse_worker_address,
-)
+from blockx.client._worker import TaskToRun, WorkerClient, parse_worker_address
 
 __all__ = [
     "DEFAULT_REGISTRY_PREFIX",
@@ -39,6 +43,7 @@ __all__ = [
     "SEND_TIMEOUT_S",
     "TASK_FILE_KEYS",
     "InvalidOutputs",
+    "InvalidTaskLines",
     "InvalidTaskSpec",
     "InvalidWorkerAddress",
     "NoAsyncioLoop",
@@ -46,6 +51,8 @@ __all__ = [
     "Placement",
     "PlacementClient",
     "ShadowForwarder",
+    "TaskOutcome",
+    "TaskToRun",
     "WatchEndedEarly",
     "WorkerCallError",
     "WorkerClient",
@@ -55,4 +62,5 @@ __all__ = [
     "task_outputs",
     "task_spec",
     "task_spec_from_json",
+    "task_specs_from_lines",
 ]

@@ -2,26 +2,35 @@
 
 Must never retry a call on its own, but for placement's one rule: trying the
 next worker after a refusal that proves the task did not start there.
+
+A batch (`run_tasks`) is spread by `BatchSpread`: each task goes to the
+worker that has the most free slots left once the batch's earlier tasks are
+counted, and runs on one `RunTasks` stream per worker, opened when the first
+task goes there. A refusal RESOURCE_EXHAUSTED or UNAVAILABLE (a draining
+worker) sends the task to the best worker it has not tried; anything else,
+and a stream that breaks (the task may have started), ends the task with that
+error. The streams half-close once every task of the batch has ended.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 import attrs
 import trio
 from grpclib.const import Status
 
 from blockx._channels import asyncio_loop
+from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client._worker import (
-    InvalidWorkerAddress,
-    WorkerCallError,
-    WorkerClient,
-    WorkerUnreachable,
-)
+from blockx.client._errors import InvalidWorkerAddress, WorkerCallError, WorkerUnreachable
+from blockx.client._outcomes import TaskOutcome
+from blockx.client._specs import InvalidTaskSpec
+from blockx.client._worker import WorkerClient
 from blockx.config import default_config
 from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
 from blockx.errors import BlockxError
@@ -212,6 +221,70 @@ class PlacementClient:
         )
         return placement, result
 
+    @contextlib.asynccontextmanager
+    async def run_tasks(
+        self, tasks: Iterable[pb.TaskSpec]
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[TaskOutcome]]:
+        """Spread `tasks` over the fleet: `async with placement.run_tasks(tasks) as outcomes`.
+
+        `outcomes` yields a `TaskOutcome` per task as it ends, from whichever
+        worker ran it (see the module's docstring for the placement rule). A
+        task no worker would take ends with NoWorkerAvailable, naming each
+        worker tried; a worker's broken stream ends each of its unfinished
+        tasks with that stream's error, and the other workers' streams go on.
+        Each task id may appear once in `tasks` (InvalidTaskSpec otherwise).
+        Leaving the block early resets every stream.
+        """
+        batch = list(tasks)
+        seen: set[str] = set()
+        for task in batch:
+            if task.task_id in seen:
+                allowed = "appears twice in the batch; give each task id once"
+                raise InvalidTaskSpec(field="task_id", value=task.task_id, allowed=allowed)
+            seen.add(task.task_id)
+        ended, outcomes = trio.open_memory_channel[TaskOutcome](0)
+        with lone_errors():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._spread, batch, ended)
+                with outcomes:
+                    yield outcomes
+                nursery.cancel_scope.cancel()
+
+    async def _spread(
+        self, batch: list[pb.TaskSpec], ended: trio.MemorySendChannel[TaskOutcome]
+    ) -> None:
+        events, received = trio.open_memory_channel[TaskOutcome | StreamLost](math.inf)
+        with ended:
+            async with trio.open_nursery() as nursery:
+
+                def open_stream(address: str) -> trio.MemorySendChannel[pb.TaskSpec]:
+                    to_send, to_read = trio.open_memory_channel[pb.TaskSpec](math.inf)
+                    nursery.start_soon(self._run_stream, address, to_read, events)
+                    return to_send
+
+                spread = BatchSpread(directory=self.directory, open_stream=open_stream)
+                for outcome in spread.start(batch):
+                    await ended.send(outcome)
+                while not spread.done:
+                    for outcome in spread.handle(await received.receive()):
+                        await ended.send(outcome)
+
+    async def _run_stream(
+        self,
+        address: str,
+        tasks: trio.MemoryReceiveChannel[pb.TaskSpec],
+        events: trio.MemorySendChannel[TaskOutcome | StreamLost],
+    ) -> None:
+        """One worker's `RunTasks` stream: each outcome, or how the stream broke, to `events`."""
+        with tasks:
+            try:
+                client = await self._client(address)
+                async with client.run_tasks(tasks) as outcomes:
+                    async for outcome in outcomes:
+                        events.send_nowait(outcome)
+            except BlockxError as error:
+                events.send_nowait(StreamLost(worker_addr=address, error=error))
+
     async def _client(self, address: str) -> WorkerClient:
         client = self._clients.get(address)
         if client is None:
@@ -265,3 +338,112 @@ class PlacementClient:
 
 def _refusal(error: WorkerCallError) -> str:
     return f"{error.rpc} {error.status.name}" + (f": {error.message}" if error.message else "")
+
+
+@attrs.frozen(kw_only=True)
+class StreamLost:
+    """The `RunTasks` stream to `worker_addr` broke with `error`."""
+
+    worker_addr: str
+    error: BlockxError = attrs.field(eq=False)
+
+
+@attrs.define
+class BatchSpread:
+    """Which worker each task of a batch is on, and which tasks have not ended.
+
+    `open_stream(address)` opens a worker's stream and returns where to send
+    its tasks; it is called once per worker, when the first task goes there.
+    """
+
+    directory: WorkerDirectory
+    open_stream: Callable[[str], trio.MemorySendChannel[pb.TaskSpec]]
+    tasks: dict[str, pb.TaskSpec] = attrs.field(factory=dict)
+    """The tasks that have not ended, by id."""
+    attempts: dict[str, list[tuple[str, str]]] = attrs.field(
+        factory=lambda: collections.defaultdict(list)
+    )
+    """(worker, refusal) of each worker that refused a task, in order."""
+    on_worker: dict[str, set[str]] = attrs.field(factory=lambda: collections.defaultdict(set))
+    sent: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    streams: dict[str, trio.MemorySendChannel[pb.TaskSpec]] = attrs.field(factory=dict)
+    lost: set[str] = attrs.field(factory=set)
+
+    @property
+    def done(self) -> bool:
+        return not self.tasks
+
+    def start(self, batch: Sequence[pb.TaskSpec]) -> list[TaskOutcome]:
+        """Send each task of `batch` to its worker; the outcomes of those none can take."""
+        self.tasks.update((task.task_id, task) for task in batch)
+        ended = [outcome for task in batch if (outcome := self._place(task)) is not None]
+        for outcome in ended:
+            del self.tasks[outcome.task_id]
+        self._close_when_done()
+        return ended
+
+    def handle(self, event: TaskOutcome | StreamLost) -> list[TaskOutcome]:
+        """The outcomes that end tasks after `event` (a refusal may send a task elsewhere)."""
+        if isinstance(event, StreamLost):
+            self.lost.add(event.worker_addr)
+            stream = self.streams.get(event.worker_addr)
+            if stream is not None:
+                stream.close()
+            left = sorted(self.on_worker.pop(event.worker_addr, set()))
+            ended = [
+                TaskOutcome(task_id=task_id, worker_addr=event.worker_addr, error=event.error)
+                for task_id in left
+            ]
+        else:
+            self.on_worker[event.worker_addr].discard(event.task_id)
+            ended = [event]
+            refusal = event.refusal
+            task = self.tasks.get(event.task_id)
+            if refusal is not None and refusal.status in _TRY_NEXT_WORKER and task is not None:
+                self.attempts[task.task_id].append((event.worker_addr, _refusal(refusal)))
+                placed_elsewhere = self._place(task)
+                ended = [] if placed_elsewhere is None else [placed_elsewhere]
+        ended = [outcome for outcome in ended if self.tasks.pop(outcome.task_id, None)]
+        self._close_when_done()
+        return ended
+
+    def _place(self, task: pb.TaskSpec) -> TaskOutcome | None:
+        """Send `task` to the best worker it has not tried; its outcome if there is none."""
+        tried = {address for address, _ in self.attempts.get(task.task_id, ())}
+        workers = self.directory.workers()
+        rank = {worker.address: i for i, worker in enumerate(self.directory.placement_order())}
+        candidates = [
+            worker.address
+            for worker in workers
+            if not worker.draining and worker.address not in tried | self.lost
+        ]
+        if not candidates:
+            error = NoWorkerAvailable(
+                task_id=task.task_id,
+                prefix=self.directory.prefix,
+                workers_seen=len(workers),
+                draining=sum(1 for worker in workers if worker.draining),
+                attempts=tuple(self.attempts.get(task.task_id, ())),
+            )
+            return TaskOutcome(task_id=task.task_id, worker_addr="", error=error)
+        address = min(
+            candidates,
+            key=lambda a: (-self.directory.free_slots(a), self.sent[a], rank.get(a, len(rank)), a),
+        )
+        self.directory.note_placed(address)
+        self.sent[address] += 1
+        self.on_worker[address].add(task.task_id)
+        stream = self.streams.get(address)
+        if stream is None:
+            stream = self.streams[address] = self.open_stream(address)
+        # A stream that just broke has closed its end; its StreamLost, already on
+        # the way, ends this task with the others that were on it.
+        with contextlib.suppress(trio.BrokenResourceError):
+            stream.send_nowait(task)
+        return None
+
+    def _close_when_done(self) -> None:
+        """Once every task has ended, half-close each stream: nothing more will go there."""
+        if self.done:
+            for stream in self.streams.values():
+                stream.close()

@@ -1,17 +1,18 @@
-"""Task specs from arguments or from a JSON task file, checked before they are sent.
+"""Task specs from arguments, a JSON task file or a JSON-lines batch, checked before they are sent.
 
 Every refusal is an `InvalidTaskSpec` naming the argument or the task-file key
-that is wrong and what is allowed. Pure: never does IO.
+that is wrong and what is allowed; a batch is refused whole, with an
+`InvalidTaskLines` naming each bad line. Pure: never does IO.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.errors import InvalidValue, shown
+from blockx.errors import BlockxError, InvalidValue, shown
 
 _MAX_UINT32 = 2**32 - 1
 _MAX_INT64 = 2**63 - 1
@@ -22,6 +23,16 @@ class InvalidTaskSpec(InvalidValue):
 
     def describe(self) -> str:
         return f"task {self.field} = {shown(self.value)}: {self.allowed}"
+
+
+class InvalidTaskLines(BlockxError):
+    """Lines of a JSON-lines batch that are not tasks: (line number from 1, what is wrong)."""
+
+    def __init__(self, *, problems: tuple[tuple[int, str], ...]) -> None:
+        self.problems = problems
+        numbers = ", ".join(str(line) for line, _ in problems)
+        plural = "s" if len(problems) > 1 else ""
+        super().__init__(f"{len(problems)} bad line{plural} ({numbers})")
 
 
 TASK_FILE_KEYS = (
@@ -155,6 +166,56 @@ def task_spec_from_json(obj: Mapping[str, Any], *, task_id: str | None = None) -
         retry=_retry_policy(fields.get("retry")),
         labels=_labels("labels", fields.get("labels")),
     )
+
+
+def task_specs_from_lines(
+    lines: Iterable[bytes], *, new_task_id: Callable[[], str]
+) -> list[pb.TaskSpec]:
+    """The tasks of a JSON-lines batch: one task-file object per line (`task_spec_from_json`).
+
+    Blank lines are skipped; a line without task_id gets `new_task_id()`. Every
+    line is checked before any task is returned: InvalidTaskLines names each
+    line that is not UTF-8, not a JSON object, not a valid task, or repeats a
+    task id of an earlier line.
+    """
+    tasks: list[pb.TaskSpec] = []
+    problems: list[tuple[int, str]] = []
+    first_line_of: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        try:
+            task = _task_of_line(raw, new_task_id)
+        except InvalidTaskSpec as error:
+            problems.append((number, str(error)))
+            continue
+        if task is None:
+            continue
+        earlier = first_line_of.setdefault(task.task_id, number)
+        if earlier != number:
+            problems.append((number, f"task_id {task.task_id!r} is already on line {earlier}"))
+            continue
+        tasks.append(task)
+    if problems:
+        raise InvalidTaskLines(problems=tuple(problems))
+    return tasks
+
+
+def _task_of_line(raw: bytes, new_task_id: Callable[[], str]) -> pb.TaskSpec | None:
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as error:
+        raise InvalidTaskSpec(field="line", value=raw, allowed=f"is not UTF-8 ({error})") from None
+    if not text:
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidTaskSpec(
+            field="line", value=text, allowed=f"is not valid JSON ({error})"
+        ) from None
+    if not isinstance(document, Mapping):
+        raise InvalidTaskSpec(field="line", value=document, allowed="must be a JSON object")
+    task_id = None if document.get("task_id") is not None else new_task_id()
+    return task_spec_from_json(document, task_id=task_id)
 
 
 def _retry_policy(value: object) -> pb.CallRetryPolicy | None:

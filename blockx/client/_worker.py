@@ -25,69 +25,49 @@ Theory of operation:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from typing import Any, ParamSpec, TypeAlias, TypeVar
 
 import trio
 import trio_asyncio
 from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality, Status
+from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from h2.exceptions import ProtocolError as H2ProtocolError
 
 from blockx._channels import asyncio_loop, open_channels, split_host_port
+from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.errors import BlockxError, InvalidValue
+from blockx.client._errors import (
+    InvalidWorkerAddress,
+    WatchEndedEarly,
+    WorkerCallError,
+    WorkerUnreachable,
+)
+from blockx.client._outcomes import RUN_TASKS_RPC, RunTasksLedger, TaskOutcome
+from blockx.errors import Misuse
 
 STREAM_CLOSE_GRACE_S = 5.0
 """How long closing a watch stream may take before it is abandoned."""
 
 _WATCH_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/WatchTasks"
+_RUN_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/RunTasks"
+
+TaskToRun: TypeAlias = "pb.TaskSpec | tuple[pb.TaskSpec, str]"
+"""A task for `run_tasks`: the spec, or (spec, the slot id reserved for it)."""
+_RunStream: TypeAlias = "Stream[pb.RunTasksRequest, pb.RunTasksResponse]"
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-
-
-# --- errors --------------------------------------------------------------------------------
-
-
-class WorkerCallError(BlockxError):
-    """The worker answered `rpc` with a gRPC status other than OK."""
-
-    def __init__(self, *, rpc: str, status: Status, message: str) -> None:
-        self.rpc = rpc
-        self.status = status
-        self.message = message
-        detail = f": {message}" if message else ""
-        super().__init__(f"{rpc} failed: {status.name}{detail}")
-
-
-class WorkerUnreachable(BlockxError):
-    """The worker at `address` could not be reached, or the connection was lost."""
-
-    def __init__(self, *, address: str, reason: str) -> None:
-        self.address = address
-        self.reason = reason
-        super().__init__(f"cannot reach worker at {address}: {reason}")
-
-
-class InvalidWorkerAddress(InvalidValue):
-    """`value` is not HOST:PORT."""
-
-    def __init__(self, *, address: str, allowed: str) -> None:
-        super().__init__(field="worker address", value=address, allowed=allowed)
-
-    def describe(self) -> str:
-        return f"worker address {self.value!r}: {self.allowed}"
-
-
-class WatchEndedEarly(BlockxError):
-    """A watch stream ended before the terminal update of each of `task_ids`."""
-
-    def __init__(self, *, task_ids: tuple[str, ...]) -> None:
-        self.task_ids = task_ids
-        super().__init__(
-            f"the watch stream ended before the terminal update of task {', '.join(task_ids)}"
-        )
 
 
 # --- the client ----------------------------------------------------------------------------
@@ -164,6 +144,88 @@ class WorkerClient:
                 while (update := await self._aio(stream.recv_message)) is not None:
                     yield update
 
+    @contextlib.asynccontextmanager
+    async def run_tasks(
+        self, tasks: Iterable[TaskToRun] | AsyncIterable[TaskToRun]
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[TaskOutcome]]:
+        """Run `tasks` on one `RunTasks` stream: `async with client.run_tasks(tasks) as outcomes`.
+
+        `outcomes` yields a `TaskOutcome` per task as it ends: refused (in
+        request order) or finished. A task item is a `TaskSpec`, or (spec, slot
+        id) for a slot reserved before; without one the worker holds the task
+        until a slot is free. The stream opens on entry; tasks are sent while
+        outcomes are read, as fast as the worker reads them (it stops reading
+        while 64 are unanswered), and it ends once `tasks` is exhausted and
+        every accepted task has finished. A stream that breaks raises
+        (WorkerCallError, WorkerUnreachable, or WatchEndedEarly naming the tasks
+        left without an end), as does an error of `tasks`; leaving the block
+        early resets the stream. Either way the worker counts a broken watch
+        for the tasks still running (WATCH_DISCONNECTED after its grace).
+        Nothing is retried.
+        """
+        ended, outcomes = trio.open_memory_channel[TaskOutcome](0)
+        with lone_errors():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_stream, tasks, ended)
+                with outcomes:
+                    yield outcomes
+                nursery.cancel_scope.cancel()
+
+    async def _run_stream(
+        self,
+        tasks: Iterable[TaskToRun] | AsyncIterable[TaskToRun],
+        ended: trio.MemorySendChannel[TaskOutcome],
+    ) -> None:
+        """Open the stream, send `tasks` from a child task and pass on each outcome read."""
+        ledger = RunTasksLedger(worker_addr=self.address)
+        # The sender's nursery encloses the stream: what the reading raises reaches
+        # the stream's exit unwrapped, which turns a reset that came after the
+        # worker's trailers into the status those trailers carry.
+        with ended:
+            async with trio.open_nursery() as nursery:
+                with self._translate(RUN_TASKS_RPC):
+                    stream = await self._aio(self._open_run_stream)
+                    async with _shielded_exit(trio_asyncio.aio_as_trio(stream, loop=self._loop)):
+                        await self._aio(stream.send_request)
+                        nursery.start_soon(self._send_tasks, stream, tasks, ledger)
+                        while (response := await self._aio(stream.recv_message)) is not None:
+                            outcome = ledger.received(response)
+                            if outcome is not None:
+                                await ended.send(outcome)
+                        ledger.check_ended()
+
+    async def _send_tasks(
+        self,
+        stream: _RunStream,
+        tasks: Iterable[TaskToRun] | AsyncIterable[TaskToRun],
+        ledger: RunTasksLedger,
+    ) -> None:
+        """Send each task, then half-close.
+
+        A broken stream stops the sending quietly: the receiving side meets the
+        same break and raises it, translated, once.
+        """
+        if isinstance(tasks, AsyncIterable):
+            async for item in tasks:
+                if not await self._send_task(stream, item, ledger):
+                    return
+        else:
+            for item in tasks:
+                if not await self._send_task(stream, item, ledger):
+                    return
+        with contextlib.suppress(*_STREAM_ERRORS):
+            await self._aio(stream.end)
+
+    async def _send_task(self, stream: _RunStream, item: TaskToRun, ledger: RunTasksLedger) -> bool:
+        request = _run_request(item)
+        assert request.task is not None
+        ledger.sent(request.task.task_id)
+        try:
+            await self._aio(stream.send_message, request)
+        except _STREAM_ERRORS:
+            return False
+        return True
+
     async def run_task(
         self,
         task: pb.TaskSpec,
@@ -202,6 +264,11 @@ class WorkerClient:
             _WATCH_TASKS_ROUTE, Cardinality.UNARY_STREAM, pb.WatchTasksRequest, pb.TaskUpdate
         )
 
+    async def _open_run_stream(self) -> _RunStream:
+        return self._channel.request(
+            _RUN_TASKS_ROUTE, Cardinality.STREAM_STREAM, pb.RunTasksRequest, pb.RunTasksResponse
+        )
+
     async def _aio(
         self, function: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs
     ) -> _R:
@@ -222,6 +289,20 @@ class WorkerClient:
         except OSError as error:
             reason = str(error) or type(error).__name__
             raise WorkerUnreachable(address=self.address, reason=reason) from error
+
+
+_STREAM_ERRORS = (GRPCError, StreamTerminatedError, OSError, H2ProtocolError)
+"""What a call on a grpclib stream raises when the stream or its connection breaks (h2's
+error: writing to a stream the worker has already ended)."""
+
+
+def _run_request(item: TaskToRun) -> pb.RunTasksRequest:
+    if isinstance(item, pb.TaskSpec):
+        return pb.RunTasksRequest(task=item)
+    match item:
+        case (pb.TaskSpec() as task, str() as slot_id):
+            return pb.RunTasksRequest(task=task, slot_id=slot_id)
+    raise Misuse(what=f"run_tasks takes a TaskSpec or (TaskSpec, slot id), not {item!r}")
 
 
 @contextlib.asynccontextmanager

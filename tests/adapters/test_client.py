@@ -25,7 +25,14 @@ from grpclib.server import Server
 
 from blockx import cli
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client import WatchEndedEarly, WorkerCallError, WorkerClient, task_outputs, task_spec
+from blockx.client import (
+    TaskOutcome,
+    WatchEndedEarly,
+    WorkerCallError,
+    WorkerClient,
+    task_outputs,
+    task_spec,
+)
 from blockx.errors import BlockxError
 
 FAIL_AFTER_S = 10
@@ -128,7 +135,9 @@ class FakeWorker(pb.WorkerServiceBase):
     WatchTasks, per id in turn: "missing" is NOT_FOUND; "hang" sends PREPARING
     and then waits until cancelled; "vanishes" sends PREPARING and ends;
     "fails" ends FAILED; any other id runs PREPARING, CALLS, then SUCCEEDED
-    (a result of "valued" carries kept outputs).
+    (a result of "valued" carries kept outputs). RunTasks, per request:
+    "missing" ends the stream NOT_FOUND; "vanishes" is accepted and never
+    finished; any other id is accepted and finished SUCCEEDED at once.
     Must be made on the asyncio loop.
     """
 
@@ -210,6 +219,21 @@ class FakeWorker(pb.WorkerServiceBase):
         self, message: pb.GetWorkerStatusRequest
     ) -> pb.GetWorkerStatusResponse:
         return STATUS
+
+    async def run_tasks(
+        self, messages: AsyncIterator[pb.RunTasksRequest]
+    ) -> AsyncIterator[pb.RunTasksResponse]:
+        async for message in messages:
+            assert message.task is not None
+            task_id = message.task.task_id
+            if task_id == "missing":
+                raise GRPCError(Status.NOT_FOUND, "task missing is not known")
+            accepted = pb.SubmitTaskResponse(
+                task_id=task_id, slot_id="slot-1", state=pb.TaskState.RUNNING
+            )
+            yield pb.RunTasksResponse(accepted=accepted)
+            if task_id != "vanishes":
+                yield pb.RunTasksResponse(finished=terminal(succeeded(task_id)))
 
 
 async def _start_fake() -> tuple[FakeWorker, Server, int]:
@@ -423,6 +447,40 @@ async def test_run_task_whose_stream_ends_early_asks_for_the_result() -> None:
         with pytest.raises(WatchEndedEarly) as excinfo:
             await client.run_task(spec("vanishes"))
     assert excinfo.value.task_ids == ("vanishes",)
+
+
+async def read_all(
+    run: contextlib.AbstractAsyncContextManager[trio.MemoryReceiveChannel[TaskOutcome]],
+    into: list[TaskOutcome] | None = None,
+) -> list[TaskOutcome]:
+    ended = [] if into is None else into
+    async with run as outcomes:
+        async for outcome in outcomes:
+            ended.append(outcome)
+    return ended
+
+
+async def test_run_tasks_whose_stream_ends_before_a_task_finished_raises_watch_ended_early() -> (
+    None
+):
+    async with connected() as (_, client):
+        ended: list[TaskOutcome] = []
+        outcomes = client.run_tasks([spec("t1"), spec("vanishes")])
+        with pytest.raises(WatchEndedEarly) as excinfo:
+            await read_all(outcomes, into=ended)
+    assert [outcome.task_id for outcome in ended] == ["t1"]
+    assert ended[0].result == succeeded("t1")
+    assert excinfo.value.task_ids == ("vanishes",)
+
+
+async def test_run_tasks_ended_by_a_status_raises_a_call_error_from_the_grpc_error() -> None:
+    async with connected() as (_, client):
+        outcomes = client.run_tasks([spec("t1"), spec("missing")])
+        with pytest.raises(WorkerCallError) as excinfo:
+            await read_all(outcomes)
+    error = excinfo.value
+    assert (error.rpc, error.status) == ("RunTasks", Status.NOT_FOUND)
+    assert isinstance(error.__cause__, GRPCError)
 
 
 # --- the CLI's client commands -------------------------------------------------------------

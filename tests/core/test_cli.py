@@ -24,11 +24,14 @@ from blockx.client import (
     InvalidOutputs,
     InvalidTaskSpec,
     InvalidWorkerAddress,
+    TaskOutcome,
     WorkerCallError,
+    WorkerUnreachable,
     parse_worker_address,
     task_outputs,
     task_spec,
     task_spec_from_json,
+    task_specs_from_lines,
 )
 from blockx.phases import spelled
 from blockx.phases.builders import builder_registry
@@ -708,6 +711,115 @@ def test_submit_usage_errors_exit_2(flags: list[str], capsys: pytest.CaptureFixt
         cli.main([*SUBMIT, *flags])
     assert excinfo.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+# --- submit a batch (--file TASKS.jsonl) -----------------------------------------------------
+
+
+def test_a_batch_file_with_bad_lines_names_each_and_sends_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "tasks.jsonl"
+    batch.write_bytes(
+        b'{"task_id": "a", "builder": "static"}\n'
+        b"\n"
+        b"{not json\n"
+        b'{"task_id": "b"}\n'
+        b'["a list"]\n'
+        b'{"task_id": "a", "builder": "static"}\n'
+        b"\xff\xfe\n"
+        b'{"task_id": "c", "builder": "static", "timeout_ms": -1}\n'
+    )
+    # No worker listens at 127.0.0.1:1: reaching for one would fail differently.
+    assert cli.main(["submit", "--worker", "127.0.0.1:1", "--file", str(batch)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(": ", 2)[1] for line in err[:-1]] == [
+        f"{batch} line {number}" for number in (3, 4, 5, 6, 7, 8)
+    ]
+    assert "is not valid JSON" in err[0]
+    assert err[1].endswith("task builder = None: is required")
+    assert err[2].endswith("must be a JSON object")
+    assert err[3].endswith("task_id 'a' is already on line 1")
+    assert "is not UTF-8" in err[4]
+    assert err[5].endswith("task timeout_ms = -1: must be an integer from 0 to 9223372036854775807")
+    assert err[-1] == (
+        f"blockx: error: --file {str(batch)!r}: has 6 bad lines (3, 4, 5, 6, 7, 8); "
+        "nothing was sent"
+    )
+
+
+def test_submit_help_says_a_batch_with_a_bad_line_is_refused_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["submit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "A --file ending in .jsonl (or .ndjson) is a batch" in text
+    assert "if any line is bad, each bad line is named on stderr and nothing is sent" in text
+
+
+def test_a_batch_file_that_is_empty_or_missing_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n", encoding="utf-8")
+    assert cli.main(["submit", "--worker", "127.0.0.1:1", "--file", str(empty)]) == 1
+    assert last_error_line(capsys) == f"blockx: error: --file {str(empty)!r}: holds no task"
+    missing = tmp_path / "missing.jsonl"
+    assert cli.main(["submit", "--worker", "127.0.0.1:1", "--file", str(missing)]) == 1
+    assert "cannot be read (No such file or directory)" in last_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--task-id", "t1"], ["--slot-id", "slot-0"], ["--config", "{}"]]
+)
+def test_a_batch_file_refuses_flags_that_name_one_task(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "tasks.jsonl"
+    batch.write_text('{"task_id": "a", "builder": "static"}\n', encoding="utf-8")
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main(["submit", "--file", str(batch), *flags])
+    assert excinfo.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_task_specs_from_lines_gives_ids_to_lines_without_one() -> None:
+    new_ids = iter(["new-1", "new-2"])
+    lines = [b'{"builder": "static"}', b"  ", b'{"task_id": "x", "builder": "static"}', b"{}"[:0]]
+    tasks = task_specs_from_lines(lines, new_task_id=lambda: next(new_ids))
+    assert [task.task_id for task in tasks] == ["new-1", "x"]
+    assert tasks[1] == task_spec("x", builder="static")
+
+
+def test_outcome_lines_of_a_batch() -> None:
+    kept = pb.TaskResult(
+        task_id="a", state=pb.TaskState.SUCCEEDED, outputs_json='[42, {"$bytes": "AP8="}]'
+    )
+    failed = pb.TaskResult(task_id="b", state=pb.TaskState.FAILED, failure_code="CALL_RAISED")
+    refused = WorkerCallError(rpc="RunTasks", status=Status.UNAVAILABLE, message="draining")
+    lost = WorkerUnreachable(address="w:1", reason="connection reset")
+    outcomes = [
+        TaskOutcome(task_id="a", worker_addr="w:1", result=kept),
+        TaskOutcome(task_id="b", worker_addr="w:1", result=failed),
+        TaskOutcome(task_id="c", worker_addr="w:1", error=refused),
+        TaskOutcome(task_id="d", worker_addr="w:1", error=lost),
+    ]
+    assert [cli.outcome_line(outcome) for outcome in outcomes] == [
+        {
+            "task_id": "a",
+            "state": "SUCCEEDED",
+            "failure_code": "",
+            "outputs": [42, {"$bytes": "AP8="}],
+        },
+        {"task_id": "b", "state": "FAILED", "failure_code": "CALL_RAISED"},
+        {"task_id": "c", "state": "REFUSED", "status": "UNAVAILABLE", "message": "draining"},
+        {
+            "task_id": "d",
+            "state": "UNKNOWN",
+            "message": "cannot reach worker at w:1: connection reset",
+        },
+    ]
 
 
 # --- reaching the worker -------------------------------------------------------------------

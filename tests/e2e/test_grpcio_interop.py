@@ -1,4 +1,5 @@
-"""A client made from the same `.proto` with the official gRPC stack (grpcio) runs a task."""
+"""A client made from the same `.proto` with the official gRPC stack (grpcio) runs a task,
+through the unary RPCs and WatchTasks, then on a RunTasks bidi stream."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 import trio
@@ -63,13 +65,26 @@ def run_with_grpcio(port: int, messages: ModuleType, services: ModuleType) -> li
             stub.GetTaskResult(messages.GetTaskResultRequest(task_id="nobody"))
         except grpc.RpcError as error:
             missing = error.code()
-        return [slot, updates, result, missing]
+        return [slot, updates, result, missing, run_tasks_with_grpcio(stub, messages)]
+
+
+def run_tasks_with_grpcio(stub: object, messages: ModuleType) -> list[object]:
+    """A RunTasks bidi stream: the request iterator's end half-closes it."""
+    payload = {"calls": [{"function": "demo.add", "args": [20, 22]}]}
+    task = messages.TaskSpec(
+        task_id="grpcio-stream-1",
+        function_call=messages.FunctionCallConfig(type="call_list"),
+        payload=json.dumps(payload).encode(),
+        result_handler=messages.ResultHandler(type="result"),
+    )
+    requests = iter([messages.RunTasksRequest(task=task)])
+    return list(stub.RunTasks(requests, timeout=30))  # type: ignore[attr-defined]
 
 
 async def test_a_grpcio_client_runs_a_task_end_to_end(tmp_path: Path) -> None:
     messages, services = generate(tmp_path)
     async with serve_process("--executors", "1") as worker:
-        slot, updates, result, missing = await trio.to_thread.run_sync(
+        slot, updates, result, missing, streamed = await trio.to_thread.run_sync(
             run_with_grpcio, worker.port, messages, services
         )
     assert slot.state == messages.TASK_STATE_ALLOCATED  # type: ignore[attr-defined]
@@ -78,3 +93,12 @@ async def test_a_grpcio_client_runs_a_task_end_to_end(tmp_path: Path) -> None:
     assert result.result.execute_result.output_count == 1  # type: ignore[attr-defined]
     assert result.result.execute_result.plugin_results[0].records_written == 1  # type: ignore[attr-defined]
     assert missing == grpc.StatusCode.NOT_FOUND
+    responses: list[Any] = streamed  # type: ignore[assignment]
+    accepted, finished = responses
+    assert accepted.WhichOneof("event") == "accepted"
+    assert accepted.accepted.task_id == "grpcio-stream-1"
+    assert finished.WhichOneof("event") == "finished"
+    assert finished.finished.task_id == "grpcio-stream-1"
+    assert finished.finished.is_terminal
+    assert finished.finished.result.state == messages.TASK_STATE_SUCCEEDED
+    assert json.loads(finished.finished.result.outputs_json) == [42]

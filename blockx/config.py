@@ -428,6 +428,9 @@ class GrpcSection:
     max_message_bytes: int = _setting(
         16 * 1024 * 1024, "grpcMaxMessageBytes", "WORKER_GRPC_MAX_MESSAGE_BYTES", positive=True
     )
+    loop: str = _setting("thread", "grpcLoop", "WORKER_GRPC_LOOP", _STR)
+    """"thread": the server on uvloop in a thread of its own (faster); "trio-asyncio": on
+    trio-asyncio's loop in the worker's one thread (see `blockx.api._bridge`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -574,6 +577,12 @@ class WorkerConfig:
             field="shadowSubmitSampleRate",
             value=self.shadow.sample_rate,
             allowed="must be between 0 and 1",
+        )
+        check(
+            self.grpc.loop in ("thread", "trio-asyncio"),
+            field="grpcLoop",
+            value=self.grpc.loop,
+            allowed='must be "thread" or "trio-asyncio"',
         )
         check(
             self.observability.log_format in ("json", "text"),

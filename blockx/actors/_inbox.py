@@ -45,9 +45,14 @@ class Inbox(Generic[M]):
         """From another actor: always taken, never waits."""
         self._send.send_nowait(message)
 
+    @property
+    def waiting(self) -> int:
+        """Messages posted and not taken yet (safe to read from any thread)."""
+        return self._send.statistics().current_buffer_used
+
     def admit(self, message: M, *, backlog: int) -> bool:
         """From a client: False (nothing queued) when `backlog` messages are already waiting."""
-        if self._send.statistics().current_buffer_used >= backlog:
+        if self.waiting >= backlog:
             return False
         self._send.send_nowait(message)
         return True

@@ -12,10 +12,15 @@ stream; the hub is the only writer.
 
 A `RunTasks` stream (`TaskStream`) follows the tasks submitted on it as they
 are accepted, and carries the answers to those submits as well.
+
+The front end may read a stream on another thread than the actors' (see
+`blockx.api._bridge`), so every method takes the stream's lock; `wake` and
+`room` are the front end's own hand-overs to its thread.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -53,6 +58,7 @@ class WatchStream:
     def __init__(self, task_ids: Iterable[str], *, wake: Callable[[], None]) -> None:
         self.task_ids = tuple(dict.fromkeys(task_ids))
         self._wake = wake
+        self._lock = threading.Lock()
         self._pending: dict[str, TaskSnapshot] = {}
         self._open_tasks = set(self.task_ids)
         self.error: WorkerError | None = None
@@ -61,11 +67,12 @@ class WatchStream:
         """Set by the reader when it stops reading, before it unsubscribes."""
 
     def offer(self, snapshot: TaskSnapshot) -> None:
-        if snapshot.task_id not in self._open_tasks:
-            return  # terminal already queued, or not ours
-        self._pending[snapshot.task_id] = snapshot
-        if snapshot.is_terminal:
-            self._open_tasks.discard(snapshot.task_id)
+        with self._lock:
+            if snapshot.task_id not in self._open_tasks:
+                return  # terminal already queued, or not ours
+            self._pending[snapshot.task_id] = snapshot
+            if snapshot.is_terminal:
+                self._open_tasks.discard(snapshot.task_id)
         self._wake()
 
     def lose(self, task_id: str, error: WorkerError) -> bool:
@@ -73,29 +80,34 @@ class WatchStream:
         return True
 
     def fail(self, error: WorkerError) -> None:
-        self.error = error
-        self._open_tasks.clear()
+        with self._lock:
+            self.error = error
+            self._open_tasks.clear()
         self._wake()
 
     def close(self) -> None:
-        self.closed = True
+        with self._lock:
+            self.closed = True
         self._wake()
 
     def take(self) -> list[TaskSnapshot]:
-        updates = list(self._pending.values())
-        self._pending.clear()
+        with self._lock:
+            updates = list(self._pending.values())
+            self._pending.clear()
         return updates
 
     @property
     def following(self) -> frozenset[str]:
         """Task ids whose terminal update has not been queued yet."""
-        return frozenset(self._open_tasks)
+        with self._lock:
+            return frozenset(self._open_tasks)
 
     @property
     def finished(self) -> bool:
-        if self._pending:
-            return False
-        return self.error is not None or self.closed or not self._open_tasks
+        with self._lock:
+            if self._pending:
+                return False
+            return self.error is not None or self.closed or not self._open_tasks
 
 
 @attrs.frozen
@@ -143,6 +155,7 @@ class TaskStream:
         unanswered submits fell below `window`."""
         self._wake = wake
         self._room = room
+        self._lock = threading.Lock()
         self.window = window
         self._events: list[StreamEvent] = []
         self._following: set[str] = set()
@@ -158,57 +171,75 @@ class TaskStream:
     @property
     def task_ids(self) -> frozenset[str]:
         """The accepted tasks whose terminal update has not come yet."""
-        return frozenset(self._following)
+        with self._lock:
+            return frozenset(self._following)
+
+    @property
+    def full(self) -> bool:
+        """`window` submits are unanswered: the reader waits for `room`."""
+        with self._lock:
+            return self.unanswered >= self.window
 
     def posted(self) -> None:
-        self.unanswered += 1
+        with self._lock:
+            self.unanswered += 1
 
     def end_input(self) -> None:
-        self.input_done = True
+        with self._lock:
+            self.input_done = True
         self._wake()
 
     def answer(self, task_id: str, answer: TaskSnapshot | WorkerError) -> None:
         """The slot table's answer to a submit posted on this stream."""
-        self.unanswered -= 1
-        if isinstance(answer, WorkerError):
-            self._events.append(Refused(task_id, answer))
-        else:
-            self._events.append(Accepted(answer))
-            if answer.is_terminal:  # a duplicate of a task that already ended
-                self._events.append(Finished(answer))
-            else:  # followed from now on, though the hub hears of it a step later
-                self._following.add(task_id)
-        if self.unanswered == self.window - 1:
+        with self._lock:
+            self.unanswered -= 1
+            if isinstance(answer, WorkerError):
+                self._events.append(Refused(task_id, answer))
+            else:
+                self._events.append(Accepted(answer))
+                if answer.is_terminal:  # a duplicate of a task that already ended
+                    self._events.append(Finished(answer))
+                else:  # followed from now on, though the hub hears of it a step later
+                    self._following.add(task_id)
+            room = self.unanswered == self.window - 1
+        if room:
             self._room()
         self._wake()
 
     def offer(self, snapshot: TaskSnapshot) -> None:
-        if snapshot.is_terminal and snapshot.task_id in self._following:
+        with self._lock:
+            if not snapshot.is_terminal or snapshot.task_id not in self._following:
+                return
             self._following.discard(snapshot.task_id)
             self._events.append(Finished(snapshot))
-            self._wake()
+        self._wake()
 
     def lose(self, task_id: str, error: WorkerError) -> bool:
         """The worker forgot `task_id`: it ends here as refused. False: the stream goes on."""
-        if task_id in self._following:
+        with self._lock:
+            if task_id not in self._following:
+                return False
             self._following.discard(task_id)
             self._events.append(Refused(task_id, error))
-            self._wake()
+        self._wake()
         return False
 
     def close(self) -> None:
-        self.closed = True
+        with self._lock:
+            self.closed = True
         self._wake()
 
     def take(self) -> list[StreamEvent]:
-        events, self._events = self._events, []
+        with self._lock:
+            events, self._events = self._events, []
         return events
 
     @property
     def finished(self) -> bool:
         """Nothing more will be sent: closed, or input ended with every task answered and ended."""
-        if self._events:
-            return False
-        if self.closed:
-            return True
-        return self.input_done and self.unanswered == 0 and not self._following
+        with self._lock:
+            if self._events:
+                return False
+            if self.closed:
+                return True
+            return self.input_done and self.unanswered == 0 and not self._following

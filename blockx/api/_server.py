@@ -1,4 +1,5 @@
-"""The gRPC server: grpclib on trio-asyncio's loop inside the worker's `trio.run`.
+"""The gRPC server: grpclib on uvloop in a thread of its own, or on trio-asyncio's loop
+inside the worker's `trio.run` (`grpcLoop`; see `_bridge` for both and why).
 
 One TCP port serves `WorkerService`, the standard health service and server
 reflection in both its versions (v1, and v1alpha: the official Python
@@ -36,6 +37,7 @@ from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server, Stream
 
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
+from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
 from blockx.api._service import WorkerService
 from blockx.config import GrpcSection
@@ -167,10 +169,24 @@ class GrpcFrontEnd:
             _http2_max_pings_without_data=0,
         )
         self._server: Server | None = None
+        self._loop_setting = settings.loop
+        self._thread: LoopThread | None = None
 
     async def start(self, listener: socket.socket) -> None:
         """Serve on `listener` (see `bind_listener`), which the server owns from now on."""
-        await trio_asyncio.aio_as_trio(self._start)(listener)
+        if loop_for(self._loop_setting) == "trio-asyncio":
+            await trio_asyncio.aio_as_trio(self._start)(listener)
+            return
+        self._thread = LoopThread()
+        loop = await self._thread.start()
+        bridge = ThreadBridge(trio.lowlevel.current_trio_token(), loop)
+        self.service.bridge = bridge
+        on_rpc = self._on_rpc
+        if on_rpc is not None:  # metrics are the actors' side
+            self._on_rpc = lambda path, status, seconds: bridge.to_trio(
+                on_rpc, path, status, seconds
+            )
+        await self._thread.run(lambda: self._start(listener))
 
     async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.
@@ -192,18 +208,28 @@ class GrpcFrontEnd:
         await self._server.start(sock=listener)
 
     def set_serving(self, serving: bool) -> None:
-        self.health_status.set(serving)
+        self.service.bridge.to_loop(self.health_status.set, serving)
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new requests, stop listening, wait up to `grace_s` for open calls."""
         self.service.closing = True
         self.set_serving(False)
-        if self._server is None:
-            return
         server = self._server
-        server.close()
+        if self._thread is None:
+            if server is not None:
+                server.close()
+                with trio.move_on_after(grace_s):
+                    await trio_asyncio.aio_as_trio(server.wait_closed)()
+            return
+
+        async def close() -> None:
+            if server is not None:
+                server.close()
+                await server.wait_closed()
+
         with trio.move_on_after(grace_s):
-            await trio_asyncio.aio_as_trio(server.wait_closed)()
+            await self._thread.run(close)
+        await self._thread.close()
 
 
 async def _observe_call(on_rpc: RpcObserver, event: RecvRequest) -> None:

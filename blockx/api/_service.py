@@ -47,6 +47,7 @@ from blockx.actors import (
     WatchStream,
     WorkerStatus,
 )
+from blockx.api._bridge import Bridge, InlineBridge
 from blockx.api._convert import (
     WIRE_REQUESTS,
     grpc_error,
@@ -97,6 +98,8 @@ class WorkerService(pb.WorkerServiceBase):
         self._ready = ready
         self.closing = False
         """Set once the worker stops serving: every request gets UNAVAILABLE."""
+        self.bridge: Bridge = InlineBridge()
+        """How handlers reach the actors; the front end sets it when it starts."""
 
     def __mapping__(self) -> dict[str, Handler]:
         """The generated handlers, but the hot RPCs' are raw: their requests are decoded by
@@ -116,21 +119,33 @@ class WorkerService(pb.WorkerServiceBase):
             )
         return mapping
 
+    def _admit(self, message: SlotTableMessage) -> None:
+        """Hand a client's request to the slot table, unless its backlog is full."""
+        if self._slot_table.waiting >= MAX_BACKLOG:
+            raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
+        self.bridge.to_trio(self._slot_table.post, message)
+
     async def _ask(self, make: Callable[[Reply[T]], SlotTableMessage]) -> T:
         if self.closing:
             raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
         future: asyncio.Future[T | WorkerError] = asyncio.get_running_loop().create_future()
+        to_loop = self.bridge.to_loop
 
         def reply(answer: T | WorkerError) -> None:
-            if not future.done():
-                future.set_result(answer)
+            to_loop(_resolve, future, answer)
 
-        if not self._slot_table.admit(make(reply), backlog=MAX_BACKLOG):
-            raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
+        self._admit(make(reply))
         answer = await future
         if isinstance(answer, WorkerError):
             raise grpc_error(answer)
         return answer
+
+    async def _on_trio(self, read: Callable[[], T]) -> T:
+        """`read()` run on the actors' thread, for state only they may touch."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        bridge = self.bridge
+        bridge.to_trio(lambda: bridge.to_loop(_resolve, future, read()))
+        return await future
 
     async def request_task_slot(
         self, message: pb.RequestTaskSlotRequest
@@ -160,7 +175,7 @@ class WorkerService(pb.WorkerServiceBase):
             and snapshot.state is TaskState.RUNNING
             and SHADOW_LABEL not in task.labels
         ):
-            shadow(pb.TaskSpec.parse(task.SerializeToString()))
+            self.bridge.to_trio(shadow, pb.TaskSpec.parse(task.SerializeToString()))
 
     async def _get_task_result(self, rpc: Stream[Any, Any]) -> None:
         message = await rpc.recv_message()
@@ -174,6 +189,7 @@ class WorkerService(pb.WorkerServiceBase):
         self, message: pb.GetWorkerStatusRequest
     ) -> pb.GetWorkerStatusResponse:
         status: WorkerStatus = await self._ask(lambda reply: GetStatus(reply=reply))
+        executors, ready = await self._on_trio(lambda: (tuple(self._executors()), self._ready()))
         beat = status.heartbeat
         identity = self.identity
         return pb.GetWorkerStatusResponse(
@@ -181,7 +197,7 @@ class WorkerService(pb.WorkerServiceBase):
             deployment=identity.deployment,
             version=identity.version,
             started_at_ms=identity.started_at_ms,
-            ready=self._ready() and not beat.draining,
+            ready=ready and not beat.draining,
             draining=beat.draining,
             slots_total=beat.slots_total,
             reserved_slots=beat.reserved_slots,
@@ -206,7 +222,7 @@ class WorkerService(pb.WorkerServiceBase):
                     calls_served=view.calls_served,
                     restarts=view.restarts,
                 )
-                for view in self._executors()
+                for view in executors
             ],
         )
 
@@ -215,8 +231,13 @@ class WorkerService(pb.WorkerServiceBase):
             raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
         wake = asyncio.Event()
         room = asyncio.Event()
-        stream = TaskStream(wake=wake.set, room=room.set, window=RUN_TASKS_WINDOW)
-        self._hub.post(Subscribe(stream=stream, snapshots=()))
+        to_loop = self.bridge.to_loop
+        stream = TaskStream(
+            wake=functools.partial(to_loop, wake.set),
+            room=functools.partial(to_loop, room.set),
+            window=RUN_TASKS_WINDOW,
+        )
+        self.bridge.to_trio(self._hub.post, Subscribe(stream=stream, snapshots=()))
         tasks: dict[str, Any] = {}  # kept only to mirror accepted tasks
         reader = asyncio.ensure_future(self._read_tasks(rpc, stream, room, tasks))
         reader.add_done_callback(lambda _: wake.set())
@@ -239,14 +260,14 @@ class WorkerService(pb.WorkerServiceBase):
         finally:
             reader.cancel()
             stream.abandoned = True
-            self._hub.post(Unsubscribe(stream=stream, broken=broken))
+            self.bridge.to_trio(self._hub.post, Unsubscribe(stream=stream, broken=broken))
 
     async def _read_tasks(
         self, rpc: Stream[Any, Any], stream: TaskStream, room: asyncio.Event, tasks: dict[str, Any]
     ) -> None:
         """Post every request of `rpc` as a submit on `stream`, at most a window ahead."""
         async for message in rpc:
-            while stream.unanswered >= stream.window:
+            while stream.full:
                 room.clear()
                 await room.wait()
             if self.closing or stream.closed:
@@ -260,14 +281,13 @@ class WorkerService(pb.WorkerServiceBase):
             spec = _spec(message.task)
             if self.shadow is not None:
                 tasks[spec.task_id] = message.task
-            self._slot_table.post(
-                SubmitTask(
-                    spec=spec,
-                    slot_id=message.slot_id or None,
-                    reply=functools.partial(stream.answer, spec.task_id),
-                    stream=stream,
-                )
+            submit = SubmitTask(
+                spec=spec,
+                slot_id=message.slot_id or None,
+                reply=functools.partial(stream.answer, spec.task_id),
+                stream=stream,
             )
+            self.bridge.to_trio(self._slot_table.post, submit)
         stream.end_input()
 
     async def _watch_tasks(self, rpc: Stream[Any, Any]) -> None:
@@ -283,9 +303,10 @@ class WorkerService(pb.WorkerServiceBase):
                 f"task_ids has {len(message.task_ids)} ids; at most {MAX_WATCH_TASK_IDS}",
             )
         wake = asyncio.Event()
-        stream = WatchStream(message.task_ids, wake=wake.set)
-        if not self._slot_table.admit(OpenWatch(stream=stream), backlog=MAX_BACKLOG):
-            raise GRPCError(Status.UNAVAILABLE, "worker is overloaded: its request backlog is full")
+        stream = WatchStream(
+            message.task_ids, wake=functools.partial(self.bridge.to_loop, wake.set)
+        )
+        self._admit(OpenWatch(stream=stream))
         broken = True
         try:
             while True:
@@ -300,7 +321,7 @@ class WorkerService(pb.WorkerServiceBase):
             broken = False
         finally:
             stream.abandoned = True
-            self._hub.post(Unsubscribe(stream=stream, broken=broken))
+            self.bridge.to_trio(self._hub.post, Unsubscribe(stream=stream, broken=broken))
 
 
 def _spec(task: Any) -> TaskSpec:
@@ -308,3 +329,8 @@ def _spec(task: Any) -> TaskSpec:
     if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
         spec = spec.as_shadow()
     return spec
+
+
+def _resolve(future: asyncio.Future[T], answer: T) -> None:
+    if not future.done():  # its handler may have gone (cancelled by its client)
+        future.set_result(answer)

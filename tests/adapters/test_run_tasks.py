@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import trio
@@ -261,3 +262,20 @@ async def test_a_worker_not_ready_refuses_each_task_and_health_covers_the_stream
         assert reply.status == HealthCheckResponse.SERVING
         responses = await run(worker, request(call_list_task("early", ("demo.add", [1, 1]))))
         assert events(responses) == [("accepted", "early"), ("finished", "early")]
+
+
+def loop_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name == "grpc-loop"]
+
+
+async def test_the_server_runs_on_its_own_thread_unless_told_to_share_the_workers() -> None:
+    async with running_worker() as worker:
+        assert loop_threads() == ["grpc-loop"]
+        responses = await run(worker, request(call_list_task("t", ("demo.add", [1, 1]))))
+        assert events(responses) == [("accepted", "t"), ("finished", "t")]
+    assert loop_threads() == []  # stopped with the worker
+
+    async with running_worker(worker_config(grpcLoop="trio-asyncio")) as worker:
+        assert loop_threads() == []
+        responses = await run(worker, request(call_list_task("t", ("demo.add", [1, 1]))))
+        assert events(responses) == [("accepted", "t"), ("finished", "t")]

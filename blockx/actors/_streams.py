@@ -159,6 +159,17 @@ class TaskStream:
         self.window = window
         self._events: list[StreamEvent] = []
         self._following: set[str] = set()
+        self._posted = 0
+        self._sent = 0
+        """Submits posted, and answers moved to the events (they go in order)."""
+        self._answers: dict[int, StreamEvent] = {}
+        """Answers waiting for an earlier one, by place."""
+        self._unsent: set[str] = set()
+        """Accepted tasks whose answer is still waiting in `_answers`."""
+        self._early: dict[str, TaskSnapshot] = {}
+        """Terminal updates of those tasks, sent right after their answer."""
+        self._ended: set[str] = set()
+        """Task ids whose terminal update is sent: each goes once per stream."""
         self.unanswered = 0
         """Submits posted to the slot table and not answered yet (the handler's count)."""
         self.held = 0
@@ -180,38 +191,69 @@ class TaskStream:
         with self._lock:
             return self.unanswered >= self.window
 
-    def posted(self) -> None:
+    def posted(self) -> int:
+        """A submit is on its way; returns its place in the stream, for `answer`."""
         with self._lock:
             self.unanswered += 1
+            self._posted += 1
+            return self._posted - 1
 
     def end_input(self) -> None:
         with self._lock:
             self.input_done = True
         self._wake()
 
-    def answer(self, task_id: str, answer: TaskSnapshot | WorkerError) -> None:
-        """The slot table's answer to a submit posted on this stream."""
+    def answer(self, place: int, task_id: str, answer: TaskSnapshot | WorkerError) -> None:
+        """The answer to the submit posted `place`-th. Answers go out in the order of the
+        submits, whoever gives them and in whatever order."""
         with self._lock:
             self.unanswered -= 1
             if isinstance(answer, WorkerError):
-                self._events.append(Refused(task_id, answer))
+                self._answers[place] = Refused(task_id, answer)
             else:
-                self._events.append(Accepted(answer))
-                if answer.is_terminal:  # a duplicate of a task that already ended
-                    self._events.append(Finished(answer))
-                else:  # followed from now on, though the hub hears of it a step later
-                    self._following.add(task_id)
+                self._answers[place] = Accepted(answer)
+                if not answer.is_terminal and task_id not in self._ended:
+                    self._following.add(task_id)  # from now on (the hub hears a step later)
+                    self._unsent.add(task_id)
+            self._send_answers()
             room = self.unanswered == self.window - 1
         if room:
             self._room()
         self._wake()
 
-    def offer(self, snapshot: TaskSnapshot) -> None:
-        with self._lock:
-            if not snapshot.is_terminal or snapshot.task_id not in self._following:
-                return
+    def _send_answers(self) -> None:
+        """Move the answers that are next in order to the events; a task's terminal update
+        that came before its answer could go follows it."""
+        while self._sent in self._answers:
+            event = self._answers.pop(self._sent)
+            self._sent += 1
+            self._events.append(event)
+            if isinstance(event, Accepted):
+                task_id = event.snapshot.task_id
+                if event.snapshot.is_terminal:  # a duplicate of a task that already ended
+                    self._finish(event.snapshot)
+                self._unsent.discard(task_id)
+                early = self._early.pop(task_id, None)
+                if early is not None:
+                    self._finish(early)
+
+    def _finish(self, snapshot: TaskSnapshot) -> None:
+        """A task's terminal update, once per task id on the stream."""
+        if snapshot.task_id not in self._ended:
+            self._ended.add(snapshot.task_id)
             self._following.discard(snapshot.task_id)
             self._events.append(Finished(snapshot))
+
+    def offer(self, snapshot: TaskSnapshot) -> None:
+        with self._lock:
+            task_id = snapshot.task_id
+            if not snapshot.is_terminal or task_id not in self._following:
+                return
+            if task_id in self._unsent:
+                self._following.discard(task_id)
+                self._early[task_id] = snapshot
+                return
+            self._finish(snapshot)
         self._wake()
 
     def lose(self, task_id: str, error: WorkerError) -> bool:
@@ -242,4 +284,5 @@ class TaskStream:
                 return False
             if self.closed:
                 return True
-            return self.input_done and self.unanswered == 0 and not self._following
+            waiting = self._answers or self._early or self._following
+            return self.input_done and self.unanswered == 0 and not waiting

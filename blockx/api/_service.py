@@ -272,11 +272,10 @@ class WorkerService(pb.WorkerServiceBase):
                 await room.wait()
             if self.closing or stream.closed:
                 raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
-            stream.posted()
+            place = stream.posted()
             if not message.HasField("task"):
-                task_id = ""
                 missing = InvalidArgument(field="task", value=None, allowed="a task is required")
-                stream.answer(task_id, missing)
+                stream.answer(place, "", missing)
                 continue
             spec = _spec(message.task)
             if self.shadow is not None:
@@ -284,7 +283,7 @@ class WorkerService(pb.WorkerServiceBase):
             submit = SubmitTask(
                 spec=spec,
                 slot_id=message.slot_id or None,
-                reply=functools.partial(stream.answer, spec.task_id),
+                reply=functools.partial(stream.answer, place, spec.task_id),
                 stream=stream,
             )
             self.bridge.to_trio(self._slot_table.post, submit)

@@ -982,8 +982,10 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
         (the status SubmitTask would have ended with; a request without a task
         is refused with task_id ""), and later each accepted task's terminal
         update (`finished`, carrying the result), in the order the tasks end.
-        Every response names its task; a task's answer always comes before its
-        terminal update, and answers of one stream keep the order of its requests.
+        Every response names its task. Answers keep the order of the requests; a
+        task's terminal update comes after its answer, once per task id on a
+        stream (sent again on the stream after that, a task id gets its answer,
+        the ended snapshot with its result, and nothing more).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
         (64) of its tasks are unanswered. The stream ends after the client has
@@ -1064,8 +1066,10 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
         (the status SubmitTask would have ended with; a request without a task
         is refused with task_id ""), and later each accepted task's terminal
         update (`finished`, carrying the result), in the order the tasks end.
-        Every response names its task; a task's answer always comes before its
-        terminal update, and answers of one stream keep the order of its requests.
+        Every response names its task. Answers keep the order of the requests; a
+        task's terminal update comes after its answer, once per task id on a
+        stream (sent again on the stream after that, a task id gets its answer,
+        the ended snapshot with its result, and nothing more).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
         (64) of its tasks are unanswered. The stream ends after the client has

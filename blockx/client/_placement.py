@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -25,12 +26,11 @@ import trio
 from grpclib.const import Status
 
 from blockx._channels import asyncio_loop
-from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client._errors import InvalidWorkerAddress, WorkerCallError, WorkerUnreachable
 from blockx.client._outcomes import TaskOutcome
 from blockx.client._specs import InvalidTaskSpec
-from blockx.client._worker import WorkerClient
+from blockx.client._worker import WorkerClient, outcomes_of
 from blockx.config import default_config
 from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
 from blockx.errors import BlockxError
@@ -242,13 +242,8 @@ class PlacementClient:
                 allowed = "appears twice in the batch; give each task id once"
                 raise InvalidTaskSpec(field="task_id", value=task.task_id, allowed=allowed)
             seen.add(task.task_id)
-        ended, outcomes = trio.open_memory_channel[TaskOutcome](0)
-        with lone_errors():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._spread, batch, ended)
-                with outcomes:
-                    yield outcomes
-                nursery.cancel_scope.cancel()
+        async with outcomes_of(functools.partial(self._spread, batch)) as outcomes:
+            yield outcomes
 
     async def _spread(
         self, batch: list[pb.TaskSpec], ended: trio.MemorySendChannel[TaskOutcome]

@@ -25,6 +25,7 @@ Theory of operation:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -163,13 +164,8 @@ class WorkerClient:
         for the tasks still running (WATCH_DISCONNECTED after its grace).
         Nothing is retried.
         """
-        ended, outcomes = trio.open_memory_channel[TaskOutcome](0)
-        with lone_errors():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._run_stream, tasks, ended)
-                with outcomes:
-                    yield outcomes
-                nursery.cancel_scope.cancel()
+        async with outcomes_of(functools.partial(self._run_stream, tasks)) as outcomes:
+            yield outcomes
 
     async def _run_stream(
         self,
@@ -303,6 +299,21 @@ def _run_request(item: TaskToRun) -> pb.RunTasksRequest:
         case (pb.TaskSpec() as task, str() as slot_id):
             return pb.RunTasksRequest(task=task, slot_id=slot_id)
     raise Misuse(what=f"run_tasks takes a TaskSpec or (TaskSpec, slot id), not {item!r}")
+
+
+@contextlib.asynccontextmanager
+async def outcomes_of(
+    produce: Callable[[trio.MemorySendChannel[TaskOutcome]], Awaitable[None]],
+) -> AsyncIterator[trio.MemoryReceiveChannel[TaskOutcome]]:
+    """The outcomes `produce` sends, read while it runs in a task of its own; leaving the
+    block early cancels it. Its error is raised as itself, not in an exception group."""
+    ended, outcomes = trio.open_memory_channel[TaskOutcome](0)
+    with lone_errors():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce, ended)
+            with outcomes:
+                yield outcomes
+            nursery.cancel_scope.cancel()
 
 
 @contextlib.asynccontextmanager

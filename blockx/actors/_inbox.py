@@ -4,7 +4,8 @@ An actor is one Trio task that owns some state and takes messages from one
 inbox; nothing else touches its state. Inboxes have no size limit for
 messages from other actors: their number is bounded by the tasks, streams and
 calls that exist. Requests from clients are admitted at the edge instead
-(`admit`), where a full backlog is refused rather than queued.
+(the gRPC front end reads `waiting`), where a full backlog is refused rather
+than queued.
 
 A request that needs an answer carries its own `reply`: a plain function the
 actor calls exactly once, with the answer or with the `WorkerError` that
@@ -49,13 +50,6 @@ class Inbox(Generic[M]):
     def waiting(self) -> int:
         """Messages posted and not taken yet (safe to read from any thread)."""
         return self._send.statistics().current_buffer_used
-
-    def admit(self, message: M, *, backlog: int) -> bool:
-        """From a client: False (nothing queued) when `backlog` messages are already waiting."""
-        if self.waiting >= backlog:
-            return False
-        self._send.send_nowait(message)
-        return True
 
     async def ask(self, make: Callable[[Reply[T]], M]) -> T:
         """Post `make(reply)` and wait for the answer; a `WorkerError` answer is raised."""

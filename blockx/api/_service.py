@@ -156,8 +156,7 @@ class WorkerService(pb.WorkerServiceBase):
         return cast(pb.RequestTaskSlotResponse, slot_response(snapshot))
 
     async def _submit_task(self, rpc: Stream[Any, Any]) -> None:
-        message = await rpc.recv_message()
-        assert message is not None  # grpclib ends a unary call without a request itself
+        message = await _request(rpc)
         if not message.HasField("task"):
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
         spec = _spec(message.task)
@@ -178,8 +177,7 @@ class WorkerService(pb.WorkerServiceBase):
             self.bridge.to_trio(shadow, pb.TaskSpec.parse(task.SerializeToString()))
 
     async def _get_task_result(self, rpc: Stream[Any, Any]) -> None:
-        message = await rpc.recv_message()
-        assert message is not None
+        message = await _request(rpc)
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: GetResult(task_id=message.task_id, reply=reply)
         )
@@ -290,8 +288,7 @@ class WorkerService(pb.WorkerServiceBase):
         stream.end_input()
 
     async def _watch_tasks(self, rpc: Stream[Any, Any]) -> None:
-        message = await rpc.recv_message()
-        assert message is not None
+        message = await _request(rpc)
         if self.closing:
             raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
         if not message.task_ids:
@@ -333,3 +330,11 @@ def _spec(task: Any) -> TaskSpec:
 def _resolve(future: asyncio.Future[T], answer: T) -> None:
     if not future.done():  # its handler may have gone (cancelled by its client)
         future.set_result(answer)
+
+
+async def _request(rpc: Stream[Any, Any]) -> Any:
+    """The one request message of a call that takes one."""
+    message = await rpc.recv_message()
+    if message is None:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the call ended without its request message")
+    return message

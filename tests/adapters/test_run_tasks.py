@@ -10,6 +10,7 @@ import trio.testing
 import trio_asyncio
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
@@ -279,3 +280,25 @@ async def test_the_server_runs_on_its_own_thread_unless_told_to_share_the_worker
         assert loop_threads() == []
         responses = await run(worker, request(call_list_task("t", ("demo.add", [1, 1]))))
         assert events(responses) == [("accepted", "t"), ("finished", "t")]
+
+
+async def test_a_unary_call_that_ends_without_its_request_is_told_so() -> None:
+    async with running_worker() as worker:
+
+        async def ask() -> tuple[Status, str]:
+            async with worker.channel.request(  # streaming on this side: it may send nothing
+                "/blockx.worker.v1.WorkerService/SubmitTask",
+                Cardinality.STREAM_STREAM,
+                pb.SubmitTaskRequest,
+                pb.SubmitTaskResponse,
+            ) as stream:
+                await stream.send_request(end=True)
+                try:
+                    await stream.recv_message()
+                except GRPCError as error:
+                    return error.status, str(error.message)
+            raise AssertionError("the call succeeded")
+
+        code, message = await trio_asyncio.aio_as_trio(ask)()
+        assert code is Status.INVALID_ARGUMENT
+        assert "without its request" in message

@@ -19,8 +19,9 @@ task nursery.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import attrs
@@ -166,8 +167,17 @@ class _TaskRun:
                     return
 
     async def _next(self) -> StartPhase | None:
+        """The next phase command; one already waiting is taken without a trip through the
+        scheduler (the next checkpoint still sees a cancellation)."""
+        phases = self._start.phases
         try:
-            return await self._start.phases.receive()
+            return phases.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            return None
+        try:
+            return await phases.receive()
         except trio.EndOfChannel:
             return None
 
@@ -205,7 +215,7 @@ class _TaskRun:
 
     async def _run_calls(self) -> StartPhase | None:
         """Hand the calls to the dispatcher; hold executor admission until the phase ends."""
-        async with self._rt.admission.executor:
+        async with _admitted(self._rt.admission.executor):
             # The task may have ended while it waited for admission.
             await trio.lowlevel.checkpoint_if_cancelled()
             calls, self._calls = self._calls, ()
@@ -243,7 +253,7 @@ class _TaskRun:
     ) -> T | PhaseOutcome:
         """`work` under its phase's admission and the phase IO timeout; a refusal as an outcome."""
         timeout_ms = self._rt.phase_io_timeout_ms
-        async with admission:
+        async with _admitted(admission):
             try:
                 with trio.fail_after(timeout_ms / 1000):
                     return await work()
@@ -261,3 +271,16 @@ class _TaskRun:
                     message=f"{what} took longer than phaseIoTimeoutMs ({timeout_ms})",
                     retryable=True,
                 )
+
+
+@contextlib.asynccontextmanager
+async def _admitted(admission: trio.Semaphore) -> AsyncIterator[None]:
+    """Hold `admission`; one that is free is taken without a trip through the scheduler."""
+    try:
+        admission.acquire_nowait()
+    except trio.WouldBlock:
+        await admission.acquire()
+    try:
+        yield
+    finally:
+        admission.release()

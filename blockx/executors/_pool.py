@@ -29,6 +29,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
 from typing import Final
@@ -104,6 +105,10 @@ class _Incarnation:
     stream: trio.SocketStream | None = None
     decoder: FrameDecoder | None = None
     frames: trio.MemorySendChannel[bytes] | None = None
+    direct: socket.socket | None = None
+    """The connection as a plain non-blocking socket, for a frame sent at once (`send_frame`)."""
+    unsent: int = 0
+    """Frames queued for the write loop and not sent yet (in the queue or in its hands)."""
     up: bool = False
     last_heartbeat_at_ms: int = 0
     heartbeat: Heartbeat | None = None
@@ -128,6 +133,24 @@ class _Executor:
     calls_served: int = 0
     restarts: int = 0
     running_call_id: str | None = None
+
+
+def _send_at_once(incarnation: _Incarnation, frame: bytes) -> bool:
+    """Send `frame` now, when nothing is queued before it and the socket takes it whole;
+    False: it must go through the write loop (what was sent of it is not repeated)."""
+    direct = incarnation.direct
+    frames = incarnation.frames
+    if direct is None or frames is None or incarnation.unsent:
+        return False
+    try:
+        sent = direct.send(frame)
+    except OSError:  # full (BlockingIOError) or broken: the write loop deals with it
+        return False
+    if sent < len(frame):
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            frames.send_nowait(frame[sent:])  # the rest, first in line: the queue was empty
+            incarnation.unsent += 1
+    return True  # (a closed queue: the connection is going down, its calls with it)
 
 
 class ExecutorPoolManager:
@@ -198,8 +221,11 @@ class ExecutorPoolManager:
             or self._stop_requested.is_set()
         ):
             raise ExecutorUnavailable(executor_id=executor_id, state=executor.state.value)
+        if _send_at_once(incarnation, frame):
+            return
         try:
             incarnation.frames.send_nowait(frame)
+            incarnation.unsent += 1
         except trio.WouldBlock:
             raise SendQueueFull(
                 executor_id=executor_id, capacity=self.config.send_queue_frames
@@ -278,6 +304,7 @@ class ExecutorPoolManager:
                     if incarnation.frames is None:
                         raise trio.ClosedResourceError  # not connected: nothing to finish
                     incarnation.frames.send_nowait(shutdown)
+                    incarnation.unsent += 1
                 except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
                     incarnation.process.kill()
             with trio.move_on_after(self.config.grace_ms / 1000):
@@ -503,6 +530,7 @@ class ExecutorPoolManager:
                 )
             )
         )
+        incarnation.unsent = 1
         incarnation.last_heartbeat_at_ms = self._now_ms()
         incarnation.up = True
         executor.state = ExecutorState.READY
@@ -510,10 +538,17 @@ class ExecutorPoolManager:
         logger.info("executor %s ready (pid %d)", executor.executor_id, incarnation.process.pid)
         up = ExecutorUp(executor_id=executor.executor_id, pid=incarnation.process.pid)
         self._forward(up)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._write_loop, incarnation.stream, outgoing)
-            clean_end = await self._read_loop(executor, incarnation, incarnation.stream)
-            nursery.cancel_scope.cancel()
+        stream = incarnation.stream
+        incarnation.direct = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        incarnation.direct.setblocking(False)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, incarnation, outgoing)
+                clean_end = await self._read_loop(executor, incarnation, stream)
+                nursery.cancel_scope.cancel()
+        finally:
+            direct, incarnation.direct = incarnation.direct, None
+            direct.close()
         if clean_end:
             # End of file: the process is on its way out (Shutdown, or it failed).
             # If it lingers without a connection it is of no use: kill it.
@@ -574,8 +609,10 @@ class ExecutorPoolManager:
             self._events.send_nowait(event)  # nobody listens any more: nothing to tell
 
     async def _write_loop(
-        self, stream: trio.SocketStream, outgoing: trio.MemoryReceiveChannel[bytes]
+        self, incarnation: _Incarnation, outgoing: trio.MemoryReceiveChannel[bytes]
     ) -> None:
+        stream = incarnation.stream
+        assert stream is not None
         async for first in outgoing:
             batch = [first]
             size = len(first)
@@ -590,6 +627,7 @@ class ExecutorPoolManager:
                 await stream.send_all(first if len(batch) == 1 else b"".join(batch))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the reader sees the end of the connection
+            incarnation.unsent -= len(batch)
 
     async def _health_loop(self) -> None:
         config = self.config

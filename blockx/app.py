@@ -305,7 +305,6 @@ async def _serve_rpcs(
     """The gRPC server on `listener`; accepted submits feed `shadow`, if any."""
     service = WorkerService(
         slot_table=actors.inboxes.slot_table,
-        hub=actors.inboxes.hub,
         identity=actors.probe.identity,
         executors=actors.transport.snapshot,
         ready=actors.transport.first_healthy.is_set,
@@ -407,7 +406,7 @@ async def _announce_ready(
 
 async def _stop_serving(actors: WorkerActors, front_end: GrpcFrontEnd) -> None:
     """Watch streams end once they delivered what they hold; then the server stops."""
-    actors.inboxes.hub.post(CloseAllStreams())
+    actors.inboxes.slot_table.post(CloseAllStreams())
     with trio.move_on_after(STREAM_CLOSE_GRACE_S):
         await actors.hub.all_closed()
     await front_end.stop(SERVER_STOP_GRACE_S)

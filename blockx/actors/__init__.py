@@ -3,7 +3,7 @@
 * `SlotTableActor`: the one owner of the slot machine and the function code view.
 * task actors (`run_task`): one per admitted task, its builder and its plugin.
 * `DispatcherActor`: the one owner of the dispatch core, driving the executors.
-* `WatchHub`: fans task updates out to watch streams.
+* `WatchHub`: fans task updates out to watch streams (part of the slot-table actor).
 
 An actor is one task with one inbox (`Inbox`); its messages are all in
 `blockx.actors._messages`, re-exported here. `run_actors` starts the graph;
@@ -28,14 +28,11 @@ from blockx.actors._messages import (
     CloseAllStreams,
     CodeLoaded,
     DispatcherMessage,
-    Follow,
     ForceDrain,
-    Forget,
     GetResult,
     GetStatus,
     OpenWatch,
     PhaseDone,
-    Publish,
     RequestSlot,
     RunTaskCalls,
     SlotTableMessage,
@@ -44,7 +41,6 @@ from blockx.actors._messages import (
     Subscribe,
     Unsubscribe,
     WatchChanged,
-    WatchHubMessage,
     WorkerStatus,
 )
 from blockx.actors._slot_table import SlotTableActor
@@ -73,16 +69,13 @@ __all__ = [
     "DispatcherActor",
     "DispatcherMessage",
     "Finished",
-    "Follow",
     "ForceDrain",
-    "Forget",
     "GetResult",
     "GetStatus",
     "Inbox",
     "Inboxes",
     "OpenWatch",
     "PhaseDone",
-    "Publish",
     "Refused",
     "Reply",
     "RequestSlot",
@@ -100,7 +93,6 @@ __all__ = [
     "Unsubscribe",
     "WatchChanged",
     "WatchHub",
-    "WatchHubMessage",
     "WatchStream",
     "WorkerActors",
     "WorkerStatus",

@@ -2,7 +2,7 @@
 
 Every inbox is opened before any actor exists (`Inboxes`), so each actor is
 built with everything it talks to and nothing is wired later. `run_actors`
-starts the watch hub, the executors, the dispatcher and the slot-table actor
+starts the executors, the dispatcher and the slot-table actor (with its watch hub)
 with `nursery.start`, each reporting ready; task actors run in a nursery of
 their own, which closes (every task actor ended) before the executors stop.
 `ActorProbe` reads the worker's state the way everyone else must: through the
@@ -27,7 +27,6 @@ from blockx.actors._messages import (
     GetStatus,
     MarkReady,
     SlotTableMessage,
-    WatchHubMessage,
     WorkerStatus,
 )
 from blockx.actors._slot_table import SlotTableActor
@@ -58,7 +57,6 @@ class Inboxes:
 
     slot_table: Inbox[SlotTableMessage] = attrs.Factory(Inbox)
     dispatcher: Inbox[DispatcherMessage] = attrs.Factory(Inbox)
-    hub: Inbox[WatchHubMessage] = attrs.Factory(Inbox)
 
     def code_loaded(self, snapshot: FunctionSnapshot) -> None:
         """Where the code refresher delivers each new snapshot."""
@@ -124,11 +122,10 @@ class ActorParts:
 @contextlib.asynccontextmanager
 async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[WorkerActors]:
     """Start the worker's actors in `nursery`; on exit, end every task actor, then stop
-    the executors. The hub and the slot table keep running until `nursery` ends."""
+    the executors. The slot table keeps running until `nursery` ends."""
     config, inboxes = parts.config, parts.inboxes
     stimuli = StimulusIds()
-    hub = WatchHub(inbox=inboxes.hub, slot_table=inboxes.slot_table)
-    await nursery.start(hub.run)
+    hub = WatchHub(slot_table=inboxes.slot_table)
     transport = parts.executors(config.pool_config(), inboxes.executor_events(), parts.clock)
     await nursery.start(transport.run)
     dispatcher = DispatcherActor(
@@ -146,7 +143,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 machine=SlotMachine(config.worker.slot_config()),
                 code=parts.code,
                 inbox=inboxes.slot_table,
-                hub=inboxes.hub,
+                hub=hub,
                 dispatcher=inboxes.dispatcher,
                 runtime=_task_runtime(parts),
                 task_nursery=task_nursery,

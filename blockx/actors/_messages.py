@@ -7,7 +7,7 @@ A task's path through the actors, one message per hop:
            -> slot table -> StartCallPhase -> task actor -> RunTaskCalls -> dispatcher
            -> CallsDone -> slot table -> StartPluginPhase -> task actor -> PhaseDone(PLUGIN)
            (a task without a result handler: its plugin phase succeeds in the slot table)
-           -> slot table -> Publish (every step above) -> watch hub -> WatchStream -> client
+           -> slot table -> its watch hub (every step above) -> WatchStream -> client
 
 Each arrow is a `post` on the receiving actor's `Inbox` (see `_inbox`).
 """
@@ -123,6 +123,30 @@ class ForceDrain:
     """The drain timeout passed: every live task must end now."""
 
 
+# from the front end and the application, for the slot table's watch hub
+
+
+@attrs.frozen(kw_only=True)
+class Subscribe:
+    """Deliver `snapshots` (the current state) to `stream`, then every later update."""
+
+    stream: HubStream
+    snapshots: tuple[TaskSnapshot, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Unsubscribe:
+    """The stream ended: cleanly (`broken` False) or because its client went away."""
+
+    stream: HubStream
+    broken: bool
+
+
+@attrs.frozen(kw_only=True)
+class CloseAllStreams:
+    """Shutdown: every stream ends after what it already has is delivered."""
+
+
 SlotTableMessage = (
     RequestSlot
     | SubmitTask
@@ -136,6 +160,9 @@ SlotTableMessage = (
     | MarkReady
     | StartDrain
     | ForceDrain
+    | Subscribe
+    | Unsubscribe
+    | CloseAllStreams
 )
 
 
@@ -161,53 +188,6 @@ class CancelTaskCalls:
 
 
 DispatcherMessage = RunTaskCalls | CancelTaskCalls | PoolEvent
-
-
-# ------------------------------------------------------ to the watch hub
-
-
-@attrs.frozen(kw_only=True)
-class Subscribe:
-    """Deliver `snapshots` (the current state) to `stream`, then every later update."""
-
-    stream: HubStream
-    snapshots: tuple[TaskSnapshot, ...]
-
-
-@attrs.frozen(kw_only=True)
-class Follow:
-    """`stream` (already subscribed) follows `task_id` from now on: it was accepted on it."""
-
-    stream: TaskStream
-    task_id: str
-
-
-@attrs.frozen(kw_only=True)
-class Publish:
-    snapshot: TaskSnapshot
-
-
-@attrs.frozen(kw_only=True)
-class Unsubscribe:
-    """The stream ended: cleanly (`broken` False) or because its client went away."""
-
-    stream: HubStream
-    broken: bool
-
-
-@attrs.frozen(kw_only=True)
-class Forget:
-    """The slot table no longer knows `task_id`: streams still on it are told NotFound."""
-
-    task_id: str
-
-
-@attrs.frozen(kw_only=True)
-class CloseAllStreams:
-    """Shutdown: every stream ends after what it already has is delivered."""
-
-
-WatchHubMessage = Subscribe | Follow | Publish | Unsubscribe | Forget | CloseAllStreams
 
 
 # ----------------------------------------------------------- values

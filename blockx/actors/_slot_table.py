@@ -26,27 +26,26 @@ from blockx.actors._inbox import Inbox, Reply, take_until
 from blockx.actors._messages import (
     CallsDone,
     CancelTaskCalls,
+    CloseAllStreams,
     CodeLoaded,
     DispatcherMessage,
-    Follow,
     ForceDrain,
-    Forget,
     GetResult,
     GetStatus,
     MarkReady,
     OpenWatch,
     PhaseDone,
-    Publish,
     RequestSlot,
     SlotTableMessage,
     StartDrain,
     SubmitTask,
     Subscribe,
+    Unsubscribe,
     WatchChanged,
-    WatchHubMessage,
     WorkerStatus,
 )
 from blockx.actors._task import Activation, Refusal, TaskRuntime, TaskStart, activate, run_task
+from blockx.actors._watch import WatchHub
 from blockx.calls import FailureCode, StimulusIds
 from blockx.errors import Misuse
 from blockx.functions import FunctionCodeError, FunctionCodeView
@@ -110,7 +109,7 @@ class SlotTableActor:
         machine: SlotMachine,
         code: FunctionCodeView,
         inbox: Inbox[SlotTableMessage],
-        hub: Inbox[WatchHubMessage],
+        hub: WatchHub,
         dispatcher: Inbox[DispatcherMessage],
         runtime: TaskRuntime,
         task_nursery: trio.Nursery,
@@ -194,6 +193,12 @@ class SlotTableActor:
             case ForceDrain():
                 now_ms, stimulus_id = self._stamp("force")
                 self._apply(DrainDeadlinePassed(now_ms=now_ms, stimulus_id=stimulus_id))
+            case Subscribe(stream=stream, snapshots=snapshots):
+                self._hub.subscribe(stream, snapshots)
+            case Unsubscribe(stream=stream, broken=broken):
+                self._hub.unsubscribe(stream, broken=broken)
+            case CloseAllStreams():
+                self._hub.close_all()
 
     def _on_request(
         self, message: RequestSlot | SubmitTask | GetResult | GetStatus | OpenWatch
@@ -229,7 +234,7 @@ class SlotTableActor:
                     stream.fail(error)
                     return
                 self._watched.update(s.task_id for s in snapshots if not s.is_terminal)
-                self._hub.post(Subscribe(stream=stream, snapshots=snapshots))
+                self._hub.subscribe(stream, snapshots)
 
     def _on_report(self, message: PhaseDone | CallsDone) -> None:
         now_ms, stimulus_id = self._stamp("report")
@@ -297,7 +302,7 @@ class SlotTableActor:
         assert step.reply is not None
         message.reply(step.reply)
         if not step.reply.is_terminal:
-            self._hub.post(Follow(stream=stream, task_id=message.spec.task_id))
+            self._hub.follow(stream, message.spec.task_id)
         self._execute(step)
         return True
 
@@ -335,7 +340,7 @@ class SlotTableActor:
                 self._slot_freed = True
                 self._watched.discard(task_id)
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
-                    self._hub.post(Forget(task_id=task_id))
+                    self._hub.forget(task_id)
 
     def _start_phase(self, command: StartPhase) -> None:
         task_id = command.task_id
@@ -420,7 +425,7 @@ class SlotTableActor:
             self._dispatcher.post(CancelTaskCalls(task_id=task_id))
         if self._code.pinned_epoch(task_id) is not None:
             self._code.unpin(task_id, self._clock.now_ms())
-        self._hub.post(Publish(snapshot=TaskSnapshot.of_result(result)))
+        self._hub.publish(TaskSnapshot.of_result(result))
         for hook in self._on_finished:
             hook(result)
 
@@ -428,4 +433,4 @@ class SlotTableActor:
         """A live task's change, for its `WatchTasks` streams (it has none unless one opened
         on it: a `RunTasks` stream needs only the terminal update, which `_end_task` sends)."""
         if task_id in self._watched:
-            self._hub.post(Publish(snapshot=self._machine.get_result(task_id)))
+            self._hub.publish(self._machine.get_result(task_id))

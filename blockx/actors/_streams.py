@@ -49,7 +49,7 @@ class HubStream(Protocol):
 class WatchStream:
     """One stream's task ids and its bounded buffer of pending updates.
 
-    `wake` is called (from the hub's task) whenever there is something new to
+    `wake` is called (from the slot-table actor) whenever there is something new to
     read; the reader then calls `take()`. The stream is `finished` once every
     task's terminal update was taken, or it failed, or it was closed and
     drained.

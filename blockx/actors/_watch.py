@@ -1,9 +1,12 @@
-"""The watch hub: fans task updates out to `WatchTasks` streams.
+"""The watch hub: fans task updates out to the `WatchTasks` and `RunTasks` streams.
 
-It counts streams per task id and tells the slot-table actor when a task gets
-its first stream and when it loses its last one (cleanly, or because a client
-went away), which is what the slot table's watch grace runs on. It publishes
-one figure for others to read, `open_streams`, updated by its own steps.
+It is part of the slot-table actor (a plain object the actor calls, not an
+actor of its own): every update it delivers comes from the slot table, so a
+hop through an inbox of its own cost a wake-up per update and bought nothing.
+It counts streams per task id and tells the slot table, through its inbox,
+when a task gets its first stream and when it loses its last one (cleanly,
+or because a client went away), which is what the slot table's watch grace
+runs on. It publishes one figure for others to read, `open_streams`.
 """
 
 from __future__ import annotations
@@ -13,17 +16,7 @@ import logging
 import trio
 
 from blockx.actors._inbox import Inbox
-from blockx.actors._messages import (
-    CloseAllStreams,
-    Follow,
-    Forget,
-    Publish,
-    SlotTableMessage,
-    Subscribe,
-    Unsubscribe,
-    WatchChanged,
-    WatchHubMessage,
-)
+from blockx.actors._messages import SlotTableMessage, WatchChanged
 from blockx.actors._streams import HubStream
 from blockx.slots import NotFound, TaskSnapshot
 
@@ -31,12 +24,9 @@ logger = logging.getLogger("blockx.watch")
 
 
 class WatchHub:
-    """The actor: takes `inbox`, tells `slot_table`. Start `run` with `nursery.start`."""
+    """The streams and who follows what; tells `slot_table` of first and last streams."""
 
-    def __init__(
-        self, *, inbox: Inbox[WatchHubMessage], slot_table: Inbox[SlotTableMessage]
-    ) -> None:
-        self._receive = inbox.receive
+    def __init__(self, *, slot_table: Inbox[SlotTableMessage]) -> None:
         self._slot_table = slot_table
         self._streams: dict[str, set[HubStream]] = {}
         self._all: set[HubStream] = set()
@@ -50,48 +40,25 @@ class WatchHub:
             await self._emptied.wait()
             self._emptied = trio.Event()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        async for message in self._receive:
-            self._on_message(message)
-            self.open_streams = len(self._all)
+    def subscribe(self, stream: HubStream, snapshots: tuple[TaskSnapshot, ...]) -> None:
+        """Deliver `snapshots` (the current state) to `stream`, then every later update."""
+        if stream.abandoned:
+            return  # its reader left before it was subscribed: nothing to undo
+        self._all.add(stream)
+        self.open_streams = len(self._all)
+        for task_id in stream.task_ids:
+            self._follow(task_id, stream)
+        for snapshot in snapshots:
+            self.publish(snapshot)
 
-    def _on_message(self, message: WatchHubMessage) -> None:
-        match message:
-            case Subscribe(stream=stream, snapshots=snapshots):
-                if stream.abandoned:
-                    return  # its reader left before it was subscribed: nothing to undo
-                self._all.add(stream)
-                for task_id in stream.task_ids:
-                    self._follow(task_id, stream)
-                for snapshot in snapshots:
-                    self._deliver(snapshot)
-            case Follow(stream=stream, task_id=task_id):
-                if stream in self._all:
-                    self._follow(task_id, stream)
-                else:  # its reader left before it heard of the task: a watch broken at once
-                    self._slot_table.post(
-                        WatchChanged(task_id=task_id, attached=False, broken=True)
-                    )
-            case Publish(snapshot=snapshot):
-                self._deliver(snapshot)
-            case Unsubscribe(stream=stream, broken=broken):
-                self._drop(stream, broken=broken)
-            case Forget(task_id=task_id):
-                for stream in self._streams.pop(task_id, set()):
-                    if stream.lose(task_id, NotFound(task_id=task_id)):
-                        self._drop(stream, broken=False)
-            case CloseAllStreams():
-                for stream in self._all:
-                    stream.close()
+    def follow(self, stream: HubStream, task_id: str) -> None:
+        """`stream` (subscribed) follows `task_id` from now on: it was accepted on it."""
+        if stream in self._all:
+            self._follow(task_id, stream)
+        else:  # its reader left before the hub heard of the task: a watch broken at once
+            self._slot_table.post(WatchChanged(task_id=task_id, attached=False, broken=True))
 
-    def _follow(self, task_id: str, stream: HubStream) -> None:
-        streams = self._streams.setdefault(task_id, set())
-        if not streams:
-            self._slot_table.post(WatchChanged(task_id=task_id, attached=True))
-        streams.add(stream)
-
-    def _deliver(self, snapshot: TaskSnapshot) -> None:
+    def publish(self, snapshot: TaskSnapshot) -> None:
         streams = self._streams.get(snapshot.task_id)
         if not streams:
             return
@@ -101,10 +68,32 @@ class WatchHub:
             # Nothing more will come for this task: its streams stop counting.
             del self._streams[snapshot.task_id]
 
+    def unsubscribe(self, stream: HubStream, *, broken: bool) -> None:
+        """The stream ended: cleanly (`broken` False) or because its client went away."""
+        self._drop(stream, broken=broken)
+
+    def forget(self, task_id: str) -> None:
+        """The slot table no longer knows `task_id`: streams still on it are told NotFound."""
+        for stream in self._streams.pop(task_id, set()):
+            if stream.lose(task_id, NotFound(task_id=task_id)):
+                self._drop(stream, broken=False)
+
+    def close_all(self) -> None:
+        """Shutdown: every stream ends after what it already has is delivered."""
+        for stream in self._all:
+            stream.close()
+
+    def _follow(self, task_id: str, stream: HubStream) -> None:
+        streams = self._streams.setdefault(task_id, set())
+        if not streams:
+            self._slot_table.post(WatchChanged(task_id=task_id, attached=True))
+        streams.add(stream)
+
     def _drop(self, stream: HubStream, *, broken: bool) -> None:
         if stream not in self._all:
             return
         self._all.discard(stream)
+        self.open_streams = len(self._all)
         if not self._all:
             self._emptied.set()
         for task_id in stream.task_ids:

@@ -43,7 +43,6 @@ from blockx.actors import (
     Subscribe,
     TaskStream,
     Unsubscribe,
-    WatchHubMessage,
     WatchStream,
     WorkerStatus,
 )
@@ -83,7 +82,6 @@ class WorkerService(pb.WorkerServiceBase):
         self,
         *,
         slot_table: Inbox[SlotTableMessage],
-        hub: Inbox[WatchHubMessage],
         identity: WorkerIdentity,
         executors: Callable[[], Sequence[ExecutorView]],
         ready: Callable[[], bool],
@@ -92,7 +90,6 @@ class WorkerService(pb.WorkerServiceBase):
         self._slot_table = slot_table
         self.shadow = shadow
         """Offered every accepted submit that is not itself a shadow (`ShadowForwarder.offer`)."""
-        self._hub = hub
         self.identity = identity
         self._executors = executors
         self._ready = ready
@@ -235,7 +232,7 @@ class WorkerService(pb.WorkerServiceBase):
             room=functools.partial(to_loop, room.set),
             window=RUN_TASKS_WINDOW,
         )
-        self.bridge.to_trio(self._hub.post, Subscribe(stream=stream, snapshots=()))
+        self.bridge.to_trio(self._slot_table.post, Subscribe(stream=stream, snapshots=()))
         tasks: dict[str, Any] = {}  # kept only to mirror accepted tasks
         reader = asyncio.ensure_future(self._read_tasks(rpc, stream, room, tasks))
         reader.add_done_callback(lambda _: wake.set())
@@ -258,7 +255,7 @@ class WorkerService(pb.WorkerServiceBase):
         finally:
             reader.cancel()
             stream.abandoned = True
-            self.bridge.to_trio(self._hub.post, Unsubscribe(stream=stream, broken=broken))
+            self.bridge.to_trio(self._slot_table.post, Unsubscribe(stream=stream, broken=broken))
 
     async def _read_tasks(
         self, rpc: Stream[Any, Any], stream: TaskStream, room: asyncio.Event, tasks: dict[str, Any]
@@ -317,7 +314,7 @@ class WorkerService(pb.WorkerServiceBase):
             broken = False
         finally:
             stream.abandoned = True
-            self.bridge.to_trio(self._hub.post, Unsubscribe(stream=stream, broken=broken))
+            self.bridge.to_trio(self._slot_table.post, Unsubscribe(stream=stream, broken=broken))
 
 
 def _spec(task: Any) -> TaskSpec:

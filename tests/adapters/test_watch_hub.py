@@ -5,27 +5,14 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from blockx.actors import (
-    CloseAllStreams,
-    Forget,
-    Inbox,
-    Publish,
-    SlotTableMessage,
-    Subscribe,
-    Unsubscribe,
-    WatchChanged,
-    WatchHub,
-    WatchHubMessage,
-    WatchStream,
-)
+from blockx.actors import Inbox, SlotTableMessage, WatchChanged, WatchHub, WatchStream
 from blockx.slots import NotFound, TaskPhase, TaskResult, TaskSnapshot, TaskState
 
 
-def new_hub() -> tuple[WatchHub, Inbox[WatchHubMessage], Inbox[SlotTableMessage]]:
-    """A hub with its own inbox, and the slot table's inbox it tells."""
-    inbox = Inbox[WatchHubMessage]()
+def new_hub() -> tuple[WatchHub, Inbox[SlotTableMessage]]:
+    """A hub, and the slot table's inbox it tells."""
     slot_table = Inbox[SlotTableMessage]()
-    return WatchHub(inbox=inbox, slot_table=slot_table), inbox, slot_table
+    return WatchHub(slot_table=slot_table), slot_table
 
 
 def told(slot_table: Inbox[SlotTableMessage]) -> list[SlotTableMessage]:
@@ -73,74 +60,62 @@ def test_a_slow_reader_holds_one_pending_update_per_task_and_keeps_the_terminal_
     assert len(wakes) == 10_003
 
 
-async def test_the_hub_reports_first_and_last_streams_per_task() -> None:
-    hub, inbox, slot_table = new_hub()
+def test_the_hub_reports_first_and_last_streams_per_task() -> None:
+    hub, slot_table = new_hub()
     one = WatchStream(["t"], wake=lambda: None)
     two = WatchStream(["t", "u"], wake=lambda: None)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(hub.run)
-        inbox.post(Subscribe(stream=one, snapshots=(running("t", TaskPhase.CALLS),)))
-        inbox.post(Subscribe(stream=two, snapshots=()))
-        inbox.post(Unsubscribe(stream=one, broken=True))
-        inbox.post(Unsubscribe(stream=two, broken=True))
-        await trio.testing.wait_all_tasks_blocked()
-        assert told(slot_table) == [
-            WatchChanged(task_id="t", attached=True),
-            WatchChanged(task_id="u", attached=True),
-            WatchChanged(task_id="t", attached=False, broken=True),
-            WatchChanged(task_id="u", attached=False, broken=True),
-        ]
-        assert [s.task_id for s in one.take()] == ["t"]
-        assert hub.open_streams == 0
-        nursery.cancel_scope.cancel()
+    hub.subscribe(one, (running("t", TaskPhase.CALLS),))
+    hub.subscribe(two, ())
+    assert hub.open_streams == 2
+    hub.unsubscribe(one, broken=True)
+    hub.unsubscribe(two, broken=True)
+    assert told(slot_table) == [
+        WatchChanged(task_id="t", attached=True),
+        WatchChanged(task_id="u", attached=True),
+        WatchChanged(task_id="t", attached=False, broken=True),
+        WatchChanged(task_id="u", attached=False, broken=True),
+    ]
+    assert [s.task_id for s in one.take()] == ["t"]
+    assert hub.open_streams == 0
 
 
-async def test_a_terminal_update_ends_the_count_without_a_detach() -> None:
-    hub, inbox, slot_table = new_hub()
+def test_a_terminal_update_ends_the_count_without_a_detach() -> None:
+    hub, slot_table = new_hub()
     stream = WatchStream(["t"], wake=lambda: None)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(hub.run)
-        inbox.post(Subscribe(stream=stream, snapshots=()))
-        inbox.post(Publish(snapshot=ended("t")))
-        inbox.post(Unsubscribe(stream=stream, broken=False))
-        await trio.testing.wait_all_tasks_blocked()
-        assert told(slot_table) == [WatchChanged(task_id="t", attached=True)]
-        assert stream.take()[0].is_terminal
-        assert stream.finished
-        nursery.cancel_scope.cancel()
+    hub.subscribe(stream, ())
+    hub.publish(ended("t"))
+    hub.unsubscribe(stream, broken=False)
+    assert told(slot_table) == [WatchChanged(task_id="t", attached=True)]
+    assert stream.take()[0].is_terminal
+    assert stream.finished
 
 
 async def test_a_forgotten_task_fails_its_streams_and_close_all_ends_the_rest() -> None:
-    hub, inbox, _ = new_hub()
+    hub, _ = new_hub()
     gone = WatchStream(["r"], wake=lambda: None)
     other = WatchStream(["s"], wake=lambda: None)
+    hub.subscribe(gone, ())
+    hub.subscribe(other, ())
+    hub.forget("r")
+    hub.close_all()
+    assert isinstance(gone.error, NotFound)
+    assert gone.finished
+    assert other.closed
+    assert other.finished
     async with trio.open_nursery() as nursery:
-        await nursery.start(hub.run)
-        inbox.post(Subscribe(stream=gone, snapshots=()))
-        inbox.post(Subscribe(stream=other, snapshots=()))
-        inbox.post(Forget(task_id="r"))
-        inbox.post(CloseAllStreams())
+        nursery.start_soon(hub.all_closed)
         await trio.testing.wait_all_tasks_blocked()
-        assert isinstance(gone.error, NotFound)
-        assert gone.finished
-        assert other.closed
-        assert other.finished
-        inbox.post(Unsubscribe(stream=other, broken=False))
-        with trio.fail_after(1):
-            await hub.all_closed()
-        nursery.cancel_scope.cancel()
+        assert hub.open_streams == 1  # still waiting for the last reader
+        hub.unsubscribe(other, broken=False)
+    assert hub.open_streams == 0
 
 
-async def test_a_stream_abandoned_before_it_was_subscribed_is_never_followed() -> None:
-    hub, inbox, slot_table = new_hub()
+def test_a_stream_abandoned_before_it_was_subscribed_is_never_followed() -> None:
+    hub, slot_table = new_hub()
     stream = WatchStream(["t"], wake=lambda: None)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(hub.run)
-        # The reader left while its OpenWatch was still queued at the slot table.
-        stream.abandoned = True
-        inbox.post(Unsubscribe(stream=stream, broken=True))
-        inbox.post(Subscribe(stream=stream, snapshots=(running("t", TaskPhase.CALLS),)))
-        await trio.testing.wait_all_tasks_blocked()
-        assert told(slot_table) == []
-        assert hub.open_streams == 0
-        nursery.cancel_scope.cancel()
+    # The reader left while its OpenWatch was still queued at the slot table.
+    stream.abandoned = True
+    hub.unsubscribe(stream, broken=True)
+    hub.subscribe(stream, (running("t", TaskPhase.CALLS),))
+    assert told(slot_table) == []
+    assert hub.open_streams == 0

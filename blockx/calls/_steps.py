@@ -68,24 +68,32 @@ class StimulusLog:
     """The last `RECENT_STIMULI` events of one core, oldest first."""
 
     def __init__(self) -> None:
-        self._recent: collections.deque[LoggedStimulus] = collections.deque(maxlen=RECENT_STIMULI)
+        self._recent: collections.deque[tuple[Stimulus, str | tuple[object, ...]]] = (
+            collections.deque(maxlen=RECENT_STIMULI)
+        )
 
     @property
     def recent(self) -> tuple[LoggedStimulus, ...]:
-        return tuple(self._recent)
+        return tuple(
+            LoggedStimulus(
+                stimulus_id=event.stimulus_id,
+                event=event,
+                outcome=(
+                    outcome
+                    if isinstance(outcome, str)
+                    else ",".join(type(command).__name__ for command in outcome) or "-"
+                ),
+            )
+            for event, outcome in self._recent
+        )
 
     def apply(self, event: EventT, handle: Callable[[EventT], StepT]) -> StepT:
-        """`handle(event)`, logged with its commands, or with the error it raised."""
+        """`handle(event)`, logged with its commands, or with the error it raised. The
+        record is kept raw (the event, the commands) and made readable only when read."""
         try:
             step = handle(event)
         except Exception as error:
-            self._record(event, type(error).__name__)
+            self._recent.append((event, type(error).__name__))
             raise
-        commands: tuple[object, ...] = step.commands
-        self._record(event, ",".join(type(command).__name__ for command in commands) or "-")
+        self._recent.append((event, step.commands))
         return step
-
-    def _record(self, event: Stimulus, outcome: str) -> None:
-        self._recent.append(
-            LoggedStimulus(stimulus_id=event.stimulus_id, event=event, outcome=outcome)
-        )

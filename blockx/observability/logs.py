@@ -77,6 +77,10 @@ def _exception_text(formatter: logging.Formatter, record: logging.LogRecord) -> 
     return record.exc_text or None
 
 
+_LINE_ENCODER: Final = json.JSONEncoder(default=_plain)
+"""One encoder for every line (`json.dumps` with `default` makes a new one per call)."""
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; a context field named like a fixed key gets a "_" suffix."""
 
@@ -94,7 +98,7 @@ class JsonFormatter(logging.Formatter):
             line["exc"] = exc
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, default=_plain)
+        return _LINE_ENCODER.encode(line)
 
 
 class TextFormatter(logging.Formatter):

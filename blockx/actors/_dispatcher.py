@@ -257,8 +257,10 @@ class DispatcherActor:
                         )
                         for call in calls
                     )
+                    # Out now unless more messages wait: then it goes with their frames.
+                    at_once = not self._receive.statistics().current_buffer_used
                     with contextlib.suppress(ExecutorError):  # as in _send
-                        self._transport.send_frame(executor_id, frame)
+                        self._transport.send_frame(executor_id, frame, at_once=at_once)
                 case CancelCalls(executor_id=executor_id, attempts=attempts):
                     for call_id, attempt in attempts:
                         self._send(executor_id, CancelCall(call_id=call_id, attempt=attempt))

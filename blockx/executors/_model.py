@@ -113,8 +113,10 @@ class ExecutorTransport(Protocol):
         """Queue `message` for `executor_id` without waiting; `ExecutorError` if it cannot."""
         ...
 
-    def send_frame(self, executor_id: str, frame: bytes) -> None:
-        """Queue an encoded frame (`encode_run_calls_frame`); as `send`."""
+    def send_frame(self, executor_id: str, frame: bytes, *, at_once: bool = False) -> None:
+        """Queue an encoded frame (`encode_run_calls_frame`); as `send`. `at_once`: the
+        caller sends nothing more for now, so the frame may go out without waiting to be
+        sent together with others."""
         ...
 
     def snapshot(self) -> tuple[ExecutorView, ...]:

@@ -208,8 +208,10 @@ class ExecutorPoolManager:
         """
         self.send_frame(executor_id, encode_frame(message))
 
-    def send_frame(self, executor_id: str, frame: bytes) -> None:
-        """Queue an already encoded frame (see `encode_run_calls_frame`); as `send`."""
+    def send_frame(self, executor_id: str, frame: bytes, *, at_once: bool = False) -> None:
+        """Queue an already encoded frame (see `encode_run_calls_frame`); as `send`.
+        With `at_once`, a frame nothing is queued before goes out now, on this step: the
+        write loop would take a step of its own to send it."""
         executor = self._executors.get(executor_id)
         if executor is None:
             raise UnknownExecutor(executor_id=executor_id, known=self.executor_ids)
@@ -221,7 +223,7 @@ class ExecutorPoolManager:
             or self._stop_requested.is_set()
         ):
             raise ExecutorUnavailable(executor_id=executor_id, state=executor.state.value)
-        if _send_at_once(incarnation, frame):
+        if at_once and _send_at_once(incarnation, frame):
             return
         try:
             incarnation.frames.send_nowait(frame)

@@ -98,7 +98,7 @@ class FakeExecutors:
             ),
         )
 
-    def send_frame(self, executor_id: str, frame: bytes) -> None:
+    def send_frame(self, executor_id: str, frame: bytes, *, at_once: bool = False) -> None:
         message = decode_payload(frame[4:])
         assert isinstance(message, RunCalls)
         outcomes = [outcome for call in message.calls if (outcome := self._run(call)) is not None]

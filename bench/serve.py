@@ -364,11 +364,12 @@ async def run_streamed(
 
             writer = asyncio.create_task(write())
             async for response in stream:
-                update = response.finished
-                if response.refused is not None:
-                    raise SystemExit(f"a streamed task was refused: {response.refused}")
-                if update is not None and update.state != pb.TaskState.SUCCEEDED:
-                    raise SystemExit(f"task {update.task_id} ended {update.state.name}")
+                for event in response.events:
+                    update = event.finished
+                    if event.refused is not None:
+                        raise SystemExit(f"a streamed task was refused: {event.refused}")
+                    if update is not None and update.state != pb.TaskState.SUCCEEDED:
+                        raise SystemExit(f"task {update.task_id} ended {update.state.name}")
             await writer
 
     started = time.perf_counter()

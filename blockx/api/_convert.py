@@ -207,15 +207,31 @@ def _update(out: Any, snapshot: TaskSnapshot) -> Any:
     return out
 
 
-def stream_response(event: StreamEvent) -> Encoded:
+STREAM_BATCH_BYTES = 1 << 20
+"""A `RunTasks` response holds events up to this size (one larger event goes alone)."""
+
+
+def stream_responses(events: list[StreamEvent]) -> list[Encoded]:
+    """`events` as few `RunTasksResponse`s as `STREAM_BATCH_BYTES` allows, in order."""
+    responses: list[Encoded] = []
     out = _StreamReply()
-    match event:
-        case Accepted(snapshot=snapshot):
-            _submit(out.accepted, snapshot)
-        case Refused(task_id=task_id, error=error):
-            out.refused.task_id = task_id
-            out.refused.status = STATUS_OF[error.code].value
-            out.refused.message = str(error)
-        case Finished(snapshot=snapshot):
-            _update(out.finished, snapshot)
-    return Encoded(out.SerializeToString())
+    size = 0
+    for event in events:
+        one = out.events.add()
+        match event:
+            case Accepted(snapshot=snapshot):
+                _submit(one.accepted, snapshot)
+            case Refused(task_id=task_id, error=error):
+                one.refused.task_id = task_id
+                one.refused.status = STATUS_OF[error.code].value
+                one.refused.message = str(error)
+            case Finished(snapshot=snapshot):
+                _update(one.finished, snapshot)
+        size += one.ByteSize()
+        if size >= STREAM_BATCH_BYTES:
+            responses.append(Encoded(out.SerializeToString()))
+            out = _StreamReply()
+            size = 0
+    if size:
+        responses.append(Encoded(out.SerializeToString()))
+    return responses

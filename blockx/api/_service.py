@@ -39,6 +39,7 @@ from blockx.actors import (
     Reply,
     RequestSlot,
     SlotTableMessage,
+    StreamEvent,
     SubmitTask,
     Subscribe,
     TaskStream,
@@ -53,7 +54,7 @@ from blockx.api._convert import (
     result_response,
     slot_response,
     spec_from_wire,
-    stream_response,
+    stream_responses,
     submit_response,
     task_update,
 )
@@ -241,12 +242,11 @@ class WorkerService(pb.WorkerServiceBase):
             while True:
                 await wake.wait()
                 wake.clear()
-                for event in stream.take():
-                    if self.shadow is not None and not isinstance(event, Refused):
-                        task = tasks.pop(event.snapshot.task_id, None)
-                        if task is not None:
-                            self._offer_shadow(task, event.snapshot)
-                    await rpc.send_message(stream_response(event))
+                events = stream.take()
+                if self.shadow is not None:
+                    self._offer_shadows(events, tasks)
+                for response in stream_responses(events):
+                    await rpc.send_message(response)
                 if reader.done() and reader.exception() is not None:
                     raise cast(BaseException, reader.exception())
                 if stream.finished:
@@ -256,6 +256,13 @@ class WorkerService(pb.WorkerServiceBase):
             reader.cancel()
             stream.abandoned = True
             self.bridge.to_trio(self._slot_table.post, Unsubscribe(stream=stream, broken=broken))
+
+    def _offer_shadows(self, events: list[StreamEvent], tasks: dict[str, Any]) -> None:
+        for event in events:
+            if not isinstance(event, Refused):
+                task = tasks.pop(event.snapshot.task_id, None)
+                if task is not None:
+                    self._offer_shadow(task, event.snapshot)
 
     async def _read_tasks(
         self, rpc: Stream[Any, Any], stream: TaskStream, room: asyncio.Event, tasks: dict[str, Any]

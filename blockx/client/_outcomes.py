@@ -75,20 +75,23 @@ class RunTasksLedger:
     def sent(self, task_id: str) -> None:
         self.unanswered.append(task_id)
 
-    def received(self, response: pb.RunTasksResponse) -> TaskOutcome | None:
-        """The outcome `response` ends, if it ends one."""
-        if response.accepted is not None:
+    def received(self, response: pb.RunTasksResponse) -> list[TaskOutcome]:
+        """The outcomes the events of `response` end, in order."""
+        return [outcome for event in response.events if (outcome := self._event(event)) is not None]
+
+    def _event(self, event: pb.RunTasksEvent) -> TaskOutcome | None:
+        if event.accepted is not None:
             self._answered()
-            self.running[response.accepted.task_id] = response.accepted
+            self.running[event.accepted.task_id] = event.accepted
             return None
-        if response.refused is not None:
+        if event.refused is not None:
             asked = self._answered()
             return TaskOutcome(
-                task_id=response.refused.task_id or asked,
+                task_id=event.refused.task_id or asked,
                 worker_addr=self.worker_addr,
-                error=refusal_error(response.refused),
+                error=refusal_error(event.refused),
             )
-        update = response.finished
+        update = event.finished
         if update is None:  # an event this client does not know: nothing it can end
             return None
         result = update.result or pb.TaskResult(

@@ -185,8 +185,7 @@ class WorkerClient:
                         await self._aio(stream.send_request)
                         nursery.start_soon(self._send_tasks, stream, tasks, ledger)
                         while (response := await self._aio(stream.recv_message)) is not None:
-                            outcome = ledger.received(response)
-                            if outcome is not None:
+                            for outcome in ledger.received(response):
                                 await ended.send(outcome)
                         ledger.check_ended()
 

@@ -231,9 +231,10 @@ class FakeWorker(pb.WorkerServiceBase):
             accepted = pb.SubmitTaskResponse(
                 task_id=task_id, slot_id="slot-1", state=pb.TaskState.RUNNING
             )
-            yield pb.RunTasksResponse(accepted=accepted)
+            yield pb.RunTasksResponse(events=[pb.RunTasksEvent(accepted=accepted)])
             if task_id != "vanishes":
-                yield pb.RunTasksResponse(finished=terminal(succeeded(task_id)))
+                finished = pb.RunTasksEvent(finished=terminal(succeeded(task_id)))
+                yield pb.RunTasksResponse(events=[finished])
 
 
 async def _start_fake() -> tuple[FakeWorker, Server, int]:

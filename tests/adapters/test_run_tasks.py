@@ -55,26 +55,31 @@ async def run(
     return responses
 
 
+def flat(responses: Sequence[pb.RunTasksResponse]) -> list[pb.RunTasksEvent]:
+    """The events of `responses`, in order."""
+    return [event for response in responses for event in response.events]
+
+
 def events(responses: Sequence[pb.RunTasksResponse]) -> list[tuple[str, str]]:
-    """(event, task id) of each response."""
+    """(event, task id) of each event."""
     out = []
-    for response in responses:
-        if response.accepted is not None:
-            out.append(("accepted", response.accepted.task_id))
-        elif response.refused is not None:
-            out.append(("refused", response.refused.task_id))
+    for event in flat(responses):
+        if event.accepted is not None:
+            out.append(("accepted", event.accepted.task_id))
+        elif event.refused is not None:
+            out.append(("refused", event.refused.task_id))
         else:
-            assert response.finished is not None
-            out.append(("finished", response.finished.task_id))
+            assert event.finished is not None
+            out.append(("finished", event.finished.task_id))
     return out
 
 
 def finished(responses: Sequence[pb.RunTasksResponse]) -> dict[str, pb.TaskUpdate]:
-    return {r.finished.task_id: r.finished for r in responses if r.finished is not None}
+    return {e.finished.task_id: e.finished for e in flat(responses) if e.finished is not None}
 
 
 def refusals(responses: Sequence[pb.RunTasksResponse]) -> list[pb.TaskRefusal]:
-    return [r.refused for r in responses if r.refused is not None]
+    return [e.refused for e in flat(responses) if e.refused is not None]
 
 
 async def status(harness: Harness) -> pb.GetWorkerStatusResponse:
@@ -109,7 +114,7 @@ async def test_a_task_id_seen_before_is_answered_as_it_stands_and_runs_once() ->
         seen = events(responses)
         # The ended task: its result at once, accepted then finished, and no second run.
         assert seen[:2] == [("accepted", "done"), ("finished", "done")]
-        accepted = responses[0].accepted
+        accepted = flat(responses)[0].accepted
         assert accepted is not None
         assert accepted.state == pb.TaskState.SUCCEEDED
         assert accepted.result is not None
@@ -149,7 +154,7 @@ async def test_a_reserved_slot_is_used_by_the_task_that_names_it() -> None:
         responses = await run(
             worker, request(call_list_task("held", ("demo.add", [3, 4])), slot_id=slot.slot_id)
         )
-        accepted = responses[0].accepted
+        accepted = flat(responses)[0].accepted
         assert accepted is not None
         assert (accepted.task_id, accepted.slot_id) == ("held", slot.slot_id)
         assert finished(responses)["held"].state == pb.TaskState.SUCCEEDED

@@ -21,6 +21,7 @@ from blockx._proto.blockx.worker.v1 import (
     PhaseTimings,
     PluginResult,
     ResultHandler,
+    RunTasksEvent,
     RunTasksResponse,
     SubmitTaskResponse,
     TaskPhase,
@@ -31,7 +32,7 @@ from blockx._proto.blockx.worker.v1 import (
     TaskUpdate,
 )
 from blockx.actors import Accepted, Finished, Refused
-from blockx.api._convert import result_bytes, stream_response, submit_response, task_update
+from blockx.api._convert import result_bytes, stream_responses, submit_response, task_update
 from blockx.calls import CallStats, FailureCode
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
@@ -307,13 +308,28 @@ def test_each_reply_about_a_task_reads_back_with_its_snapshot_and_result() -> No
     submitted = SubmitTaskResponse.parse(submit_response(snapshot).data)
     assert (submitted.slot_id, submitted.result) == ("slot-0", expected)
 
-    streamed = RunTasksResponse.parse(stream_response(Finished(snapshot)).data)
-    assert streamed.finished == update
-    streamed = RunTasksResponse.parse(stream_response(Accepted(snapshot)).data)
-    assert streamed.accepted == submitted
     refused = slots.NoSlot(task_id="t", task_slots=4)
-    streamed = RunTasksResponse.parse(stream_response(Refused("t", refused)).data)
-    assert streamed.refused == TaskRefusal(task_id="t", status=8, message=str(refused))
+    (encoded,) = stream_responses([Accepted(snapshot), Refused("t", refused), Finished(snapshot)])
+    streamed = RunTasksResponse.parse(encoded.data)
+    assert streamed.events == [
+        RunTasksEvent(accepted=submitted),
+        RunTasksEvent(refused=TaskRefusal(task_id="t", status=8, message=str(refused))),
+        RunTasksEvent(finished=update),
+    ]
+
+
+def test_a_stream_response_holds_events_up_to_its_size_limit() -> None:
+    kept = slots.PluginResult(
+        plugin_type="result", ok=True, records_written=1, outputs_json="x" * 400_000
+    )
+    result = attrs.evolve(domain_result(None, slots.TaskState.SUCCEEDED), plugin_results=(kept,))
+    big = Finished(slots.TaskSnapshot.of_result(result))
+    small = Accepted(slots.TaskSnapshot.of_result(domain_result(None, slots.TaskState.SUCCEEDED)))
+    encoded = stream_responses([small, big, big, big, small, small])
+    counts = [len(RunTasksResponse.parse(one.data).events) for one in encoded]
+    assert counts == [4, 2]  # the first passes 1 MiB with its third large event
+    assert sum(counts) == 6
+    assert stream_responses([]) == []
 
 
 def test_a_live_task_has_no_result_on_the_wire() -> None:

@@ -94,7 +94,7 @@ async def test_a_grpcio_client_runs_a_task_end_to_end(tmp_path: Path) -> None:
     assert result.result.execute_result.plugin_results[0].records_written == 1  # type: ignore[attr-defined]
     assert missing == grpc.StatusCode.NOT_FOUND
     responses: list[Any] = streamed  # type: ignore[assignment]
-    accepted, finished = responses
+    accepted, finished = [event for response in responses for event in response.events]
     assert accepted.WhichOneof("event") == "accepted"
     assert accepted.accepted.task_id == "grpcio-stream-1"
     assert finished.WhichOneof("event") == "finished"

@@ -19,6 +19,7 @@ __all__ = (
     "RequestTaskSlotRequest",
     "RequestTaskSlotResponse",
     "ResultHandler",
+    "RunTasksEvent",
     "RunTasksRequest",
     "RunTasksResponse",
     "SlotStatus",
@@ -545,25 +546,7 @@ default_message_pool.register_message("blockx.worker.v1", "ResultHandler", Resul
 
 
 @dataclass(eq=False, repr=False)
-class RunTasksRequest(betterproto2.Message):
-    @betterproto2.staticproperty
-    @staticmethod
-    def DESCRIPTOR() -> Descriptor:
-        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["RunTasksRequest"]
-
-    task: "TaskSpec | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
-
-    slot_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
-    """
-    The reserved slot; "" reserves one inline, waiting until one is free.
-    """
-
-
-default_message_pool.register_message("blockx.worker.v1", "RunTasksRequest", RunTasksRequest)
-
-
-@dataclass(eq=False, repr=False)
-class RunTasksResponse(betterproto2.Message):
+class RunTasksEvent(betterproto2.Message):
     """
 
 
@@ -574,7 +557,7 @@ class RunTasksResponse(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["RunTasksResponse"]
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["RunTasksEvent"]
 
     accepted: "SubmitTaskResponse | None" = betterproto2.field(
         1, betterproto2.TYPE_MESSAGE, optional=True, group="event"
@@ -597,6 +580,43 @@ class RunTasksResponse(betterproto2.Message):
     """
     An accepted task ended (is_terminal is set and result is present).
     """
+
+
+default_message_pool.register_message("blockx.worker.v1", "RunTasksEvent", RunTasksEvent)
+
+
+@dataclass(eq=False, repr=False)
+class RunTasksRequest(betterproto2.Message):
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["RunTasksRequest"]
+
+    task: "TaskSpec | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    slot_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The reserved slot; "" reserves one inline, waiting until one is free.
+    """
+
+
+default_message_pool.register_message("blockx.worker.v1", "RunTasksRequest", RunTasksRequest)
+
+
+@dataclass(eq=False, repr=False)
+class RunTasksResponse(betterproto2.Message):
+    """
+    What happened to some of the stream's tasks since the previous response,
+    in order. A busy stream carries many events per response (at most 1 MiB of
+    them, unless one event is larger alone).
+    """
+
+    @betterproto2.staticproperty
+    @staticmethod
+    def DESCRIPTOR() -> Descriptor:
+        return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["RunTasksResponse"]
+
+    events: "list[RunTasksEvent]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message("blockx.worker.v1", "RunTasksResponse", RunTasksResponse)
@@ -978,11 +998,12 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
     ) -> "AsyncIterator[RunTasksResponse]":
         """
         Run many tasks on one stream. Each request submits one task (as
-        SubmitTask would); the stream answers each with `accepted` or `refused`
-        (the status SubmitTask would have ended with; a request without a task
-        is refused with task_id ""), and later each accepted task's terminal
-        update (`finished`, carrying the result), in the order the tasks end.
-        Every response names its task. Answers keep the order of the requests; a
+        SubmitTask would); the responses carry events: each request is answered
+        with `accepted` or `refused` (the status SubmitTask would have ended
+        with; a request without a task is refused with task_id ""), and later
+        each accepted task's terminal update (`finished`, carrying the result),
+        in the order the tasks end. Every event names its task. Answers keep the
+        order of the requests; a
         task's terminal update comes after its answer, once per task id on a
         stream (sent again on the stream after that, a task id gets its answer,
         the ended snapshot with its result, and nothing more).
@@ -1006,7 +1027,7 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
 
 
 BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR = default_google_proto_descriptor_pool.AddSerializedFile(
-    b'\n\x1dblockx/worker/v1/worker.proto\x12\x10blockx.worker.v1"I\n\x12FunctionCallConfig\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n\x0bconfig_json\x18\x02 \x01(\tR\nconfigJson"D\n\rResultHandler\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n\x0bconfig_json\x18\x02 \x01(\tR\nconfigJson"\x83\x01\n\x0fCallRetryPolicy\x12!\n\x0cmax_attempts\x18\x01 \x01(\rR\x0bmaxAttempts\x12&\n\x0fbase_backoff_ms\x18\x02 \x01(\rR\rbaseBackoffMs\x12%\n\x0ejitter_percent\x18\x03 \x01(\rR\rjitterPercent"\x97\x04\n\x08TaskSpec\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12I\n\rfunction_call\x18\x02 \x01(\x0b2$.blockx.worker.v1.FunctionCallConfigR\x0cfunctionCall\x12\x18\n\x07payload\x18\x03 \x01(\x0cR\x07payload\x12F\n\x0eresult_handler\x18\x04 \x01(\x0b2\x1f.blockx.worker.v1.ResultHandlerR\rresultHandler\x12&\n\x0ftask_timeout_ms\x18\x05 \x01(\x03R\rtaskTimeoutMs\x12S\n\x13call_failure_policy\x18\x06 \x01(\x0e2#.blockx.worker.v1.CallFailurePolicyR\x11callFailurePolicy\x12M\n\x11call_retry_policy\x18\x07 \x01(\x0b2!.blockx.worker.v1.CallRetryPolicyR\x0fcallRetryPolicy\x12>\n\x06labels\x18\x08 \x03(\x0b2&.blockx.worker.v1.TaskSpec.LabelsEntryR\x06labels\x1a9\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x028\x01"H\n\x16RequestTaskSlotRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x15\n\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs"\x96\x02\n\x17RequestTaskSlotResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId\x121\n\x05state\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x04 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12-\n\x13lease_expires_at_ms\x18\x05 \x01(\x03R\x10leaseExpiresAtMs\x124\n\x06result\x18\x06 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"\\\n\x11SubmitTaskRequest\x12.\n\x04task\x18\x01 \x01(\x0b2\x1a.blockx.worker.v1.TaskSpecR\x04task\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId"\xe2\x01\n\x12SubmitTaskResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId\x121\n\x05state\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x04 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x124\n\x06result\x18\x05 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"/\n\x14GetTaskResultRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId"\xcc\x01\n\x15GetTaskResultResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x124\n\x06result\x18\x04 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result".\n\x11WatchTasksRequest\x12\x19\n\x08task_ids\x18\x01 \x03(\tR\x07taskIds"Z\n\x0fRunTasksRequest\x12.\n\x04task\x18\x01 \x01(\x0b2\x1a.blockx.worker.v1.TaskSpecR\x04task\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId"\xd6\x01\n\x10RunTasksResponse\x12B\n\x08accepted\x18\x01 \x01(\x0b2$.blockx.worker.v1.SubmitTaskResponseH\x00R\x08accepted\x129\n\x07refused\x18\x02 \x01(\x0b2\x1d.blockx.worker.v1.TaskRefusalH\x00R\x07refused\x12:\n\x08finished\x18\x03 \x01(\x0b2\x1c.blockx.worker.v1.TaskUpdateH\x00R\x08finishedB\x07\n\x05event"X\n\x0bTaskRefusal\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x16\n\x06status\x18\x02 \x01(\x05R\x06status\x12\x18\n\x07message\x18\x03 \x01(\tR\x07message"\xe2\x01\n\nTaskUpdate\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12\x1f\n\x0bis_terminal\x18\x04 \x01(\x08R\nisTerminal\x124\n\x06result\x18\x05 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"\xc0\x04\n\nTaskResult\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12!\n\x0cfailure_code\x18\x04 \x01(\tR\x0bfailureCode\x12\x18\n\x07message\x18\x05 \x01(\tR\x07message\x12\x1c\n\tretryable\x18\x06 \x01(\x08R\tretryable\x12F\n\x0eexecute_result\x18\x07 \x01(\x0b2\x1f.blockx.worker.v1.ExecuteResultR\rexecuteResult\x128\n\x07timings\x18\x08 \x01(\x0b2\x1e.blockx.worker.v1.PhaseTimingsR\x07timings\x12?\n\ncall_stats\x18\t \x01(\x0b2 .blockx.worker.v1.CallStatisticsR\tcallStats\x12&\n\x0ftask_code_epoch\x18\n \x01(\tR\rtaskCodeEpoch\x12$\n\x0eaccepted_at_ms\x18\x0b \x01(\x03R\x0cacceptedAtMs\x12$\n\x0efinished_at_ms\x18\x0c \x01(\x03R\x0cfinishedAtMs\x12!\n\x0coutputs_json\x18\r \x01(\tR\x0boutputsJson"\x9c\x01\n\rExecuteResult\x12!\n\x0coutput_count\x18\x01 \x01(\x04R\x0boutputCount\x12!\n\x0coutput_bytes\x18\x02 \x01(\x04R\x0boutputBytes\x12E\n\x0eplugin_results\x18\x03 \x03(\x0b2\x1e.blockx.worker.v1.PluginResultR\rpluginResults"\x80\x01\n\x0cPluginResult\x12\x1f\n\x0bplugin_type\x18\x01 \x01(\tR\npluginType\x12\x0e\n\x02ok\x18\x02 \x01(\x08R\x02ok\x12\'\n\x0frecords_written\x18\x03 \x01(\x04R\x0erecordsWritten\x12\x16\n\x06detail\x18\x04 \x01(\tR\x06detail"\xa3\x01\n\x0cPhaseTimings\x12!\n\x0cpreparing_ms\x18\x01 \x01(\x03R\x0bpreparingMs\x12\x1d\n\nbuilder_ms\x18\x02 \x01(\x03R\tbuilderMs\x12\x19\n\x08calls_ms\x18\x03 \x01(\x03R\x07callsMs\x12\x1b\n\tplugin_ms\x18\x04 \x01(\x03R\x08pluginMs\x12\x19\n\x08total_ms\x18\x05 \x01(\x03R\x07totalMs"\xa2\x01\n\x0eCallStatistics\x12\x1f\n\x0bcalls_total\x18\x01 \x01(\x04R\ncallsTotal\x12\'\n\x0fcalls_succeeded\x18\x02 \x01(\x04R\x0ecallsSucceeded\x12!\n\x0ccalls_failed\x18\x03 \x01(\x04R\x0bcallsFailed\x12#\n\rcalls_retried\x18\x04 \x01(\x04R\x0ccallsRetried"\x18\n\x16GetWorkerStatusRequest"\xf3\x03\n\x17GetWorkerStatusResponse\x12\x1f\n\x0bworker_addr\x18\x01 \x01(\tR\nworkerAddr\x12\x1e\n\ndeployment\x18\x02 \x01(\tR\ndeployment\x12\x18\n\x07version\x18\x03 \x01(\tR\x07version\x12"\n\rstarted_at_ms\x18\x04 \x01(\x03R\x0bstartedAtMs\x12\x14\n\x05ready\x18\x05 \x01(\x08R\x05ready\x12\x1a\n\x08draining\x18\x06 \x01(\x08R\x08draining\x12\x1f\n\x0bslots_total\x18\x07 \x01(\rR\nslotsTotal\x12%\n\x0ereserved_slots\x18\x08 \x01(\rR\rreservedSlots\x12#\n\rrunning_tasks\x18\t \x01(\rR\x0crunningTasks\x12\x1d\n\nfree_slots\x18\n \x01(\rR\tfreeSlots\x122\n\x05slots\x18\x0b \x03(\x0b2\x1c.blockx.worker.v1.SlotStatusR\x05slots\x12>\n\texecutors\x18\x0c \x03(\x0b2 .blockx.worker.v1.ExecutorStatusR\texecutors\x12\'\n\x0fwaiting_submits\x18\r \x01(\rR\x0ewaitingSubmits"\x83\x01\n\nSlotStatus\x12\x17\n\x07slot_id\x18\x01 \x01(\tR\x06slotId\x12\x14\n\x05state\x18\x02 \x01(\tR\x05state\x12\x17\n\x07task_id\x18\x03 \x01(\tR\x06taskId\x12-\n\x13lease_expires_at_ms\x18\x04 \x01(\x03R\x10leaseExpiresAtMs"\xb5\x01\n\x0eExecutorStatus\x12\x1f\n\x0bexecutor_id\x18\x01 \x01(\tR\nexecutorId\x12\x14\n\x05state\x18\x02 \x01(\tR\x05state\x12\x10\n\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x1b\n\trss_bytes\x18\x04 \x01(\x04R\x08rssBytes\x12!\n\x0ccalls_served\x18\x05 \x01(\x04R\x0bcallsServed\x12\x1a\n\x08restarts\x18\x06 \x01(\rR\x08restarts*\x88\x01\n\tTaskState\x12\x18\n\x16TASK_STATE_UNSPECIFIED\x12\x18\n\x14TASK_STATE_ALLOCATED\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04*\x9d\x01\n\tTaskPhase\x12\x18\n\x16TASK_PHASE_UNSPECIFIED\x12\x18\n\x14TASK_PHASE_PREPARING\x10\x01\x12\x16\n\x12TASK_PHASE_BUILDER\x10\x02\x12\x14\n\x10TASK_PHASE_CALLS\x10\x03\x12\x15\n\x11TASK_PHASE_PLUGIN\x10\x04\x12\x17\n\x13TASK_PHASE_TERMINAL\x10\x05*~\n\x11CallFailurePolicy\x12!\n\x1fCALL_FAILURE_POLICY_UNSPECIFIED\x12!\n\x1dCALL_FAILURE_POLICY_FAIL_FAST\x10\x01\x12#\n\x1fCALL_FAILURE_POLICY_BEST_EFFORT\x10\x022\xc4\x04\n\rWorkerService\x12f\n\x0fRequestTaskSlot\x12(.blockx.worker.v1.RequestTaskSlotRequest\x1a).blockx.worker.v1.RequestTaskSlotResponse\x12W\n\nSubmitTask\x12#.blockx.worker.v1.SubmitTaskRequest\x1a$.blockx.worker.v1.SubmitTaskResponse\x12`\n\rGetTaskResult\x12&.blockx.worker.v1.GetTaskResultRequest\x1a\'.blockx.worker.v1.GetTaskResultResponse\x12Q\n\nWatchTasks\x12#.blockx.worker.v1.WatchTasksRequest\x1a\x1c.blockx.worker.v1.TaskUpdate0\x01\x12f\n\x0fGetWorkerStatus\x12(.blockx.worker.v1.GetWorkerStatusRequest\x1a).blockx.worker.v1.GetWorkerStatusResponse\x12U\n\x08RunTasks\x12!.blockx.worker.v1.RunTasksRequest\x1a".blockx.worker.v1.RunTasksResponse(\x010\x01b\x06proto3'
+    b'\n\x1dblockx/worker/v1/worker.proto\x12\x10blockx.worker.v1"I\n\x12FunctionCallConfig\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n\x0bconfig_json\x18\x02 \x01(\tR\nconfigJson"D\n\rResultHandler\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n\x0bconfig_json\x18\x02 \x01(\tR\nconfigJson"\x83\x01\n\x0fCallRetryPolicy\x12!\n\x0cmax_attempts\x18\x01 \x01(\rR\x0bmaxAttempts\x12&\n\x0fbase_backoff_ms\x18\x02 \x01(\rR\rbaseBackoffMs\x12%\n\x0ejitter_percent\x18\x03 \x01(\rR\rjitterPercent"\x97\x04\n\x08TaskSpec\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12I\n\rfunction_call\x18\x02 \x01(\x0b2$.blockx.worker.v1.FunctionCallConfigR\x0cfunctionCall\x12\x18\n\x07payload\x18\x03 \x01(\x0cR\x07payload\x12F\n\x0eresult_handler\x18\x04 \x01(\x0b2\x1f.blockx.worker.v1.ResultHandlerR\rresultHandler\x12&\n\x0ftask_timeout_ms\x18\x05 \x01(\x03R\rtaskTimeoutMs\x12S\n\x13call_failure_policy\x18\x06 \x01(\x0e2#.blockx.worker.v1.CallFailurePolicyR\x11callFailurePolicy\x12M\n\x11call_retry_policy\x18\x07 \x01(\x0b2!.blockx.worker.v1.CallRetryPolicyR\x0fcallRetryPolicy\x12>\n\x06labels\x18\x08 \x03(\x0b2&.blockx.worker.v1.TaskSpec.LabelsEntryR\x06labels\x1a9\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x028\x01"H\n\x16RequestTaskSlotRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x15\n\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs"\x96\x02\n\x17RequestTaskSlotResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId\x121\n\x05state\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x04 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12-\n\x13lease_expires_at_ms\x18\x05 \x01(\x03R\x10leaseExpiresAtMs\x124\n\x06result\x18\x06 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"\\\n\x11SubmitTaskRequest\x12.\n\x04task\x18\x01 \x01(\x0b2\x1a.blockx.worker.v1.TaskSpecR\x04task\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId"\xe2\x01\n\x12SubmitTaskResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId\x121\n\x05state\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x04 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x124\n\x06result\x18\x05 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"/\n\x14GetTaskResultRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId"\xcc\x01\n\x15GetTaskResultResponse\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x124\n\x06result\x18\x04 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result".\n\x11WatchTasksRequest\x12\x19\n\x08task_ids\x18\x01 \x03(\tR\x07taskIds"Z\n\x0fRunTasksRequest\x12.\n\x04task\x18\x01 \x01(\x0b2\x1a.blockx.worker.v1.TaskSpecR\x04task\x12\x17\n\x07slot_id\x18\x02 \x01(\tR\x06slotId"K\n\x10RunTasksResponse\x127\n\x06events\x18\x01 \x03(\x0b2\x1f.blockx.worker.v1.RunTasksEventR\x06events"\xd3\x01\n\rRunTasksEvent\x12B\n\x08accepted\x18\x01 \x01(\x0b2$.blockx.worker.v1.SubmitTaskResponseH\x00R\x08accepted\x129\n\x07refused\x18\x02 \x01(\x0b2\x1d.blockx.worker.v1.TaskRefusalH\x00R\x07refused\x12:\n\x08finished\x18\x03 \x01(\x0b2\x1c.blockx.worker.v1.TaskUpdateH\x00R\x08finishedB\x07\n\x05event"X\n\x0bTaskRefusal\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x16\n\x06status\x18\x02 \x01(\x05R\x06status\x12\x18\n\x07message\x18\x03 \x01(\tR\x07message"\xe2\x01\n\nTaskUpdate\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12\x1f\n\x0bis_terminal\x18\x04 \x01(\x08R\nisTerminal\x124\n\x06result\x18\x05 \x01(\x0b2\x1c.blockx.worker.v1.TaskResultR\x06result"\xc0\x04\n\nTaskResult\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x121\n\x05state\x18\x02 \x01(\x0e2\x1b.blockx.worker.v1.TaskStateR\x05state\x121\n\x05phase\x18\x03 \x01(\x0e2\x1b.blockx.worker.v1.TaskPhaseR\x05phase\x12!\n\x0cfailure_code\x18\x04 \x01(\tR\x0bfailureCode\x12\x18\n\x07message\x18\x05 \x01(\tR\x07message\x12\x1c\n\tretryable\x18\x06 \x01(\x08R\tretryable\x12F\n\x0eexecute_result\x18\x07 \x01(\x0b2\x1f.blockx.worker.v1.ExecuteResultR\rexecuteResult\x128\n\x07timings\x18\x08 \x01(\x0b2\x1e.blockx.worker.v1.PhaseTimingsR\x07timings\x12?\n\ncall_stats\x18\t \x01(\x0b2 .blockx.worker.v1.CallStatisticsR\tcallStats\x12&\n\x0ftask_code_epoch\x18\n \x01(\tR\rtaskCodeEpoch\x12$\n\x0eaccepted_at_ms\x18\x0b \x01(\x03R\x0cacceptedAtMs\x12$\n\x0efinished_at_ms\x18\x0c \x01(\x03R\x0cfinishedAtMs\x12!\n\x0coutputs_json\x18\r \x01(\tR\x0boutputsJson"\x9c\x01\n\rExecuteResult\x12!\n\x0coutput_count\x18\x01 \x01(\x04R\x0boutputCount\x12!\n\x0coutput_bytes\x18\x02 \x01(\x04R\x0boutputBytes\x12E\n\x0eplugin_results\x18\x03 \x03(\x0b2\x1e.blockx.worker.v1.PluginResultR\rpluginResults"\x80\x01\n\x0cPluginResult\x12\x1f\n\x0bplugin_type\x18\x01 \x01(\tR\npluginType\x12\x0e\n\x02ok\x18\x02 \x01(\x08R\x02ok\x12\'\n\x0frecords_written\x18\x03 \x01(\x04R\x0erecordsWritten\x12\x16\n\x06detail\x18\x04 \x01(\tR\x06detail"\xa3\x01\n\x0cPhaseTimings\x12!\n\x0cpreparing_ms\x18\x01 \x01(\x03R\x0bpreparingMs\x12\x1d\n\nbuilder_ms\x18\x02 \x01(\x03R\tbuilderMs\x12\x19\n\x08calls_ms\x18\x03 \x01(\x03R\x07callsMs\x12\x1b\n\tplugin_ms\x18\x04 \x01(\x03R\x08pluginMs\x12\x19\n\x08total_ms\x18\x05 \x01(\x03R\x07totalMs"\xa2\x01\n\x0eCallStatistics\x12\x1f\n\x0bcalls_total\x18\x01 \x01(\x04R\ncallsTotal\x12\'\n\x0fcalls_succeeded\x18\x02 \x01(\x04R\x0ecallsSucceeded\x12!\n\x0ccalls_failed\x18\x03 \x01(\x04R\x0bcallsFailed\x12#\n\rcalls_retried\x18\x04 \x01(\x04R\x0ccallsRetried"\x18\n\x16GetWorkerStatusRequest"\xf3\x03\n\x17GetWorkerStatusResponse\x12\x1f\n\x0bworker_addr\x18\x01 \x01(\tR\nworkerAddr\x12\x1e\n\ndeployment\x18\x02 \x01(\tR\ndeployment\x12\x18\n\x07version\x18\x03 \x01(\tR\x07version\x12"\n\rstarted_at_ms\x18\x04 \x01(\x03R\x0bstartedAtMs\x12\x14\n\x05ready\x18\x05 \x01(\x08R\x05ready\x12\x1a\n\x08draining\x18\x06 \x01(\x08R\x08draining\x12\x1f\n\x0bslots_total\x18\x07 \x01(\rR\nslotsTotal\x12%\n\x0ereserved_slots\x18\x08 \x01(\rR\rreservedSlots\x12#\n\rrunning_tasks\x18\t \x01(\rR\x0crunningTasks\x12\x1d\n\nfree_slots\x18\n \x01(\rR\tfreeSlots\x122\n\x05slots\x18\x0b \x03(\x0b2\x1c.blockx.worker.v1.SlotStatusR\x05slots\x12>\n\texecutors\x18\x0c \x03(\x0b2 .blockx.worker.v1.ExecutorStatusR\texecutors\x12\'\n\x0fwaiting_submits\x18\r \x01(\rR\x0ewaitingSubmits"\x83\x01\n\nSlotStatus\x12\x17\n\x07slot_id\x18\x01 \x01(\tR\x06slotId\x12\x14\n\x05state\x18\x02 \x01(\tR\x05state\x12\x17\n\x07task_id\x18\x03 \x01(\tR\x06taskId\x12-\n\x13lease_expires_at_ms\x18\x04 \x01(\x03R\x10leaseExpiresAtMs"\xb5\x01\n\x0eExecutorStatus\x12\x1f\n\x0bexecutor_id\x18\x01 \x01(\tR\nexecutorId\x12\x14\n\x05state\x18\x02 \x01(\tR\x05state\x12\x10\n\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x1b\n\trss_bytes\x18\x04 \x01(\x04R\x08rssBytes\x12!\n\x0ccalls_served\x18\x05 \x01(\x04R\x0bcallsServed\x12\x1a\n\x08restarts\x18\x06 \x01(\rR\x08restarts*\x88\x01\n\tTaskState\x12\x18\n\x16TASK_STATE_UNSPECIFIED\x12\x18\n\x14TASK_STATE_ALLOCATED\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04*\x9d\x01\n\tTaskPhase\x12\x18\n\x16TASK_PHASE_UNSPECIFIED\x12\x18\n\x14TASK_PHASE_PREPARING\x10\x01\x12\x16\n\x12TASK_PHASE_BUILDER\x10\x02\x12\x14\n\x10TASK_PHASE_CALLS\x10\x03\x12\x15\n\x11TASK_PHASE_PLUGIN\x10\x04\x12\x17\n\x13TASK_PHASE_TERMINAL\x10\x05*~\n\x11CallFailurePolicy\x12!\n\x1fCALL_FAILURE_POLICY_UNSPECIFIED\x12!\n\x1dCALL_FAILURE_POLICY_FAIL_FAST\x10\x01\x12#\n\x1fCALL_FAILURE_POLICY_BEST_EFFORT\x10\x022\xc4\x04\n\rWorkerService\x12f\n\x0fRequestTaskSlot\x12(.blockx.worker.v1.RequestTaskSlotRequest\x1a).blockx.worker.v1.RequestTaskSlotResponse\x12W\n\nSubmitTask\x12#.blockx.worker.v1.SubmitTaskRequest\x1a$.blockx.worker.v1.SubmitTaskResponse\x12`\n\rGetTaskResult\x12&.blockx.worker.v1.GetTaskResultRequest\x1a\'.blockx.worker.v1.GetTaskResultResponse\x12Q\n\nWatchTasks\x12#.blockx.worker.v1.WatchTasksRequest\x1a\x1c.blockx.worker.v1.TaskUpdate0\x01\x12f\n\x0fGetWorkerStatus\x12(.blockx.worker.v1.GetWorkerStatusRequest\x1a).blockx.worker.v1.GetWorkerStatusResponse\x12U\n\x08RunTasks\x12!.blockx.worker.v1.RunTasksRequest\x1a".blockx.worker.v1.RunTasksResponse(\x010\x01b\x06proto3'
 )
 
 
@@ -1062,11 +1083,12 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
     ) -> "AsyncIterator[RunTasksResponse]":
         """
         Run many tasks on one stream. Each request submits one task (as
-        SubmitTask would); the stream answers each with `accepted` or `refused`
-        (the status SubmitTask would have ended with; a request without a task
-        is refused with task_id ""), and later each accepted task's terminal
-        update (`finished`, carrying the result), in the order the tasks end.
-        Every response names its task. Answers keep the order of the requests; a
+        SubmitTask would); the responses carry events: each request is answered
+        with `accepted` or `refused` (the status SubmitTask would have ended
+        with; a request without a task is refused with task_id ""), and later
+        each accepted task's terminal update (`finished`, carrying the result),
+        in the order the tasks end. Every event names its task. Answers keep the
+        order of the requests; a
         task's terminal update comes after its answer, once per task id on a
         stream (sent again on the stream after that, a task id gets its answer,
         the ended snapshot with its result, and nothing more).

@@ -46,7 +46,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-from typing import assert_never
+from typing import TypeAlias, assert_never
 
 import attrs
 
@@ -84,7 +84,9 @@ from blockx.dispatch._events import (
 from blockx.dispatch._model import CallPolicy
 from blockx.errors import Misuse
 
-Step = CoreStep[None, DispatchCommand]
+Step: TypeAlias = CoreStep[None, DispatchCommand]
+"""For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias
+costs a failed attribute write on the frozen instance per step."""
 """What one event produced: commands for the dispatcher actor (a core has no reply)."""
 
 
@@ -225,7 +227,7 @@ class DispatchCore:
                 assert_never(event)
         self._pump(event.now_ms, commands)
         self._steal(commands)
-        return Step(commands=tuple(commands))
+        return CoreStep(commands=tuple(commands))
 
     # ----------------------------------------------------------------- events
 

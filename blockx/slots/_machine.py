@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import assert_never
+from typing import TypeAlias, assert_never
 
 import attrs
 
@@ -102,7 +102,9 @@ from blockx.slots._model import (
     TimerKind,
 )
 
-Step = CoreStep[TaskSnapshot, Command]
+Step: TypeAlias = CoreStep[TaskSnapshot, Command]
+"""For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias
+costs a failed attribute write on the frozen instance per step."""
 """What one event produced: the reply for the caller and commands for the runtime."""
 
 
@@ -340,10 +342,10 @@ class SlotMachine:
                 return self._on_timer_fired(event)
             case WorkerReady():
                 self._ready = True
-                return Step()
+                return CoreStep()
             case DrainStarted():
                 self._draining = True
-                return Step()
+                return CoreStep()
             case DrainDeadlinePassed():
                 return self._on_drain_deadline_passed(event)
             case _:
@@ -361,21 +363,21 @@ class SlotMachine:
             )
         known = self._known_reply(event.task_id, event.now_ms)
         if known is not None:
-            return Step(reply=known)
+            return CoreStep(reply=known)
         self._check_admitting(event.task_id)
         ttl_ms = event.ttl_ms or self._config.default_ttl_ms
         task = self._reserve(event.task_id, ttl_ms, event.now_ms)
-        return Step(reply=self._snapshot(task))
+        return CoreStep(reply=self._snapshot(task))
 
     def _on_task_submitted(self, event: TaskSubmitted) -> Step:
         spec, now_ms = event.spec, event.now_ms
         retry_policy = self._validate_spec(spec)
         task = self._live.get(spec.task_id)
         if task is not None and task.spec is not None:
-            return Step(reply=self._snapshot(task))
+            return CoreStep(reply=self._snapshot(task))
         retained = self._retained.get(spec.task_id)
         if retained is not None:
-            return Step(reply=TaskSnapshot.of_result(retained.result))
+            return CoreStep(reply=TaskSnapshot.of_result(retained.result))
 
         if task is not None:  # reserved by this task id earlier
             slot = self._slots[task.slot_index]
@@ -407,7 +409,7 @@ class SlotMachine:
             deadline_ms=deadline_ms,
             stimulus_id=event.stimulus_id,
         )
-        return Step(reply=self._snapshot(task), commands=(command,))
+        return CoreStep(reply=self._snapshot(task), commands=(command,))
 
     def _known_reply(self, task_id: str, now_ms: int) -> TaskSnapshot | None:
         task = self._live.get(task_id)
@@ -485,7 +487,7 @@ class SlotMachine:
     def _on_activation_prepared(self, event: ActivationPrepared) -> Step:
         task = self._live.get(event.task_id)
         if task is None or task.phase is not TaskPhase.PREPARING:
-            return Step()
+            return CoreStep()
         slot = self._slots[task.slot_index]
         if event.slot_id != slot.slot_id:
             raise Misuse(
@@ -512,7 +514,7 @@ class SlotMachine:
     def _on_activation_failed(self, event: ActivationFailed) -> Step:
         task = self._live.get(event.task_id)
         if task is None or task.phase is not TaskPhase.PREPARING:
-            return Step()
+            return CoreStep()
         return self._end_phase(
             task,
             ok=False,
@@ -528,7 +530,7 @@ class SlotMachine:
         phase = event.phase if isinstance(event, PhaseFinished) else TaskPhase.CALLS
         task = self._live.get(event.task_id)
         if task is None or task.phase is not phase:
-            return Step()  # late or out of order: the task has moved on
+            return CoreStep()  # late or out of order: the task has moved on
         outputs: tuple[bytes, ...] = ()
         match event:
             case CallsFinished(outcome=calls):
@@ -589,7 +591,7 @@ class SlotMachine:
             )
         self._enter_phase(task, rule.next_phase, event.now_ms)
         command = rule.start_next(task, event.stimulus_id, outputs)
-        return Step(reply=self._snapshot(task), commands=(command,))
+        return CoreStep(reply=self._snapshot(task), commands=(command,))
 
     def _enter_phase(self, task: _Task, phase: TaskPhase, now_ms: int) -> None:
         assert task.phase is not None
@@ -605,7 +607,7 @@ class SlotMachine:
             task.watch_attached = True
             task.watch_lost = False
             self._disarm_watch_grace(task)
-        return Step()
+        return CoreStep()
 
     def _on_watch_detached(self, event: WatchDetached) -> Step:
         task = self._live.get(event.task_id)
@@ -613,7 +615,7 @@ class SlotMachine:
             task.watch_attached = False
             task.watch_lost = False
             self._disarm_watch_grace(task)
-        return Step()
+        return CoreStep()
 
     def _on_watch_disconnected(self, event: WatchDisconnected) -> Step:
         task = self._live.get(event.task_id)
@@ -622,7 +624,7 @@ class SlotMachine:
             task.watch_lost = True
             if task.spec is not None:
                 self._arm_watch_grace(task, event.now_ms)
-        return Step()
+        return CoreStep()
 
     def _arm_watch_grace(self, task: _Task, now_ms: int) -> None:
         grace_ms = self._config.watch_disconnect_grace_ms
@@ -674,7 +676,7 @@ class SlotMachine:
     def _on_timer_fired(self, event: TimerFired) -> Step:
         timer, now_ms = event.timer, event.now_ms
         if now_ms < timer.due_ms or not self._is_current(timer):
-            return Step()  # early, or stale: whatever armed it has moved on
+            return CoreStep()  # early, or stale: whatever armed it has moved on
         match timer.kind:
             case TimerKind.SLOT_LEASE:
                 return self._on_lease_expired(self._slots[self._slot_index[timer.key]], event)
@@ -707,7 +709,7 @@ class SlotMachine:
                     reason=ForgetReason.RESULT_PURGED,
                     stimulus_id=event.stimulus_id,
                 )
-                return Step(commands=(forget,))
+                return CoreStep(commands=(forget,))
             case _:
                 assert_never(timer.kind)
 
@@ -728,7 +730,7 @@ class SlotMachine:
         forget = ForgetTask(
             task_id=task.task_id, reason=ForgetReason.LEASE_EXPIRED, stimulus_id=event.stimulus_id
         )
-        return Step(commands=(forget,))
+        return CoreStep(commands=(forget,))
 
     def _on_drain_deadline_passed(self, event: DrainDeadlinePassed) -> Step:
         self._draining = True
@@ -755,7 +757,7 @@ class SlotMachine:
                         retryable=True,
                     ).commands
                 )
-        return Step(commands=tuple(commands))
+        return CoreStep(commands=tuple(commands))
 
     # ------------------------------------------------------------ convergence
 
@@ -800,7 +802,7 @@ class SlotMachine:
             ticket=self._arm(TimerKind.RESULT_RETENTION, task.task_id, purge_at_ms),
         )
         command = ConvergeTask(task_id=task.task_id, result=result, stimulus_id=stimulus_id)
-        return Step(reply=TaskSnapshot.of_result(result), commands=(command,))
+        return CoreStep(reply=TaskSnapshot.of_result(result), commands=(command,))
 
     def _release(self, task: _Task) -> None:
         """Free the task's slot and forget the live entry (timers go stale with it)."""

@@ -19,9 +19,8 @@ task nursery.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import attrs
@@ -215,7 +214,9 @@ class _TaskRun:
 
     async def _run_calls(self) -> StartPhase | None:
         """Hand the calls to the dispatcher; hold executor admission until the phase ends."""
-        async with _admitted(self._rt.admission.executor):
+        admission = self._rt.admission.executor
+        await _acquire(admission)
+        try:
             # The task may have ended while it waited for admission.
             await trio.lowlevel.checkpoint_if_cancelled()
             calls, self._calls = self._calls, ()
@@ -229,6 +230,8 @@ class _TaskRun:
                 )
             )
             return await self._next()
+        finally:
+            admission.release()
 
     async def _store(self, outputs: tuple[bytes, ...]) -> PhaseOutcome:
         handler = self._spec.result_handler
@@ -253,34 +256,32 @@ class _TaskRun:
     ) -> T | PhaseOutcome:
         """`work` under its phase's admission and the phase IO timeout; a refusal as an outcome."""
         timeout_ms = self._rt.phase_io_timeout_ms
-        async with _admitted(admission):
-            try:
-                with trio.fail_after(timeout_ms / 1000):
-                    return await work()
-            except PhaseFailed as error:
-                return PhaseOutcome(
-                    ok=False,
-                    failure_code=error.code,
-                    message=error.message,
-                    retryable=error.retryable,
-                )
-            except trio.TooSlowError:
-                return PhaseOutcome(
-                    ok=False,
-                    failure_code=FailureCode.PHASE_IO_TIMEOUT,
-                    message=f"{what} took longer than phaseIoTimeoutMs ({timeout_ms})",
-                    retryable=True,
-                )
+        await _acquire(admission)
+        try:
+            with trio.fail_after(timeout_ms / 1000):
+                return await work()
+        except PhaseFailed as error:
+            return PhaseOutcome(
+                ok=False,
+                failure_code=error.code,
+                message=error.message,
+                retryable=error.retryable,
+            )
+        except trio.TooSlowError:
+            return PhaseOutcome(
+                ok=False,
+                failure_code=FailureCode.PHASE_IO_TIMEOUT,
+                message=f"{what} took longer than phaseIoTimeoutMs ({timeout_ms})",
+                retryable=True,
+            )
+        finally:
+            admission.release()
 
 
-@contextlib.asynccontextmanager
-async def _admitted(admission: trio.Semaphore) -> AsyncIterator[None]:
-    """Hold `admission`; one that is free is taken without a trip through the scheduler."""
+async def _acquire(admission: trio.Semaphore) -> None:
+    """Take `admission` (release it in a `finally`); a free one is taken without a trip
+    through the scheduler."""
     try:
         admission.acquire_nowait()
     except trio.WouldBlock:
         await admission.acquire()
-    try:
-        yield
-    finally:
-        admission.release()

@@ -72,7 +72,13 @@ from blockx.functions import (
     run_code_refresher,
 )
 from blockx.identity import WorkerIdentity, version
-from blockx.observability.logs import LOG_FLUSH_S, flush_logs, log_task_finished, setup_logging
+from blockx.observability.logs import (
+    LOG_FLUSH_S,
+    flush_logs,
+    lean_records,
+    log_task_finished,
+    setup_logging,
+)
 from blockx.observability.metrics import WorkerMetrics, log_memory_diagnostics
 from blockx.observability.status_page import StatusServer
 from blockx.observability.tracing import TaskTracing, open_tracing
@@ -452,6 +458,7 @@ def run(
     config = load_config(profile=profile.defaults, env=env, overrides=overrides, flags=flags)
     profile.check(config)
     setup_logging(config.observability.log_format, hold=True)
+    lean_records()
     tune_gc()
     with lone_errors(BlockxError):
         trio.run(_main, config, profile)

@@ -19,6 +19,7 @@ from blockx.observability.logs import (
     TaskLog,
     TextFormatter,
     flush_logs,
+    lean_records,
     log_task_finished,
     setup_logging,
     task_logger,
@@ -344,3 +345,29 @@ def test_the_task_finished_line_of_a_success_has_an_empty_failure_code(
         "accepted_at_ms": 2_000,
         "finished_at_ms": 2_009,
     }
+
+
+def test_lean_records_leave_every_field_of_both_formats(root_logger: logging.Logger) -> None:
+    saved = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    saved_srcfile = logging._srcfile
+    try:
+        lean_records()
+        for log_format in ("json", "text"):
+            out = io.StringIO()
+            setup_logging(log_format, stream=out)
+            logging.getLogger("blockx.test").warning("ready on %s", "h:1", extra={"slot": 3})
+            line = out.getvalue()
+            assert "ready on h:1" in line
+            assert "blockx.test" in line
+            assert "WARNING" in line
+            assert "slot" in line
+            assert "3" in line
+        assert (
+            logging.getLogger("blockx.test")
+            .makeRecord("x", logging.INFO, "f", 1, "m", (), None)
+            .threadName
+            is None
+        )  # nothing was looked up
+    finally:
+        logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
+        logging._srcfile = saved_srcfile

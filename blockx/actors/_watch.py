@@ -11,16 +11,12 @@ runs on. It publishes one figure for others to read, `open_streams`.
 
 from __future__ import annotations
 
-import logging
-
 import trio
 
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import SlotTableMessage, WatchChanged
 from blockx.actors._streams import HubStream
 from blockx.slots import NotFound, TaskSnapshot
-
-logger = logging.getLogger("blockx.watch")
 
 
 class WatchHub:

@@ -135,6 +135,12 @@ class Finished:
 StreamEvent = Accepted | Refused | Finished
 
 
+ENDED_KEPT = 100_000
+"""How many ended task ids a `RunTasks` stream remembers: sent again after more than this
+many others ended on the stream, a task id is answered as one that ended elsewhere
+(its answer, then its terminal update)."""
+
+
 class TaskStream:
     """One `RunTasks` stream: the submits it has in flight, the tasks it follows, its events.
 
@@ -144,10 +150,10 @@ class TaskStream:
     submit (`answer`: an accepted task is followed from then on) and counts
     the submits it holds until a slot is free (`held`). The watch hub offers
     the updates of the tasks followed (`offer`); only terminal updates become
-    events. So the
-    buffer holds at most one answer per submit and one terminal update per
-    accepted task: bounded by the handler's window of unanswered submits plus
-    the slots.
+    events. So the buffer holds at most one answer per submit and one
+    terminal update per accepted task: bounded by the handler's window of
+    unanswered submits plus the slots; the ended task ids it remembers are
+    bounded by `ENDED_KEPT`.
     """
 
     def __init__(self, *, wake: Callable[[], None], room: Callable[[], None], window: int) -> None:
@@ -168,8 +174,8 @@ class TaskStream:
         """Accepted tasks whose answer is still waiting in `_answers`."""
         self._early: dict[str, TaskSnapshot] = {}
         """Terminal updates of those tasks, sent right after their answer."""
-        self._ended: set[str] = set()
-        """Task ids whose terminal update is sent: each goes once per stream."""
+        self._ended: dict[str, None] = {}
+        """Task ids whose terminal update is sent (each goes once), the last `ENDED_KEPT`."""
         self.unanswered = 0
         """Submits posted to the slot table and not answered yet (the handler's count)."""
         self.held = 0
@@ -240,7 +246,9 @@ class TaskStream:
     def _finish(self, snapshot: TaskSnapshot) -> None:
         """A task's terminal update, once per task id on the stream."""
         if snapshot.task_id not in self._ended:
-            self._ended.add(snapshot.task_id)
+            self._ended[snapshot.task_id] = None
+            if len(self._ended) > ENDED_KEPT:  # the oldest goes: memory stays bounded
+                del self._ended[next(iter(self._ended))]
             self._following.discard(snapshot.task_id)
             self._events.append(Finished(snapshot))
 

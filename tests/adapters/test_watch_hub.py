@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
-from blockx.actors import Inbox, SlotTableMessage, WatchChanged, WatchHub, WatchStream
+from blockx.actors import (
+    Inbox,
+    SlotTableMessage,
+    TaskStream,
+    WatchChanged,
+    WatchHub,
+    WatchStream,
+    _streams,
+)
 from blockx.slots import NotFound, TaskPhase, TaskResult, TaskSnapshot, TaskState
 
 
@@ -119,3 +128,26 @@ def test_a_stream_abandoned_before_it_was_subscribed_is_never_followed() -> None
     hub.subscribe(stream, (running("t", TaskPhase.CALLS),))
     assert told(slot_table) == []
     assert hub.open_streams == 0
+
+
+def test_a_run_stream_ends_each_task_id_once_and_remembers_a_bounded_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_streams, "ENDED_KEPT", 2)
+    stream = TaskStream(wake=lambda: None, room=lambda: None, window=64)
+    for task_id in ("a", "b", "c"):  # each ends: a terminal answer (already ended elsewhere)
+        stream.answer(stream.posted(), task_id, ended(task_id))
+    stream.answer(stream.posted(), "c", ended("c"))  # remembered: answered, not ended again
+    stream.answer(stream.posted(), "a", ended("a"))  # forgotten (only 2 kept): ends again
+    kinds = [(type(event).__name__, event.snapshot.task_id) for event in stream.take()]  # type: ignore[union-attr]
+    assert kinds == [
+        ("Accepted", "a"),
+        ("Finished", "a"),
+        ("Accepted", "b"),
+        ("Finished", "b"),
+        ("Accepted", "c"),
+        ("Finished", "c"),
+        ("Accepted", "c"),
+        ("Accepted", "a"),
+        ("Finished", "a"),
+    ]

@@ -1006,7 +1006,8 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
         order of the requests; a
         task's terminal update comes after its answer, once per task id on a
         stream (sent again on the stream after that, a task id gets its answer,
-        the ended snapshot with its result, and nothing more).
+        the ended snapshot with its result, and nothing more; a stream remembers
+        the last 100,000 task ids it ended).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
         (64) of its tasks are unanswered. The stream ends after the client has
@@ -1091,7 +1092,8 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
         order of the requests; a
         task's terminal update comes after its answer, once per task id on a
         stream (sent again on the stream after that, a task id gets its answer,
-        the ended snapshot with its result, and nothing more).
+        the ended snapshot with its result, and nothing more; a stream remembers
+        the last 100,000 task ids it ended).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
         (64) of its tasks are unanswered. The stream ends after the client has

@@ -258,11 +258,14 @@ class WorkerService(pb.WorkerServiceBase):
             self.bridge.to_trio(self._slot_table.post, Unsubscribe(stream=stream, broken=broken))
 
     def _offer_shadows(self, events: list[StreamEvent], tasks: dict[str, Any]) -> None:
+        """Mirror the tasks `events` accepted; `tasks` keeps only those not answered yet."""
         for event in events:
-            if not isinstance(event, Refused):
-                task = tasks.pop(event.snapshot.task_id, None)
-                if task is not None:
-                    self._offer_shadow(task, event.snapshot)
+            if isinstance(event, Refused):
+                tasks.pop(event.task_id, None)
+                continue
+            task = tasks.pop(event.snapshot.task_id, None)
+            if task is not None:
+                self._offer_shadow(task, event.snapshot)
 
     async def _read_tasks(
         self, rpc: Stream[Any, Any], stream: TaskStream, room: asyncio.Event, tasks: dict[str, Any]

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
+import trio.testing
 
 from blockx import app
 from blockx._proto.blockx.worker import v1 as pb
@@ -23,6 +24,7 @@ from blockx.config import ConfigError
 from blockx.identity import WorkerIdentity
 from blockx.phases.plugins import test_outputs as stored_outputs
 from blockx.slots import SHADOW_LABEL
+from tests.adapters.test_run_tasks import finished, refusals, run
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
 from tests.worker_results import result_once_there
 
@@ -251,3 +253,22 @@ def test_a_shadow_target_that_cannot_be_dialled_is_a_config_error() -> None:
         )
         is None
     )
+
+
+async def test_tasks_accepted_on_a_run_stream_are_mirrored_and_refused_ones_are_not() -> None:
+    config = worker_config(
+        shadowSubmitTargetAddr=f"127.0.0.1:{closed_port()}", shadowSubmitSampleRate=1.0
+    )
+    with trio.fail_after(20):
+        async with running_worker(config) as worker:
+            requests = [
+                pb.RunTasksRequest(task=written_task("streamed-1")),
+                pb.RunTasksRequest(task=written_task(""), slot_id=""),  # refused: no task id
+                pb.RunTasksRequest(task=written_task("streamed-2")),
+            ]
+            responses = await run(worker, *requests)
+            assert [len(refusals(responses)), len(finished(responses))] == [1, 2]
+            shadow = forwarder_of(worker)
+            await until(lambda: shadow.failed == 2)  # the target is closed: both fail
+            await trio.testing.wait_all_tasks_blocked()
+            assert (shadow.queued, shadow.failed) == (2, 2)  # not the refused one

@@ -134,8 +134,6 @@ class SlotTableActor:
         self._held: collections.deque[SubmitTask] = collections.deque()
         """Submits from `RunTasks` streams waiting for a free slot, oldest first."""
         self._slot_freed = False
-        self._watched: set[str] = set()
-        """Live tasks a `WatchTasks` stream opened on: the ones whose every change is published."""
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
 
@@ -233,7 +231,6 @@ class SlotTableActor:
                 except WorkerError as error:
                     stream.fail(error)
                     return
-                self._watched.update(s.task_id for s in snapshots if not s.is_terminal)
                 self._hub.subscribe(stream, snapshots)
 
     def _on_report(self, message: PhaseDone | CallsDone) -> None:
@@ -338,7 +335,6 @@ class SlotTableActor:
                 self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
                 self._slot_freed = True
-                self._watched.discard(task_id)
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
                     self._hub.forget(task_id)
 
@@ -430,7 +426,7 @@ class SlotTableActor:
             hook(result)
 
     def _publish(self, task_id: str) -> None:
-        """A live task's change, for its `WatchTasks` streams (it has none unless one opened
-        on it: a `RunTasks` stream needs only the terminal update, which `_end_task` sends)."""
-        if task_id in self._watched:
+        """A live task's change, for the streams that want it (a `RunTasks` stream needs only
+        the terminal update, which `_end_task` sends)."""
+        if self._hub.wants_changes(task_id):
             self._hub.publish(self._machine.get_result(task_id))

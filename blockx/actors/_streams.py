@@ -33,6 +33,8 @@ class HubStream(Protocol):
     """What the watch hub needs of a stream."""
 
     abandoned: bool
+    every_change: bool
+    """It wants each change of the tasks it follows, not only their terminal update."""
 
     @property
     def task_ids(self) -> Iterable[str]: ...
@@ -54,6 +56,8 @@ class WatchStream:
     task's terminal update was taken, or it failed, or it was closed and
     drained.
     """
+
+    every_change = True
 
     def __init__(self, task_ids: Iterable[str], *, wake: Callable[[], None]) -> None:
         self.task_ids = tuple(dict.fromkeys(task_ids))
@@ -155,6 +159,8 @@ class TaskStream:
     unanswered submits plus the slots; the ended task ids it remembers are
     bounded by `ENDED_KEPT`.
     """
+
+    every_change = False
 
     def __init__(self, *, wake: Callable[[], None], room: Callable[[], None], window: int) -> None:
         """`wake`: there are events to take, or the stream may be finished. `room`: the

@@ -54,6 +54,10 @@ class WatchHub:
         else:  # its reader left before the hub heard of the task: a watch broken at once
             self._slot_table.post(WatchChanged(task_id=task_id, attached=False, broken=True))
 
+    def wants_changes(self, task_id: str) -> bool:
+        """Whether a stream follows `task_id` that wants more than its terminal update."""
+        return any(stream.every_change for stream in self._streams.get(task_id, ()))
+
     def publish(self, snapshot: TaskSnapshot) -> None:
         streams = self._streams.get(snapshot.task_id)
         if not streams:

@@ -359,36 +359,34 @@ class SlotTableActor:
         self._tracing.task_started(task_id, command.slot_id)
         now_ms, stimulus_id = self._stamp("activate")
         found = activate(self._runtime, command.spec)
-        if isinstance(found, Refusal):
-            failure = (found.failure_code, found.message, False)
-        else:
+        if not isinstance(found, Refusal):
             try:
                 epoch = self._code.pin(task_id, now_ms)
             except FunctionCodeError as error:
-                failure = (
-                    FailureCode.ACTIVATION_FAILED,
-                    f"cannot pin function code: {error}",
-                    True,
+                found = Refusal(
+                    failure_code=FailureCode.ACTIVATION_FAILED,
+                    message=f"cannot pin function code: {error}",
+                    retryable=True,
                 )
             else:
                 self._tracing.epoch_pinned(task_id, epoch)
                 self._start_actor(command, found, epoch)
-                prepared = ActivationPrepared(
-                    task_id=task_id,
-                    slot_id=command.slot_id,
-                    task_code_epoch=epoch,
-                    now_ms=now_ms,
-                    stimulus_id=stimulus_id,
+                self._apply(
+                    ActivationPrepared(
+                        task_id=task_id,
+                        slot_id=command.slot_id,
+                        task_code_epoch=epoch,
+                        now_ms=now_ms,
+                        stimulus_id=stimulus_id,
+                    )
                 )
-                self._apply(prepared)
                 return
-        code, message, retryable = failure
         self._apply(
             ActivationFailed(
                 task_id=task_id,
-                failure_code=code,
-                message=message,
-                retryable=retryable,
+                failure_code=found.failure_code,
+                message=found.message,
+                retryable=found.retryable,
                 now_ms=now_ms,
                 stimulus_id=stimulus_id,
             )

@@ -97,11 +97,13 @@ class Activation:
 
 @attrs.frozen(kw_only=True)
 class Refusal:
-    """Why a task cannot run here (BUILDER_NOT_FOUND, PLUGIN_NOT_FOUND); not retryable, since a
-    worker's builders and plugins are fixed when it starts."""
+    """Why a task cannot be activated here."""
 
     failure_code: FailureCode
     message: str
+    retryable: bool = False
+    """BUILDER_NOT_FOUND and PLUGIN_NOT_FOUND are not: a worker's builders and plugins are
+    fixed when it starts."""
 
 
 def activate(runtime: TaskRuntime, spec: TaskSpec) -> Activation | Refusal:

@@ -114,6 +114,14 @@ class _Incarnation:
     heartbeat: Heartbeat | None = None
     down_reason: DownReason | None = None
 
+    def queue(self, frame: bytes) -> None:
+        """Hand `frame` to the write loop, behind every frame queued before it. Raises as
+        `send_nowait` does: WouldBlock when full, ClosedResourceError when not connected."""
+        if self.frames is None:
+            raise trio.ClosedResourceError
+        self.frames.send_nowait(frame)
+        self.unsent += 1
+
     def going_down(self, reason: DownReason) -> None:
         """Record why this incarnation ends; the first reason wins."""
         if self.down_reason is None:
@@ -139,8 +147,7 @@ def _send_at_once(incarnation: _Incarnation, frame: bytes) -> bool:
     """Send `frame` now, when nothing is queued before it and the socket takes it whole;
     False: it must go through the write loop (what was sent of it is not repeated)."""
     direct = incarnation.direct
-    frames = incarnation.frames
-    if direct is None or frames is None or incarnation.unsent:
+    if direct is None or incarnation.unsent:
         return False
     try:
         sent = direct.send(frame)
@@ -148,8 +155,7 @@ def _send_at_once(incarnation: _Incarnation, frame: bytes) -> bool:
         return False
     if sent < len(frame):
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
-            frames.send_nowait(frame[sent:])  # the rest, first in line: the queue was empty
-            incarnation.unsent += 1
+            incarnation.queue(frame[sent:])  # the rest, first in line: the queue was empty
     return True  # (a closed queue: the connection is going down, its calls with it)
 
 
@@ -226,8 +232,7 @@ class ExecutorPoolManager:
         if at_once and _send_at_once(incarnation, frame):
             return
         try:
-            incarnation.frames.send_nowait(frame)
-            incarnation.unsent += 1
+            incarnation.queue(frame)
         except trio.WouldBlock:
             raise SendQueueFull(
                 executor_id=executor_id, capacity=self.config.send_queue_frames
@@ -303,12 +308,9 @@ class ExecutorPoolManager:
                 if incarnation is None:
                     continue
                 try:
-                    if incarnation.frames is None:
-                        raise trio.ClosedResourceError  # not connected: nothing to finish
-                    incarnation.frames.send_nowait(shutdown)
-                    incarnation.unsent += 1
+                    incarnation.queue(shutdown)
                 except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                    incarnation.process.kill()
+                    incarnation.process.kill()  # full or not connected: nothing to finish
             with trio.move_on_after(self.config.grace_ms / 1000):
                 for executor in self._executors.values():
                     if executor.incarnation is not None:
@@ -524,7 +526,7 @@ class ExecutorPoolManager:
             return
         frames, outgoing = trio.open_memory_channel[bytes](self.config.send_queue_frames)
         incarnation.frames = frames
-        frames.send_nowait(
+        incarnation.queue(
             encode_frame(
                 Welcome(
                     heartbeat_interval_ms=self.config.heartbeat_interval_ms,
@@ -532,7 +534,6 @@ class ExecutorPoolManager:
                 )
             )
         )
-        incarnation.unsent = 1
         incarnation.last_heartbeat_at_ms = self._now_ms()
         incarnation.up = True
         executor.state = ExecutorState.READY

@@ -111,7 +111,6 @@ _SubmitReply = _upb("SubmitTaskResponse")
 _ResultReply = _upb("GetTaskResultResponse")
 _Update = _upb("TaskUpdate")
 _StreamReply = _upb("RunTasksResponse")
-_Result = _upb("TaskResult")
 _STATE_NUMBER = {state: number.value for state, number in _STATE_TO_PB.items()}
 _PHASE_NUMBER = {phase: number.value for phase, number in _PHASE_TO_PB.items()}
 
@@ -169,13 +168,6 @@ def _fill(out: Any, snapshot: TaskSnapshot) -> Any:
     if snapshot.result is not None:
         _fill_result(out.result, snapshot.result)
     return out
-
-
-def result_bytes(result: TaskResult) -> bytes:
-    """A `TaskResult` message."""
-    out = _Result()
-    _fill_result(out, result)
-    return bytes(out.SerializeToString())
 
 
 def slot_response(snapshot: TaskSnapshot) -> Encoded:

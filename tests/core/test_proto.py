@@ -18,6 +18,7 @@ from blockx._proto.blockx.worker.v1 import (
     CallStatistics,
     ExecuteResult,
     FunctionCallConfig,
+    GetTaskResultResponse,
     PhaseTimings,
     PluginResult,
     ResultHandler,
@@ -32,7 +33,7 @@ from blockx._proto.blockx.worker.v1 import (
     TaskUpdate,
 )
 from blockx.actors import Accepted, Finished, Refused
-from blockx.api._convert import result_bytes, stream_responses, submit_response, task_update
+from blockx.api._convert import result_response, stream_responses, submit_response, task_update
 from blockx.calls import CallStats, FailureCode
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
@@ -253,14 +254,22 @@ def expected_pb(failure_code: str, state: TaskState) -> TaskResult:
     )
 
 
+def result_reply(result: slots.TaskResult) -> bytes:
+    """The worker's GetTaskResult reply about `result`, as bytes."""
+    return result_response(slots.TaskSnapshot.of_result(result)).data
+
+
 def result_to_pb(result: slots.TaskResult) -> TaskResult:
-    return TaskResult.parse(result_bytes(result))
+    converted = GetTaskResultResponse.parse(result_reply(result)).result
+    assert converted is not None
+    return converted
 
 
 def test_a_successful_result_has_an_empty_failure_code_on_the_wire() -> None:
     result = domain_result(None, slots.TaskState.SUCCEEDED)
     assert result_to_pb(result) == expected_pb("", TaskState.SUCCEEDED)
-    assert bytes(result_to_pb(result)) == result_bytes(result)
+    reply = result_reply(result)
+    assert bytes(GetTaskResultResponse.parse(reply)) == reply  # byte for byte
 
 
 def test_a_failed_result_carries_its_failure_code_by_name() -> None:

@@ -117,6 +117,11 @@ class WorkerService(pb.WorkerServiceBase):
             )
         return mapping
 
+    def _check_open(self, *, stream_closed: bool = False) -> None:
+        """UNAVAILABLE once the worker stops serving (or the stream at hand was closed by it)."""
+        if self.closing or stream_closed:
+            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+
     def _admit(self, message: SlotTableMessage) -> None:
         """Hand a client's request to the slot table, unless its backlog is full."""
         if self._slot_table.waiting >= MAX_BACKLOG:
@@ -124,8 +129,7 @@ class WorkerService(pb.WorkerServiceBase):
         self.bridge.to_trio(self._slot_table.post, message)
 
     async def _ask(self, make: Callable[[Reply[T]], SlotTableMessage]) -> T:
-        if self.closing:
-            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+        self._check_open()
         future: asyncio.Future[T | WorkerError] = asyncio.get_running_loop().create_future()
         to_loop = self.bridge.to_loop
 
@@ -223,8 +227,7 @@ class WorkerService(pb.WorkerServiceBase):
         )
 
     async def _run_tasks(self, rpc: Stream[Any, Any]) -> None:
-        if self.closing:
-            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+        self._check_open()
         wake = asyncio.Event()
         room = asyncio.Event()
         to_loop = self.bridge.to_loop
@@ -275,8 +278,7 @@ class WorkerService(pb.WorkerServiceBase):
             while stream.full:
                 room.clear()
                 await room.wait()
-            if self.closing or stream.closed:
-                raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+            self._check_open(stream_closed=stream.closed)
             place = stream.posted()
             if not message.HasField("task"):
                 missing = InvalidArgument(field="task", value=None, allowed="a task is required")
@@ -296,8 +298,7 @@ class WorkerService(pb.WorkerServiceBase):
 
     async def _watch_tasks(self, rpc: Stream[Any, Any]) -> None:
         message = await _request(rpc)
-        if self.closing:
-            raise GRPCError(Status.UNAVAILABLE, "worker is shutting down")
+        self._check_open()
         if not message.task_ids:
             raise GRPCError(Status.INVALID_ARGUMENT, "task_ids is empty: name at least one task")
         if len(message.task_ids) > MAX_WATCH_TASK_IDS:

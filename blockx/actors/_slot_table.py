@@ -5,8 +5,9 @@ through this actor's inbox, one at a time, and it wakes up on its own when
 the machine's next timer is due. Each message becomes events of the machine,
 stamped here with the worker clock's time and a stimulus id, and the commands
 the machine answers with are carried out before the next message is taken:
-task actors are started (with the code pinned for them) in the task nursery,
-told to run their next phase or cancelled, their calls cancelled in the
+a task's phases are run here while they can be (`_run_here`), then by its task
+actor, started (with the code pinned for the task) in the task nursery, told
+to run its next phase or cancelled; calls are cancelled in the
 dispatcher, and every change of a task is published to the watch hub and to
 the task's trace. The actor never waits on anyone it talks to. Others read
 its state only through its inbox (`GetStatus`, `GetResult`).
@@ -36,6 +37,7 @@ from blockx.actors._messages import (
     OpenWatch,
     PhaseDone,
     RequestSlot,
+    RunTaskCalls,
     SlotTableMessage,
     StartDrain,
     SubmitTask,
@@ -44,11 +46,19 @@ from blockx.actors._messages import (
     WatchChanged,
     WorkerStatus,
 )
-from blockx.actors._task import Activation, Refusal, TaskRuntime, TaskStart, activate, run_task
+from blockx.actors._task import (
+    Activation,
+    Refusal,
+    TaskRuntime,
+    TaskStart,
+    activate,
+    build_inline,
+    run_task,
+)
 from blockx.actors._watch import WatchHub
-from blockx.calls import FailureCode, StimulusIds
+from blockx.calls import CallSpec, FailureCode, StimulusIds
 from blockx.errors import Misuse
-from blockx.functions import FunctionCodeError, FunctionCodeView
+from blockx.functions import FunctionCodeError, FunctionCodeView, FunctionSnapshot
 from blockx.observability.tracing import TaskTracing
 from blockx.slots import (
     ActivationFailed,
@@ -90,14 +100,31 @@ TICK_MS = 500
 """The longest the actor sleeps without looking at its timers and purging old code."""
 PHASE_BUFFER = 1
 """Phase commands in flight to one task actor: at most one at a time."""
+_NOTHING = PhaseOutcome(ok=True)
 
 
 @attrs.define(eq=False)
 class _TaskActor:
     scope: trio.CancelScope
     phases: trio.MemorySendChannel[StartPhase]
+
+
+@attrs.define(eq=False)
+class _LiveTask:
+    """An activated task. Its phases run here, in the actor's own step, as long as they
+    can (an `InlineBuilder`, a free executor admission, no plugin); its task actor is
+    started at the first phase that cannot, and runs the rest."""
+
+    command: PrepareTaskActivation
+    activation: Activation
+    code: FunctionSnapshot
     plugin: str
     """The type of the task's result handler ("" without one), for its trace."""
+    calls: tuple[CallSpec, ...] = ()
+    """Built here, for the call phase."""
+    holds_executor: bool = False
+    """Its call phase, run here, holds an executor admission until the task's next phase."""
+    actor: _TaskActor | None = None
 
 
 class SlotTableActor:
@@ -130,7 +157,7 @@ class SlotTableActor:
         self._stimuli = stimuli
         self._tracing = tracing
         self._on_finished = (tracing.task_finished, *on_finished)
-        self._tasks: dict[str, _TaskActor] = {}
+        self._tasks: dict[str, _LiveTask] = {}
         self._held: collections.deque[SubmitTask] = collections.deque()
         """Submits from `RunTasks` streams waiting for a free slot, oldest first."""
         self._slot_freed = False
@@ -340,17 +367,58 @@ class SlotTableActor:
 
     def _start_phase(self, command: StartPhase) -> None:
         task_id = command.task_id
-        actor = self._tasks.get(task_id)
-        if actor is not None:
-            self._tracing.phase_started(task_id, command.phase, actor.plugin)
-            if isinstance(command, StartPluginPhase) and not actor.plugin:
-                # No result handler: the phase has nothing to do and succeeds here.
+        task = self._tasks.get(task_id)
+        if task is None:
+            self._publish(task_id)
+            return
+        self._tracing.phase_started(task_id, command.phase, task.plugin)
+        if task.holds_executor:
+            task.holds_executor = False
+            self._runtime.admission.executor.release()
+        if task.actor is None:
+            done = self._run_here(task, command)
+            if done is not None:
                 self._publish(task_id)
-                done = PhaseOutcome(ok=True)
-                self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=done))
+                if not isinstance(done, PhaseDone):
+                    return  # the calls went to the dispatcher: it reports their end
+                self._on_report(done)
                 return
-            actor.phases.send_nowait(command)
+            task.actor = self._start_actor(task)
+        task.actor.phases.send_nowait(command)
         self._publish(task_id)
+
+    def _run_here(self, task: _LiveTask, command: StartPhase) -> PhaseDone | RunTaskCalls | None:
+        """Run the phase `command` starts in this step if it can be (None if not): a builder
+        phase's report, or the message that handed a call phase to the dispatcher."""
+        match command:
+            case StartBuilderPhase():
+                build_now = task.activation.build_now
+                if build_now is None:
+                    return None
+                outcome, task.calls = build_inline(build_now, task.command, task.code.epoch)
+                return PhaseDone(task_id=command.task_id, phase=command.phase, outcome=outcome)
+            case StartCallPhase():
+                try:
+                    self._runtime.admission.executor.acquire_nowait()
+                except trio.WouldBlock:
+                    return None
+                task.holds_executor = True
+                spec = task.command.spec
+                calls, task.calls = task.calls, ()
+                message = RunTaskCalls(
+                    task_id=command.task_id,
+                    code=task.code,
+                    calls=calls,
+                    retry=task.command.retry_policy,
+                    failure_policy=spec.call_failure_policy,
+                )
+                self._dispatcher.post(message)
+                return message
+            case StartPluginPhase():
+                if task.plugin:
+                    return None
+                # No result handler: the phase has nothing to do and succeeds here.
+                return PhaseDone(task_id=command.task_id, phase=command.phase, outcome=_NOTHING)
 
     def _start_task(self, command: PrepareTaskActivation) -> None:
         """Activate the task (its builder, its plugin, its pinned code) and start its actor;
@@ -370,7 +438,13 @@ class SlotTableActor:
                 )
             else:
                 self._tracing.epoch_pinned(task_id, epoch)
-                self._start_actor(command, found, epoch)
+                handler = command.spec.result_handler
+                self._tasks[task_id] = _LiveTask(
+                    command=command,
+                    activation=found,
+                    code=self._code.snapshot(epoch),
+                    plugin=handler.type if handler is not None else "",
+                )
                 self._apply(
                     ActivationPrepared(
                         task_id=task_id,
@@ -392,29 +466,32 @@ class SlotTableActor:
             )
         )
 
-    def _start_actor(self, command: PrepareTaskActivation, found: Activation, epoch: str) -> None:
+    def _start_actor(self, task: _LiveTask) -> _TaskActor:
         phases: tuple[trio.MemorySendChannel[StartPhase], trio.MemoryReceiveChannel[StartPhase]]
         phases = trio.open_memory_channel(PHASE_BUFFER)
         send, receive = phases
+        command = task.command
         start = TaskStart(
             command=command,
-            activation=found,
-            code=self._code.snapshot(epoch),
+            activation=task.activation,
+            code=task.code,
             scope=trio.CancelScope(),
             phases=receive,
+            calls=task.calls,
         )
-        task_id = command.task_id
-        self._task_nursery.start_soon(run_task, self._runtime, start, name=f"task {task_id}")
-        handler = command.spec.result_handler
-        self._tasks[task_id] = _TaskActor(
-            scope=start.scope, phases=send, plugin=handler.type if handler is not None else ""
-        )
+        task.calls = ()
+        name = f"task {command.task_id}"
+        self._task_nursery.start_soon(run_task, self._runtime, start, name=name)
+        return _TaskActor(scope=start.scope, phases=send)
 
     def _end_task(self, task_id: str, result: TaskResult) -> None:
-        actor = self._tasks.pop(task_id, None)
-        if actor is not None:
-            actor.scope.cancel()
-            actor.phases.close()
+        task = self._tasks.pop(task_id, None)
+        if task is not None:
+            if task.holds_executor:
+                self._runtime.admission.executor.release()
+            if task.actor is not None:
+                task.actor.scope.cancel()
+                task.actor.phases.close()
         if result.phase is TaskPhase.CALLS:
             self._dispatcher.post(CancelTaskCalls(task_id=task_id))
         if self._code.pinned_epoch(task_id) is not None:

@@ -1,11 +1,14 @@
-"""The task actor: one per admitted task, running its builder and its plugin.
+"""The task actor: one per task whose phases need one, running its builder and its plugin.
 
-The slot-table actor activates a task before it starts its actor: it finds
-the task's builder and plugin (`activate`; a task naming a builder or plugin
-this worker lacks is refused there, before any phase runs, so no call is
-wasted on a task that could never store its outputs) and starts the actor
-with them and the task's pinned code. The actor runs each phase when the slot
-table says so and reports the outcome: the builder's calls go to the
+The slot-table actor activates a task itself: it finds the task's builder and
+plugin (`activate`; a task naming a builder or plugin this worker lacks is
+refused there, before any phase runs, so no call is wasted on a task that
+could never store its outputs) and pins its code. It runs the phases that
+cannot wait or block in its own step (an `InlineBuilder`'s build, calls handed
+to the dispatcher under a free executor admission, an absent plugin) and
+starts the task's actor at the first phase that can. The actor runs each
+phase when the slot table says so and reports the outcome: the builder's
+calls go to the
 dispatcher (whose `CallsDone` goes to the slot table, not back here), and the
 plugin gets the outputs from the command that starts its phase. It decides
 nothing about the task's state: an outcome is a report, and what happens next
@@ -93,6 +96,8 @@ class Activation:
     builder: Builder
     plugin: Plugin | None
     """None if the task has no result handler."""
+    build_now: Callable[[BuildRequest], list[CallSpec]] | None = None
+    """The builder's `InlineBuilder.build_now`, if it has one."""
 
 
 @attrs.frozen(kw_only=True)
@@ -117,7 +122,46 @@ def activate(runtime: TaskRuntime, spec: TaskSpec) -> Activation | Refusal:
         plugin = None if handler is None else runtime.plugins.require(handler.type)
     except UnknownName as error:
         return Refusal(failure_code=FailureCode.PLUGIN_NOT_FOUND, message=str(error))
-    return Activation(builder=builder, plugin=plugin)
+    return Activation(builder=builder, plugin=plugin, build_now=getattr(builder, "build_now", None))
+
+
+def build_inline(
+    build_now: Callable[[BuildRequest], list[CallSpec]],
+    command: PrepareTaskActivation,
+    epoch: str,
+) -> tuple[PhaseOutcome, tuple[CallSpec, ...]]:
+    """Run an `InlineBuilder` in the caller's step: the builder phase's outcome, and its
+    calls, as a task actor would have reported them."""
+    spec = command.spec
+    request = BuildRequest(
+        task_id=command.task_id,
+        function_call=spec.function_call,
+        payload=spec.payload,
+        task_code_epoch=epoch,
+        labels=spec.labels,
+    )
+    try:
+        calls = build_now(request)
+    except PhaseFailed as error:
+        return _failed(error), ()
+    except Exception as error:
+        log = TaskLog(logger, task_id=command.task_id, slot_id=command.slot_id)
+        phase = TaskPhase.BUILDER.value
+        log.set_phase(phase)
+        log.set_epoch(epoch)
+        log.exception("task %s: %s phase raised", command.task_id, phase)
+        return _raised(TaskPhase.BUILDER, error), ()
+    return PhaseOutcome(ok=True, call_count=len(calls)), tuple(calls)
+
+
+def _raised(phase: TaskPhase, error: Exception) -> PhaseOutcome:
+    return PhaseOutcome(ok=False, message=f"{phase.value.lower()} raised {error!r}")
+
+
+def _failed(error: PhaseFailed) -> PhaseOutcome:
+    return PhaseOutcome(
+        ok=False, failure_code=error.code, message=error.message, retryable=error.retryable
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +175,8 @@ class TaskStart:
     scope: trio.CancelScope
     phases: trio.MemoryReceiveChannel[StartPhase]
     """The commands that start its phases, in order."""
+    calls: tuple[CallSpec, ...] = ()
+    """The calls of a builder phase run before the actor started (`build_inline`)."""
 
 
 async def run_task(runtime: TaskRuntime, start: TaskStart) -> None:
@@ -149,7 +195,7 @@ class _TaskRun:
         self.log = TaskLog(logger, task_id=self._task_id, slot_id=start.command.slot_id)
         self.log.set_phase(TaskPhase.PREPARING.value)
         self.log.set_epoch(start.code.epoch)
-        self._calls: tuple[CallSpec, ...] = ()
+        self._calls = start.calls
         self._builder = start.activation.builder
         self._plugin = start.activation.plugin
 
@@ -192,7 +238,7 @@ class _TaskRun:
             outcome = await body()
         except Exception as error:
             self.log.exception("task %s: %s phase raised", self._task_id, phase.value)
-            outcome = PhaseOutcome(ok=False, message=f"{phase.value.lower()} raised {error!r}")
+            outcome = _raised(phase, error)
         self._rt.slot_table.post(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
 
     async def _build(self) -> PhaseOutcome:
@@ -263,12 +309,7 @@ class _TaskRun:
             with trio.fail_after(timeout_ms / 1000):
                 return await work()
         except PhaseFailed as error:
-            return PhaseOutcome(
-                ok=False,
-                failure_code=error.code,
-                message=error.message,
-                retryable=error.retryable,
-            )
+            return _failed(error)
         except trio.TooSlowError:
             return PhaseOutcome(
                 ok=False,

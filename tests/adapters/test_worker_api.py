@@ -594,3 +594,27 @@ async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(
         assert third.result is not None
         assert third.result.accepted_at_ms > first.result.finished_at_ms
         assert worker.calls.started == ["again", "again"]
+
+
+async def test_a_call_phase_waits_for_executor_admission_and_runs_once_it_is_freed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # One task at a time may hold the executors: the second task's calls wait,
+    # built, until the first one's end frees its admission.
+    config = worker_config(**{"admission.executorTaskSlots": 1})
+    async with running_worker(config) as worker:
+        slow = call_list_task("slow", ("demo.hang", []), task_timeout_ms=2_000)
+        quick = call_list_task("quick", ("demo.add", [2, 3]))
+        for task in (slow, quick):
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        await trio.sleep(1)
+        got = await worker.call(
+            worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="quick")
+        )
+        assert (got.state, got.phase) == (pb.TaskState.RUNNING, pb.TaskPhase.CALLS)
+        assert worker.calls.started == ["slow"]
+        [update] = [u for u in await watch(worker, "quick") if u.is_terminal]
+        assert update.result is not None
+        assert update.result.state == pb.TaskState.SUCCEEDED
+        assert worker.calls.started == ["slow", "quick"]
+        assert worker.calls.cancelled == ["slow"]

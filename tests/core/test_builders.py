@@ -8,7 +8,8 @@ from typing import Any
 import attrs
 import pytest
 
-from blockx.calls import CallSpec, FailureCode, decode_args
+from blockx.actors._task import build_inline
+from blockx.calls import CallSpec, FailureCode, RetryPolicy, decode_args
 from blockx.phases import SEED_SPELLINGS, DuplicateName, Registry, UnknownName
 from blockx.phases.builders import (
     KNOWN_BUILDERS,
@@ -17,11 +18,12 @@ from blockx.phases.builders import (
     BuilderRegistry,
     BuildRequest,
     CallListBuilder,
+    InlineBuilder,
     PayloadBuilder,
     StaticBuilder,
     builder_registry,
 )
-from blockx.slots import FunctionCall
+from blockx.slots import FunctionCall, PrepareTaskActivation, TaskSpec
 
 
 def request(kind: str, *, config: object = None, payload: object = None) -> BuildRequest:
@@ -539,3 +541,65 @@ def test_registry_of_builder_instances_refuses_two_with_one_name() -> None:
     with pytest.raises(DuplicateName) as caught:
         BuilderRegistry([StaticBuilder(), StaticBuilder()])
     assert str(caught.value) == "two builders are named 'static'; each name may be registered once"
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "payload"),
+    [
+        ("call_list", None, {"calls": [{"function": "m.f", "args": [1]}, {"function": "m.g"}]}),
+        ("static", {"function": "m.f", "args": ["x"], "count": 3}, None),
+        ("payload", {"function": "m.f"}, [1, "two", {"three": 3}]),
+    ],
+)
+async def test_each_builtin_builder_builds_the_same_calls_inline(
+    kind: str, config: object, payload: object
+) -> None:
+    builder = builder_registry([kind]).require(kind)
+    built = request(kind, config=config, payload=payload)
+    inline: InlineBuilder = builder  # type: ignore[assignment]  # every built-in one is
+    assert inline.build_now(built) == await builder.build(built)
+
+
+def activation(kind: str, payload: bytes) -> PrepareTaskActivation:
+    spec = TaskSpec(task_id="t1", function_call=FunctionCall(type=kind), payload=payload)
+    return PrepareTaskActivation(
+        task_id="t1",
+        slot_id="slot-0",
+        spec=spec,
+        retry_policy=RetryPolicy(max_attempts=1, base_backoff_ms=0, jitter_percent=0),
+        deadline_ms=0,
+        stimulus_id="s",
+    )
+
+
+def test_an_inline_build_reports_its_calls_as_the_builder_phase_outcome() -> None:
+    command = activation("call_list", b'{"calls": [{"function": "m.f"}, {"function": "m.g"}]}')
+    outcome, calls = build_inline(CallListBuilder().build_now, command, "e1")
+    assert (outcome.ok, outcome.call_count) == (True, 2)
+    assert [call.function for call in calls] == ["m.f", "m.g"]
+
+
+def test_an_inline_build_refused_fails_its_phase_with_the_builders_code() -> None:
+    outcome, calls = build_inline(CallListBuilder().build_now, activation("call_list", b"{"), "e1")
+    assert (outcome.ok, outcome.failure_code, calls) == (False, FailureCode.BUILDER_FAILED, ())
+    assert "payload" in outcome.message
+
+
+def test_an_inline_builder_that_raises_fails_its_phase_and_logs_the_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(request: BuildRequest) -> list[CallSpec]:
+        raise RuntimeError(f"cannot build {request.task_id}")
+
+    outcome, calls = build_inline(broken, activation("call_list", b"[]"), "e1")
+    assert (outcome.ok, outcome.message, calls) == (
+        False,
+        "builder raised RuntimeError('cannot build t1')",
+        (),
+    )
+    [record] = caplog.records
+    assert record.getMessage() == "task t1: BUILDER phase raised"
+    fields = vars(record)
+    task_fields = (fields["task_id"], fields["slot_id"], fields["task_code_epoch"])
+    assert task_fields == ("t1", "slot-0", "e1")
+    assert record.exc_info is not None

@@ -13,7 +13,13 @@ from typing import Final
 
 from blockx.phases._registry import select
 from blockx.phases.builders._call_list import CallListBuilder, call_list_calls
-from blockx.phases.builders._model import Builder, BuilderFailed, BuilderRegistry, BuildRequest
+from blockx.phases.builders._model import (
+    Builder,
+    BuilderFailed,
+    BuilderRegistry,
+    BuildRequest,
+    InlineBuilder,
+)
 from blockx.phases.builders._stubs import PayloadBuilder, StaticBuilder
 
 _FACTORIES: Final[Mapping[str, Callable[[], Builder]]] = {
@@ -39,6 +45,7 @@ __all__ = [
     "BuilderFailed",
     "BuilderRegistry",
     "CallListBuilder",
+    "InlineBuilder",
     "PayloadBuilder",
     "StaticBuilder",
     "builder_registry",

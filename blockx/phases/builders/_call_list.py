@@ -123,3 +123,6 @@ class CallListBuilder:
 
     async def build(self, request: BuildRequest) -> list[CallSpec]:
         return call_list_calls(request)
+
+    def build_now(self, request: BuildRequest) -> list[CallSpec]:
+        return call_list_calls(request)

@@ -70,6 +70,9 @@ class StaticBuilder:
     async def build(self, request: BuildRequest) -> list[CallSpec]:
         return static_calls(request)
 
+    def build_now(self, request: BuildRequest) -> list[CallSpec]:
+        return static_calls(request)
+
 
 class PayloadBuilder:
     """One call of `function` per element of the payload's JSON array (development stub)."""
@@ -81,4 +84,7 @@ class PayloadBuilder:
     )
 
     async def build(self, request: BuildRequest) -> list[CallSpec]:
+        return payload_calls(request)
+
+    def build_now(self, request: BuildRequest) -> list[CallSpec]:
         return payload_calls(request)

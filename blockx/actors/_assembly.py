@@ -192,5 +192,4 @@ def _task_runtime(parts: ActorParts) -> TaskRuntime:
         ),
         phase_io_timeout_ms=parts.config.phase_io_timeout_ms,
         slot_table=parts.inboxes.slot_table,
-        dispatcher=parts.inboxes.dispatcher,
     )

@@ -79,6 +79,8 @@ class PhaseDone:
     task_id: str
     phase: TaskPhase
     outcome: PhaseOutcome
+    calls: tuple[CallSpec, ...] = ()
+    """What a builder phase built."""
 
 
 @attrs.frozen(kw_only=True)

@@ -4,13 +4,14 @@ Every request, report, watch change and code change reaches the machine
 through this actor's inbox, one at a time, and it wakes up on its own when
 the machine's next timer is due. Each message becomes events of the machine,
 stamped here with the worker clock's time and a stimulus id, and the commands
-the machine answers with are carried out before the next message is taken:
-a task's phases are run here while they can be (`_run_here`), then by its task
-actor, started (with the code pinned for the task) in the task nursery, told
-to run its next phase or cancelled; calls are cancelled in the
-dispatcher, and every change of a task is published to the watch hub and to
-the task's trace. The actor never waits on anyone it talks to. Others read
-its state only through its inbox (`GetStatus`, `GetResult`).
+the machine answers with are carried out before the next message is taken.
+A task's call phase, an `InlineBuilder`'s build and an absent plugin phase run
+here (`_start_phase`; executor admission is counted here); a task actor is
+started (with the code pinned for the task) in the task nursery for a phase
+that must wait, told to run its next phase or cancelled. Calls are cancelled
+in the dispatcher, and every change of a task is published to the watch hub
+and to the task's trace. The actor never waits on anyone it talks to. Others
+read its state only through its inbox (`GetStatus`, `GetResult`).
 """
 
 from __future__ import annotations
@@ -111,9 +112,9 @@ class _TaskActor:
 
 @attrs.define(eq=False)
 class _LiveTask:
-    """An activated task. Its phases run here, in the actor's own step, as long as they
-    can (an `InlineBuilder`, a free executor admission, no plugin); its task actor is
-    started at the first phase that cannot, and runs the rest."""
+    """An activated task. Its call phase, its `InlineBuilder`'s build and an absent plugin
+    phase run here, in this actor's own step; its task actor is started for the first
+    phase that must wait (a builder doing IO, a plugin)."""
 
     command: PrepareTaskActivation
     activation: Activation
@@ -121,9 +122,9 @@ class _LiveTask:
     plugin: str
     """The type of the task's result handler ("" without one), for its trace."""
     calls: tuple[CallSpec, ...] = ()
-    """Built here, for the call phase."""
+    """What its builder phase built, for its call phase."""
     holds_executor: bool = False
-    """Its call phase, run here, holds an executor admission until the task's next phase."""
+    """Its call phase holds an executor admission, until the task's next phase or its end."""
     actor: _TaskActor | None = None
 
 
@@ -161,6 +162,10 @@ class SlotTableActor:
         self._held: collections.deque[SubmitTask] = collections.deque()
         """Submits from `RunTasks` streams waiting for a free slot, oldest first."""
         self._slot_freed = False
+        self._executor_free = runtime.admission.executor
+        """Executor admissions free: how many more tasks may be in the call phase."""
+        self._awaiting_executor: collections.deque[_LiveTask] = collections.deque()
+        """Tasks in the call phase waiting for executor admission, oldest first."""
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
 
@@ -264,8 +269,10 @@ class SlotTableActor:
         now_ms, stimulus_id = self._stamp("report")
         event: Event
         match message:
-            case PhaseDone(task_id=task_id, phase=phase, outcome=outcome):
+            case PhaseDone(task_id=task_id, phase=phase, outcome=outcome, calls=calls):
                 self._tracing.phase_ended(task_id, outcome)
+                if calls and (task := self._tasks.get(task_id)) is not None:
+                    task.calls = calls
                 event = PhaseFinished(
                     task_id=task_id,
                     phase=phase,
@@ -368,57 +375,55 @@ class SlotTableActor:
     def _start_phase(self, command: StartPhase) -> None:
         task_id = command.task_id
         task = self._tasks.get(task_id)
+        self._publish(task_id)
         if task is None:
-            self._publish(task_id)
             return
         self._tracing.phase_started(task_id, command.phase, task.plugin)
         if task.holds_executor:
-            task.holds_executor = False
-            self._runtime.admission.executor.release()
-        if task.actor is None:
-            done = self._run_here(task, command)
-            if done is not None:
-                self._publish(task_id)
-                if not isinstance(done, PhaseDone):
-                    return  # the calls went to the dispatcher: it reports their end
-                self._on_report(done)
-                return
-            task.actor = self._start_actor(task)
-        task.actor.phases.send_nowait(command)
-        self._publish(task_id)
-
-    def _run_here(self, task: _LiveTask, command: StartPhase) -> PhaseDone | RunTaskCalls | None:
-        """Run the phase `command` starts in this step if it can be (None if not): a builder
-        phase's report, or the message that handed a call phase to the dispatcher."""
+            self._release_executor(task)
         match command:
-            case StartBuilderPhase():
-                build_now = task.activation.build_now
-                if build_now is None:
-                    return None
-                outcome, task.calls = build_inline(build_now, task.command, task.code.epoch)
-                return PhaseDone(task_id=command.task_id, phase=command.phase, outcome=outcome)
             case StartCallPhase():
-                try:
-                    self._runtime.admission.executor.acquire_nowait()
-                except trio.WouldBlock:
-                    return None
-                task.holds_executor = True
-                spec = task.command.spec
-                calls, task.calls = task.calls, ()
-                message = RunTaskCalls(
-                    task_id=command.task_id,
+                self._awaiting_executor.append(task)
+                self._admit_calls()
+            case StartBuilderPhase() if task.activation.build_now is not None:
+                outcome, task.calls = build_inline(
+                    task.activation.build_now, task.command, task.code.epoch
+                )
+                self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=outcome))
+            case StartPluginPhase() if not task.plugin:
+                # No result handler: the phase has nothing to do and succeeds here.
+                self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=_NOTHING))
+            case _:
+                if task.actor is None:
+                    task.actor = self._start_actor(task)
+                task.actor.phases.send_nowait(command)
+
+    def _admit_calls(self) -> None:
+        """Hand the calls of tasks waiting for executor admission to the dispatcher, oldest
+        first, while admission is free."""
+        waiting = self._awaiting_executor
+        while self._executor_free and waiting:
+            task = waiting.popleft()
+            task_id = task.command.task_id
+            if self._tasks.get(task_id) is not task:
+                continue  # it ended while it waited
+            self._executor_free -= 1
+            task.holds_executor = True
+            calls, task.calls = task.calls, ()
+            self._dispatcher.post(
+                RunTaskCalls(
+                    task_id=task_id,
                     code=task.code,
                     calls=calls,
                     retry=task.command.retry_policy,
-                    failure_policy=spec.call_failure_policy,
+                    failure_policy=task.command.spec.call_failure_policy,
                 )
-                self._dispatcher.post(message)
-                return message
-            case StartPluginPhase():
-                if task.plugin:
-                    return None
-                # No result handler: the phase has nothing to do and succeeds here.
-                return PhaseDone(task_id=command.task_id, phase=command.phase, outcome=_NOTHING)
+            )
+
+    def _release_executor(self, task: _LiveTask) -> None:
+        task.holds_executor = False
+        self._executor_free += 1
+        self._admit_calls()
 
     def _start_task(self, command: PrepareTaskActivation) -> None:
         """Activate the task (its builder, its plugin, its pinned code) and start its actor;
@@ -477,9 +482,7 @@ class SlotTableActor:
             code=task.code,
             scope=trio.CancelScope(),
             phases=receive,
-            calls=task.calls,
         )
-        task.calls = ()
         name = f"task {command.task_id}"
         self._task_nursery.start_soon(run_task, self._runtime, start, name=name)
         return _TaskActor(scope=start.scope, phases=send)
@@ -488,7 +491,7 @@ class SlotTableActor:
         task = self._tasks.pop(task_id, None)
         if task is not None:
             if task.holds_executor:
-                self._runtime.admission.executor.release()
+                self._release_executor(task)
             if task.actor is not None:
                 task.actor.scope.cancel()
                 task.actor.phases.close()

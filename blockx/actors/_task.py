@@ -1,19 +1,18 @@
-"""The task actor: one per task whose phases need one, running its builder and its plugin.
+"""The task actor: one per task whose builder or plugin must wait on IO.
 
 The slot-table actor activates a task itself: it finds the task's builder and
 plugin (`activate`; a task naming a builder or plugin this worker lacks is
 refused there, before any phase runs, so no call is wasted on a task that
-could never store its outputs) and pins its code. It runs the phases that
-cannot wait or block in its own step (an `InlineBuilder`'s build, calls handed
-to the dispatcher under a free executor admission, an absent plugin) and
-starts the task's actor at the first phase that can. The actor runs each
-phase when the slot table says so and reports the outcome: the builder's
-calls go to the
-dispatcher (whose `CallsDone` goes to the slot table, not back here), and the
-plugin gets the outputs from the command that starts its phase. It decides
-nothing about the task's state: an outcome is a report, and what happens next
-is the slot table's answer. The slot-table actor ends it by cancelling its
-scope (task deadline, drain, any terminal result).
+could never store its outputs) and pins its code. It runs the call phase of
+every task (its calls go to the dispatcher under executor admission, and the
+dispatcher's `CallsDone` comes back to it), an `InlineBuilder`'s build
+(`build_inline`) and an absent plugin phase in its own step. A task actor is
+started for the first phase that must wait: a builder doing IO, a plugin. It
+runs that phase when the slot table says so and reports the outcome (with the
+builder's calls); the plugin gets the outputs from the command that starts
+its phase. It decides nothing about the task's state: an outcome is a report,
+and what happens next is the slot table's answer. The slot-table actor ends it
+by cancelling its scope (task deadline, drain, any terminal result).
 
 Every failure inside a phase becomes that phase's failed outcome, so the task
 always converges to a terminal result and nothing escapes into the worker's
@@ -31,9 +30,7 @@ import trio
 
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
-    DispatcherMessage,
     PhaseDone,
-    RunTaskCalls,
     SlotTableMessage,
 )
 from blockx.calls import CallSpec, FailureCode
@@ -46,7 +43,6 @@ from blockx.slots import (
     PhaseOutcome,
     PrepareTaskActivation,
     StartBuilderPhase,
-    StartCallPhase,
     StartPhase,
     StartPluginPhase,
     TaskPhase,
@@ -63,7 +59,8 @@ class Admission:
     """How many tasks may be in each phase at once, worker-wide."""
 
     builder: trio.Semaphore
-    executor: trio.Semaphore
+    executor: int
+    """Tasks in the call phase: the slot-table actor counts them itself."""
     plugin: trio.Semaphore
     scan: trio.Semaphore
 
@@ -71,7 +68,7 @@ class Admission:
     def of(cls, *, builder: int, executor: int, plugin: int, scan: int) -> Admission:
         return cls(
             builder=trio.Semaphore(builder),
-            executor=trio.Semaphore(executor),
+            executor=executor,
             plugin=trio.Semaphore(plugin),
             scan=trio.Semaphore(scan),
         )
@@ -86,7 +83,6 @@ class TaskRuntime:
     admission: Admission
     phase_io_timeout_ms: int
     slot_table: Inbox[SlotTableMessage]
-    dispatcher: Inbox[DispatcherMessage]
 
 
 @attrs.frozen(kw_only=True)
@@ -175,8 +171,6 @@ class TaskStart:
     scope: trio.CancelScope
     phases: trio.MemoryReceiveChannel[StartPhase]
     """The commands that start its phases, in order."""
-    calls: tuple[CallSpec, ...] = ()
-    """The calls of a builder phase run before the actor started (`build_inline`)."""
 
 
 async def run_task(runtime: TaskRuntime, start: TaskStart) -> None:
@@ -195,7 +189,7 @@ class _TaskRun:
         self.log = TaskLog(logger, task_id=self._task_id, slot_id=start.command.slot_id)
         self.log.set_phase(TaskPhase.PREPARING.value)
         self.log.set_epoch(start.code.epoch)
-        self._calls = start.calls
+        self._calls: tuple[CallSpec, ...] = ()
         self._builder = start.activation.builder
         self._plugin = start.activation.plugin
 
@@ -206,9 +200,9 @@ class _TaskRun:
             match phase:
                 case StartBuilderPhase():
                     await self._run_phase(phase, self._build)
+                    if self._plugin is None:
+                        return  # nothing else for the actor to run
                     phase = await self._next()
-                case StartCallPhase():
-                    phase = await self._run_calls()
                 case StartPluginPhase(outputs=outputs):
                     await self._run_phase(phase, lambda: self._store(outputs))
                     return
@@ -239,7 +233,9 @@ class _TaskRun:
         except Exception as error:
             self.log.exception("task %s: %s phase raised", self._task_id, phase.value)
             outcome = _raised(phase, error)
-        self._rt.slot_table.post(PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome))
+        calls, self._calls = self._calls, ()
+        report = PhaseDone(task_id=self._task_id, phase=phase, outcome=outcome, calls=calls)
+        self._rt.slot_table.post(report)
 
     async def _build(self) -> PhaseOutcome:
         builder = self._builder
@@ -259,27 +255,6 @@ class _TaskRun:
             return calls
         self._calls = tuple(calls)
         return PhaseOutcome(ok=True, call_count=len(calls))
-
-    async def _run_calls(self) -> StartPhase | None:
-        """Hand the calls to the dispatcher; hold executor admission until the phase ends."""
-        admission = self._rt.admission.executor
-        await _acquire(admission)
-        try:
-            # The task may have ended while it waited for admission.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            calls, self._calls = self._calls, ()
-            self._rt.dispatcher.post(
-                RunTaskCalls(
-                    task_id=self._task_id,
-                    code=self._start.code,
-                    calls=calls,
-                    retry=self._start.command.retry_policy,
-                    failure_policy=self._spec.call_failure_policy,
-                )
-            )
-            return await self._next()
-        finally:
-            admission.release()
 
     async def _store(self, outputs: tuple[bytes, ...]) -> PhaseOutcome:
         handler = self._spec.result_handler

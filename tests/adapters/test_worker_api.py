@@ -20,6 +20,9 @@ from grpclib.reflection.v1alpha import reflection_pb2 as reflection_v1alpha
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import SERVICE_NAME, STATUS_OF, grpc_error
+from blockx.calls import CallSpec
+from blockx.phases import builders
+from blockx.phases.builders import BuildRequest, call_list_calls
 from blockx.slots import (
     ErrorCode,
     InvalidArgument,
@@ -618,3 +621,47 @@ async def test_a_call_phase_waits_for_executor_admission_and_runs_once_it_is_fre
         assert update.result.state == pb.TaskState.SUCCEEDED
         assert worker.calls.started == ["slow", "quick"]
         assert worker.calls.cancelled == ["slow"]
+
+
+class _WaitingCallList:
+    """call_list with only the awaitable `build`, as a builder doing IO has: its task
+    gets a task actor."""
+
+    name = "call_list"
+    usage = "call_list, awaited"
+
+    def __init__(self) -> None:
+        self.built: list[str] = []
+
+    async def build(self, request: BuildRequest) -> list[CallSpec]:
+        await trio.sleep(0.01)
+        self.built.append(request.task_id)
+        return call_list_calls(request)
+
+
+async def test_a_builder_that_waits_runs_in_a_task_actor_with_or_without_a_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    builder = _WaitingCallList()
+    monkeypatch.setitem(builders._FACTORIES, "call_list", lambda: builder)
+    tasks = [
+        call_list_task("bare", ("demo.add", [1, 2])),
+        call_list_task(
+            "kept", ("demo.add", [3, 4]), result_handler=pb.ResultHandler(type="result")
+        ),
+        call_list_task("failing", ("demo.fail", [])),
+    ]
+    async with running_worker() as worker:
+        for task in tasks:
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, "bare", "kept", "failing")
+    final = {u.task_id: u.result for u in updates if u.is_terminal and u.result is not None}
+    assert {task_id: (r.state, r.outputs_json) for task_id, r in final.items()} == {
+        "bare": (pb.TaskState.SUCCEEDED, ""),
+        "kept": (pb.TaskState.SUCCEEDED, "[7]"),
+        "failing": (pb.TaskState.FAILED, ""),
+    }
+    assert final["kept"].message == ""
+    assert final["failing"].failure_code == "CALL_RAISED"
+    assert sorted(builder.built) == ["bare", "failing", "kept"]
+    assert sorted(worker.calls.started) == ["bare", "failing", "kept"]

@@ -431,6 +431,10 @@ class GrpcSection:
     loop: str = _setting("thread", "grpcLoop", "WORKER_GRPC_LOOP", _STR)
     """"thread": the server on uvloop in a thread of its own (faster); "trio-asyncio": on
     trio-asyncio's loop in the worker's one thread (see `blockx.api._bridge`)."""
+    pin_loop_threads: bool = _setting(True, "pinLoopThreads", "WORKER_PIN_LOOP_THREADS", _BOOL)
+    """With `loop` "thread": keep Trio's and the server's loop threads on one CPU (they take
+    turns holding the GIL; see `blockx._affinity`). Other threads and the executors keep
+    every CPU the worker was given."""
 
 
 @attrs.frozen(kw_only=True)

@@ -35,6 +35,8 @@ import trio
 import trio.testing
 import uvloop
 
+from blockx._affinity import pin_this_thread
+
 logger = logging.getLogger("blockx.api")
 
 T = TypeVar("T")
@@ -105,9 +107,10 @@ def loop_for(setting: str) -> str:
 
 
 class LoopThread:
-    """A uvloop event loop running in its own daemon thread."""
+    """A uvloop event loop running in its own daemon thread (pinned to `cpu` if given)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cpu: int | None = None) -> None:
+        self._cpu = cpu
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -120,6 +123,8 @@ class LoopThread:
         return self.loop
 
     def _main(self) -> None:
+        if self._cpu is not None:
+            pin_this_thread(self._cpu)
         loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop

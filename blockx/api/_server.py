@@ -36,6 +36,7 @@ from grpclib.reflection._deprecated import ServerReflection as ServerReflectionV
 from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server, Stream
 
+from blockx._affinity import choose_cpu, pin_loop_threads
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
@@ -170,6 +171,8 @@ class GrpcFrontEnd:
         )
         self._server: Server | None = None
         self._loop_setting = settings.loop
+        self._pin_loop_threads = settings.pin_loop_threads
+        self._unpin: Callable[[], None] | None = None
         self._thread: LoopThread | None = None
 
     async def start(self, listener: socket.socket) -> None:
@@ -177,7 +180,10 @@ class GrpcFrontEnd:
         if loop_for(self._loop_setting) == "trio-asyncio":
             await trio_asyncio.aio_as_trio(self._start)(listener)
             return
-        self._thread = LoopThread()
+        choice = choose_cpu() if self._pin_loop_threads else None
+        if choice is not None:
+            self._unpin = pin_loop_threads(*choice)
+        self._thread = LoopThread(cpu=None if choice is None else choice[0])
         loop = await self._thread.start()
         bridge = ThreadBridge(trio.lowlevel.current_trio_token(), loop)
         self.service.bridge = bridge
@@ -227,9 +233,13 @@ class GrpcFrontEnd:
                 server.close()
                 await server.wait_closed()
 
-        with trio.move_on_after(grace_s):
-            await self._thread.run(close)
-        await self._thread.close()
+        try:
+            with trio.move_on_after(grace_s):
+                await self._thread.run(close)
+            await self._thread.close()
+        finally:
+            if self._unpin is not None:
+                self._unpin()
 
 
 async def _observe_call(on_rpc: RpcObserver, event: RecvRequest) -> None:

@@ -73,14 +73,32 @@ async def take_until(
     receive: trio.MemoryReceiveChannel[M], deadline: float, handle: Callable[[M], None]
 ) -> bool:
     """Wait for a message until Trio time `deadline`; `handle` it and up to `BATCH` more
-    that are already waiting. False when the deadline came first (nothing was taken)."""
+    that are already waiting. False when the deadline came first (nothing was taken).
+
+    A busy actor finds its next message waiting: it is taken without a cancel scope,
+    and the actor lets the others run once the batch is handled."""
+    if trio.current_time() < deadline:
+        try:
+            message = receive.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        else:
+            _handle_batch(receive, message, handle)
+            await trio.lowlevel.checkpoint()
+            return True
     with trio.move_on_at(deadline):
-        handle(await receive.receive())
-        for _ in range(BATCH):
-            try:
-                message = receive.receive_nowait()
-            except trio.WouldBlock:
-                break
-            handle(message)
+        _handle_batch(receive, await receive.receive(), handle)
         return True
     return False
+
+
+def _handle_batch(
+    receive: trio.MemoryReceiveChannel[M], first: M, handle: Callable[[M], None]
+) -> None:
+    handle(first)
+    for _ in range(BATCH):
+        try:
+            message = receive.receive_nowait()
+        except trio.WouldBlock:
+            break
+        handle(message)

@@ -43,7 +43,7 @@ task_logger = logging.getLogger("blockx.task")
 _RECORD_ATTRIBUTES: Final = frozenset(
     vars(logging.LogRecord("", logging.INFO, "", 0, "", (), None))
 ) | {"message", "asctime", "taskName"}
-_FIXED_KEYS: Final = ("ts", "level", "logger", "msg", "exc", "stack")
+_FIXED_KEYS: Final = frozenset({"ts", "level", "logger", "msg", "exc", "stack"})
 _task_fields: contextvars.ContextVar[Mapping[str, object] | None] = contextvars.ContextVar(
     "blockx_task_log_fields", default=None
 )
@@ -59,9 +59,23 @@ def context_fields(record: logging.LogRecord) -> dict[str, object]:
 
 
 def utc_timestamp(created_s: float) -> str:
-    """ISO 8601 in UTC with milliseconds: 2025-01-02T03:04:05.678Z."""
-    moment = datetime.datetime.fromtimestamp(created_s, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """ISO 8601 in UTC with milliseconds: 2025-01-02T03:04:05.678Z (what `datetime` makes
+    of `created_s`; the part up to the second is made once per second)."""
+    second = int(created_s)
+    micros = round((created_s - second) * 1_000_000)  # as datetime.fromtimestamp rounds
+    if micros >= 1_000_000:
+        second += 1
+        micros -= 1_000_000
+    made_second, prefix = _timestamp_prefix
+    if second != made_second:
+        moment = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
+        prefix = moment.strftime("%Y-%m-%dT%H:%M:%S")
+        _timestamp_prefix[:] = second, prefix
+    return f"{prefix}.{micros // 1000:03d}Z"
+
+
+_timestamp_prefix: list[Any] = [None, ""]
+"""The last second `utc_timestamp` made its prefix for, and that prefix."""
 
 
 def _plain(value: object) -> object:
@@ -91,8 +105,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in context_fields(record).items():
-            line[f"{key}_" if key in _FIXED_KEYS else key] = value
+        fields = context_fields(record)
+        if _FIXED_KEYS.isdisjoint(fields):
+            line.update(fields)
+        else:
+            for key, value in fields.items():
+                line[f"{key}_" if key in _FIXED_KEYS else key] = value
         exc = _exception_text(self, record)
         if exc is not None:
             line["exc"] = exc
@@ -303,5 +321,14 @@ def task_finished_fields(result: TaskResult) -> dict[str, object]:
 
 
 def log_task_finished(result: TaskResult) -> None:
-    """The `task_finished` line of `result` (a slot table `on_finished` hook)."""
-    task_logger.info(TASK_FINISHED, extra=task_finished_fields(result))
+    """The `task_finished` line of `result` (a slot table `on_finished` hook).
+
+    Once per task, so the record is made here with its fields set at once, not by
+    `Logger.info(extra=)`, which checks each of them for a clash; none of them is
+    named like a `LogRecord` attribute."""
+    if task_logger.isEnabledFor(logging.INFO):
+        record = logging.getLogRecordFactory()(
+            task_logger.name, logging.INFO, "", 0, TASK_FINISHED, None, None
+        )
+        vars(record).update(task_finished_fields(result))
+        task_logger.handle(record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
@@ -9,6 +10,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from blockx.calls import CallStats, FailureCode
 from blockx.observability.logs import (
@@ -23,6 +26,7 @@ from blockx.observability.logs import (
     log_task_finished,
     setup_logging,
     task_logger,
+    utc_timestamp,
 )
 from blockx.slots import PhaseTimings, TaskPhase, TaskResult, TaskState
 
@@ -371,3 +375,19 @@ def test_lean_records_leave_every_field_of_both_formats(root_logger: logging.Log
     finally:
         logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved
         logging._srcfile = saved_srcfile
+
+
+def _timestamp_by_datetime(created_s: float) -> str:
+    moment = datetime.datetime.fromtimestamp(created_s, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@given(st.floats(min_value=0, max_value=4_102_444_800, allow_nan=False))
+def test_a_timestamp_is_what_datetime_makes_of_the_same_time(created_s: float) -> None:
+    assert utc_timestamp(created_s) == _timestamp_by_datetime(created_s)
+
+
+@pytest.mark.parametrize("created_s", [1_700_000_000.9999996, 1_700_000_000.0004999, 59.9995])
+def test_a_timestamp_rounds_like_datetime_across_a_second(created_s: float) -> None:
+    assert utc_timestamp(created_s) == _timestamp_by_datetime(created_s)
+    assert utc_timestamp(created_s + 1) == _timestamp_by_datetime(created_s + 1)

@@ -65,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -207,25 +208,30 @@ def result(name: str, value: float, digits: int) -> None:
 
 
 class WorkerProcess:
-    """The worker child: its stderr is read into `log` for its whole life."""
+    """The worker child: its stderr is read into `log` for its whole life, by a thread of
+    its own. The bench's event loop is busy driving the load; a pipe it read late would
+    fill and block the worker's log writes, throttling what is measured."""
 
-    def __init__(self, process: asyncio.subprocess.Process, port: int) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, port: int, stderr_fd: int) -> None:
         self.process = process
         self.port = port
         self.log: list[str] = []
         self.ready = asyncio.Event()
         self.ready_at = 0.0
-        self._reader = asyncio.create_task(self._read_stderr())
+        loop = asyncio.get_running_loop()
+        self._reader = threading.Thread(
+            target=self._read_stderr, args=(stderr_fd, loop), name="worker-stderr", daemon=True
+        )
+        self._reader.start()
 
-    async def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        # Read to EOF: a full pipe would block the worker's logging.
-        async for raw in self.process.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.log.append(line)
-            if not self.ready.is_set() and READY_LINE in line:
-                self.ready_at = time.perf_counter()
-                self.ready.set()
+    def _read_stderr(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        with open(fd, "rb") as stderr:
+            for raw in stderr:  # to end of file: the worker's end closes when it exits
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.log.append(line)
+                if not self.ready_at and READY_LINE in line:
+                    self.ready_at = time.perf_counter()
+                    loop.call_soon_threadsafe(self.ready.set)
 
     async def stop(self) -> int:
         """SIGTERM, then wait (kill after STOP_TIMEOUT_S); returns the exit status."""
@@ -238,7 +244,7 @@ class WorkerProcess:
             print(f"worker still running {STOP_TIMEOUT_S} s after SIGTERM: killed", file=sys.stderr)
             self.process.kill()
             code = await self.process.wait()
-        await self._reader
+        await asyncio.to_thread(self._reader.join)
         return code
 
     def tail(self, lines: int = 40) -> str:
@@ -251,10 +257,17 @@ async def start_worker(executors: int) -> tuple[WorkerProcess, float, float]:
     port = free_port()
     command = worker_command(port, executors)
     spawned = time.perf_counter()
-    process = await asyncio.create_subprocess_exec(
-        *command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO, env=WORKER_ENV
-    )
-    worker = WorkerProcess(process, port)
+    stderr_fd, worker_stderr = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command, stderr=worker_stderr, stdout=subprocess.DEVNULL, cwd=REPO, env=WORKER_ENV
+        )
+    except BaseException:
+        os.close(stderr_fd)
+        raise
+    finally:
+        os.close(worker_stderr)  # the worker holds its end: end of file when it exits
+    worker = WorkerProcess(process, port, stderr_fd)
     exited = asyncio.create_task(process.wait())
     ready = asyncio.create_task(worker.ready.wait())
     first = asyncio.FIRST_COMPLETED

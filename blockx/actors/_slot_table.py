@@ -426,8 +426,8 @@ class SlotTableActor:
         self._admit_calls()
 
     def _start_task(self, command: PrepareTaskActivation) -> None:
-        """Activate the task (its builder, its plugin, its pinned code) and start its actor;
-        or fail it at once, before any phase, if it cannot run here."""
+        """Activate the task (its builder, its plugin, its pinned code); or fail it at once,
+        before any phase, if it cannot run here."""
         task_id = command.task_id
         self._tracing.task_started(task_id, command.slot_id)
         now_ms, stimulus_id = self._stamp("activate")
@@ -489,14 +489,13 @@ class SlotTableActor:
 
     def _end_task(self, task_id: str, result: TaskResult) -> None:
         task = self._tasks.pop(task_id, None)
-        if task is not None:
-            if task.holds_executor:
-                self._release_executor(task)
-            if task.actor is not None:
-                task.actor.scope.cancel()
-                task.actor.phases.close()
+        if task is not None and task.actor is not None:
+            task.actor.scope.cancel()
+            task.actor.phases.close()
         if result.phase is TaskPhase.CALLS:
             self._dispatcher.post(CancelTaskCalls(task_id=task_id))
+        if task is not None and task.holds_executor:
+            self._release_executor(task)  # after the cancel: the next calls go in behind it
         if self._code.pinned_epoch(task_id) is not None:
             self._code.unpin(task_id, self._clock.now_ms())
         self._hub.publish(TaskSnapshot.of_result(result))

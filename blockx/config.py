@@ -295,6 +295,30 @@ class AdmissionSection:
 
 
 @attrs.frozen(kw_only=True)
+class IOSection:
+    """`io.*`: how many connections each IO backend may have open at once, worker-wide
+    (tasks wait for a free one; see `blockx.io`)."""
+
+    sqlite_connections: int = _setting(
+        16, "sqliteConnections", "IO_SQLITE_CONNECTIONS", positive=True
+    )
+    duckdb_connections: int = _setting(
+        4, "duckdbConnections", "IO_DUCKDB_CONNECTIONS", positive=True
+    )
+    postgres_connections: int = _setting(
+        8, "postgresConnections", "IO_POSTGRES_CONNECTIONS", positive=True
+    )
+
+    def limits(self) -> dict[str, int]:
+        """The limits by backend name (`blockx.io.BACKENDS`)."""
+        return {
+            "sqlite": self.sqlite_connections,
+            "duckdb": self.duckdb_connections,
+            "postgres": self.postgres_connections,
+        }
+
+
+@attrs.frozen(kw_only=True)
 class StreamBuildSection:
     """`streamBuild.*`."""
 
@@ -503,6 +527,7 @@ class WorkerConfig:
     stream_build: StreamBuildSection = attrs.field(
         factory=StreamBuildSection, metadata=_section("streamBuild")
     )
+    io: IOSection = attrs.field(factory=IOSection, metadata=_section("io"))
     dispatcher: DispatcherSection = attrs.field(
         factory=DispatcherSection, metadata=_section("dispatcher")
     )
@@ -871,6 +896,7 @@ __all__ = [
     "ExecutorSection",
     "FunctionCodeSection",
     "GrpcSection",
+    "IOSection",
     "ObservabilitySection",
     "ShadowSection",
     "StreamBuildSection",

@@ -37,6 +37,7 @@ from blockx.config import WorkerConfig
 from blockx.executors import ExecutorPoolConfig, ExecutorTransport, PoolEvent
 from blockx.functions import FunctionCodeView, FunctionSnapshot
 from blockx.identity import WorkerIdentity
+from blockx.io import IOSystem
 from blockx.observability.metrics import WorkerSnapshot
 from blockx.observability.tracing import TaskTracing
 from blockx.phases.builders import builder_registry
@@ -137,6 +138,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
         stimuli=stimuli,
     )
     await nursery.start(dispatcher.run)
+    runtime = _task_runtime(parts)
     try:
         async with trio.open_nursery() as task_nursery:
             slot_table = SlotTableActor(
@@ -145,7 +147,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 inbox=inboxes.slot_table,
                 hub=hub,
                 dispatcher=inboxes.dispatcher,
-                runtime=_task_runtime(parts),
+                runtime=runtime,
                 task_nursery=task_nursery,
                 clock=parts.clock,
                 stimuli=stimuli,
@@ -170,6 +172,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
             )
     finally:
         with trio.CancelScope(shield=True):
+            await runtime.io.aclose()  # what no task closed: none, unless the worker failed
             await transport.stop()
 
 
@@ -191,5 +194,6 @@ def _task_runtime(parts: ActorParts) -> TaskRuntime:
             scan=admission.scan_slots,
         ),
         phase_io_timeout_ms=parts.config.phase_io_timeout_ms,
+        io=IOSystem(parts.config.io.limits()),
         slot_table=parts.inboxes.slot_table,
     )

@@ -60,6 +60,7 @@ from blockx.actors._watch import WatchHub
 from blockx.calls import CallSpec, FailureCode, StimulusIds
 from blockx.errors import Misuse
 from blockx.functions import FunctionCodeError, FunctionCodeView, FunctionSnapshot
+from blockx.io import IOScopeError, TaskIOScope
 from blockx.observability.tracing import TaskTracing
 from blockx.slots import (
     ActivationFailed,
@@ -121,6 +122,8 @@ class _LiveTask:
     code: FunctionSnapshot
     plugin: str
     """The type of the task's result handler ("" without one), for its trace."""
+    io: TaskIOScope
+    """Opened at activation, closed when the task ends (`_end_task`)."""
     calls: tuple[CallSpec, ...] = ()
     """What its builder phase built, for its call phase."""
     holds_executor: bool = False
@@ -387,7 +390,7 @@ class SlotTableActor:
                 self._admit_calls()
             case StartBuilderPhase() if task.activation.build_now is not None:
                 outcome, task.calls = build_inline(
-                    task.activation.build_now, task.command, task.code.epoch
+                    task.activation.build_now, task.command, task.code.epoch, task.io
                 )
                 self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=outcome))
             case StartPluginPhase() if not task.plugin:
@@ -426,49 +429,66 @@ class SlotTableActor:
         self._admit_calls()
 
     def _start_task(self, command: PrepareTaskActivation) -> None:
-        """Activate the task (its builder, its plugin, its pinned code); or fail it at once,
-        before any phase, if it cannot run here."""
+        """Activate the task; or fail it at once, before any phase, if it cannot run here."""
         task_id = command.task_id
         self._tracing.task_started(task_id, command.slot_id)
         now_ms, stimulus_id = self._stamp("activate")
-        found = activate(self._runtime, command.spec)
-        if not isinstance(found, Refusal):
-            try:
-                epoch = self._code.pin(task_id, now_ms)
-            except FunctionCodeError as error:
-                found = Refusal(
-                    failure_code=FailureCode.ACTIVATION_FAILED,
-                    message=f"cannot pin function code: {error}",
-                    retryable=True,
+        activated = self._activate(command, now_ms)
+        if isinstance(activated, Refusal):
+            self._apply(
+                ActivationFailed(
+                    task_id=task_id,
+                    failure_code=activated.failure_code,
+                    message=activated.message,
+                    retryable=activated.retryable,
+                    now_ms=now_ms,
+                    stimulus_id=stimulus_id,
                 )
-            else:
-                self._tracing.epoch_pinned(task_id, epoch)
-                handler = command.spec.result_handler
-                self._tasks[task_id] = _LiveTask(
-                    command=command,
-                    activation=found,
-                    code=self._code.snapshot(epoch),
-                    plugin=handler.type if handler is not None else "",
-                )
-                self._apply(
-                    ActivationPrepared(
-                        task_id=task_id,
-                        slot_id=command.slot_id,
-                        task_code_epoch=epoch,
-                        now_ms=now_ms,
-                        stimulus_id=stimulus_id,
-                    )
-                )
-                return
+            )
+            return
+        self._tasks[task_id] = activated
         self._apply(
-            ActivationFailed(
+            ActivationPrepared(
                 task_id=task_id,
-                failure_code=found.failure_code,
-                message=found.message,
-                retryable=found.retryable,
+                slot_id=command.slot_id,
+                task_code_epoch=activated.code.epoch,
                 now_ms=now_ms,
                 stimulus_id=stimulus_id,
             )
+        )
+
+    def _activate(self, command: PrepareTaskActivation, now_ms: int) -> _LiveTask | Refusal:
+        """Find the task's builder and plugin, pin its code and open its IO scope; or say
+        why it cannot run here."""
+        found = activate(self._runtime, command.spec)
+        if isinstance(found, Refusal):
+            return found
+        task_id = command.task_id
+        try:
+            epoch = self._code.pin(task_id, now_ms)
+        except FunctionCodeError as error:
+            return Refusal(
+                failure_code=FailureCode.ACTIVATION_FAILED,
+                message=f"cannot pin function code: {error}",
+                retryable=True,
+            )
+        self._tracing.epoch_pinned(task_id, epoch)
+        try:
+            io = self._runtime.io.open_scope(task_id)
+        except IOScopeError as error:
+            self._code.unpin(task_id, now_ms)
+            return Refusal(
+                failure_code=FailureCode.IO_SCOPE_FAILED,
+                message=f"cannot open the task's IO scope: {error.message}",
+                retryable=True,
+            )
+        handler = command.spec.result_handler
+        return _LiveTask(
+            command=command,
+            activation=found,
+            code=self._code.snapshot(epoch),
+            plugin=handler.type if handler is not None else "",
+            io=io,
         )
 
     def _start_actor(self, task: _LiveTask) -> _TaskActor:
@@ -482,6 +502,7 @@ class SlotTableActor:
             code=task.code,
             scope=trio.CancelScope(),
             phases=receive,
+            io=task.io,
         )
         name = f"task {command.task_id}"
         self._task_nursery.start_soon(run_task, self._runtime, start, name=name)
@@ -489,9 +510,12 @@ class SlotTableActor:
 
     def _end_task(self, task_id: str, result: TaskResult) -> None:
         task = self._tasks.pop(task_id, None)
-        if task is not None and task.actor is not None:
-            task.actor.scope.cancel()
-            task.actor.phases.close()
+        if task is not None:
+            if task.actor is not None:
+                task.actor.scope.cancel()
+                task.actor.phases.close()
+            if not task.io.close():  # it holds connections: they close off this actor
+                self._task_nursery.start_soon(task.io.aclose, name=f"close IO of {task_id}")
         if result.phase is TaskPhase.CALLS:
             self._dispatcher.post(CancelTaskCalls(task_id=task_id))
         if task is not None and task.holds_executor:

@@ -35,6 +35,7 @@ from blockx.actors._messages import (
 )
 from blockx.calls import CallSpec, FailureCode
 from blockx.functions import FunctionSnapshot
+from blockx.io import IOSystem, TaskIOScope
 from blockx.observability.logs import TaskLog
 from blockx.phases import PhaseFailed, UnknownName
 from blockx.phases.builders import Builder, BuilderRegistry, BuildRequest
@@ -83,6 +84,7 @@ class TaskRuntime:
     admission: Admission
     phase_io_timeout_ms: int
     slot_table: Inbox[SlotTableMessage]
+    io: IOSystem
 
 
 @attrs.frozen(kw_only=True)
@@ -125,6 +127,7 @@ def build_inline(
     build_now: Callable[[BuildRequest], list[CallSpec]],
     command: PrepareTaskActivation,
     epoch: str,
+    io: TaskIOScope | None = None,
 ) -> tuple[PhaseOutcome, tuple[CallSpec, ...]]:
     """Run an `InlineBuilder` in the caller's step: the builder phase's outcome, and its
     calls, as a task actor would have reported them."""
@@ -135,6 +138,7 @@ def build_inline(
         payload=spec.payload,
         task_code_epoch=epoch,
         labels=spec.labels,
+        io=io,
     )
     try:
         calls = build_now(request)
@@ -171,6 +175,8 @@ class TaskStart:
     scope: trio.CancelScope
     phases: trio.MemoryReceiveChannel[StartPhase]
     """The commands that start its phases, in order."""
+    io: TaskIOScope
+    """The task's IO scope, which the slot-table actor opened and will close."""
 
 
 async def run_task(runtime: TaskRuntime, start: TaskStart) -> None:
@@ -245,6 +251,7 @@ class _TaskRun:
             payload=self._spec.payload,
             task_code_epoch=self._start.code.epoch,
             labels=self._spec.labels,
+            io=self._start.io,
         )
         calls = await self._bounded(
             f"builder {self._spec.function_call.type!r}",
@@ -266,6 +273,7 @@ class _TaskRun:
             handler=handler,
             outputs=outputs,
             task_code_epoch=self._start.code.epoch,
+            io=self._start.io,
         )
         result = await self._bounded(
             f"plugin {handler.type!r}", self._rt.admission.plugin, lambda: plugin.run(request)

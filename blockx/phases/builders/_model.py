@@ -13,6 +13,7 @@ from typing import ClassVar, Protocol
 import attrs
 
 from blockx.calls import CallSpec, FailureCode
+from blockx.io import TaskIOScope
 from blockx.phases._registry import PhaseFailed, Registry
 from blockx.slots import FunctionCall
 
@@ -26,6 +27,8 @@ class BuildRequest:
     payload: bytes
     task_code_epoch: str
     labels: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    io: TaskIOScope | None = attrs.field(default=None, eq=False, hash=False)
+    """The task's IO scope, for a builder that reads a source (None outside a worker)."""
 
 
 class Builder(Protocol):

@@ -16,6 +16,7 @@ from typing import ClassVar, Final, Protocol
 import attrs
 
 from blockx.calls import VALUE_ERRORS, FailureCode, decode_value
+from blockx.io import TaskIOScope
 from blockx.phases import _config
 from blockx.phases._registry import PhaseFailed, Registry
 from blockx.slots import PluginResult, ResultHandler
@@ -33,6 +34,8 @@ class PluginRequest:
     handler: ResultHandler
     outputs: tuple[bytes, ...]
     task_code_epoch: str
+    io: TaskIOScope | None = attrs.field(default=None, eq=False, hash=False)
+    """The task's IO scope, for a writer that stores into a sink (None outside a worker)."""
 
 
 class Plugin(Protocol):

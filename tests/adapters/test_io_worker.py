@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,51 @@ async def test_a_task_whose_io_scope_cannot_open_fails_before_any_phase(
         True,
     )
     assert result.message == "cannot open the task's IO scope: no scope for refused today"
+
+
+class _StuckCallList:
+    """call_list whose tasks labelled `stuck` wait on a source that never answers, on a
+    worker thread (as a blocking driver does)."""
+
+    name = "call_list"
+    usage = "call_list, stuck on IO when labelled so"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def build(self, request: BuildRequest) -> list[CallSpec]:
+        if request.labels.get("stuck") == "yes":
+            await trio.to_thread.run_sync(self.release.wait, abandon_on_cancel=True)
+        return call_list_calls(request)
+
+
+async def test_a_builder_stuck_on_io_times_out_and_never_stalls_other_tasks(
+    monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
+    builder = _StuckCallList()
+    monkeypatch.setitem(builders._FACTORIES, "call_list", lambda: builder)
+    config = worker_config(phaseIoTimeoutMs=500)
+    try:
+        async with running_worker(config) as worker:
+            stuck = call_list_task("stuck", ("demo.add", [1, 2]), labels={"stuck": "yes"})
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=stuck))
+            for index in range(5):  # while the stuck builder waits, others run to the end
+                task = call_list_task(f"free-{index}", ("demo.add", [index, 1]))
+                await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+                result = await terminal(worker, f"free-{index}")
+                assert result.state == pb.TaskState.SUCCEEDED
+            request = pb.GetTaskResultRequest(task_id="stuck")
+            waiting = await worker.call(worker.stub.get_task_result, request)
+            assert (waiting.state, waiting.phase) == (pb.TaskState.RUNNING, pb.TaskPhase.BUILDER)
+            mock_clock.jump(0.6)  # past phaseIoTimeoutMs: virtual time only moves here
+            result = await terminal(worker, "stuck")
+    finally:
+        builder.release.set()  # the abandoned thread may end
+    assert (result.state, result.phase, result.failure_code, result.retryable) == (
+        pb.TaskState.FAILED,
+        pb.TaskPhase.BUILDER,
+        "PHASE_IO_TIMEOUT",
+        True,
+    )
+    assert result.message == "builder 'call_list' took longer than phaseIoTimeoutMs (500)"
+    assert worker.calls.started == [f"free-{index}" for index in range(5)]

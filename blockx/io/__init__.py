@@ -7,6 +7,22 @@ request carries.
 
 from __future__ import annotations
 
-from blockx.io._scope import BACKENDS, Connection, Connector, IOScopeError, IOSystem, TaskIOScope
+from blockx.io._scope import (
+    BACKENDS,
+    Connection,
+    Connector,
+    IOScopeError,
+    IOSystem,
+    TaskIOScope,
+    shown_target,
+)
 
-__all__ = ["BACKENDS", "Connection", "Connector", "IOScopeError", "IOSystem", "TaskIOScope"]
+__all__ = [
+    "BACKENDS",
+    "Connection",
+    "Connector",
+    "IOScopeError",
+    "IOSystem",
+    "TaskIOScope",
+    "shown_target",
+]

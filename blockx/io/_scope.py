@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
@@ -64,6 +65,17 @@ BACKENDS: Final[Mapping[str, Connector]] = {
 }
 """Every backend a scope can connect to, by name: the target is a file path for sqlite and
 duckdb (":memory:" for a private in-memory database), a URL for postgres."""
+
+
+def shown_target(target: str) -> str:
+    """`target` as a message may show it: a URL's password replaced by ***."""
+    if "://" not in target:
+        return target
+    parts = urllib.parse.urlsplit(target)
+    if parts.password is None:
+        return target
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
 
 
 class IOScopeError(Exception):
@@ -122,7 +134,8 @@ class TaskIOScope:
                 connection = await _open_on_thread(connect, target)
             except Exception as error:  # each driver has its own error classes
                 limiter.release_on_behalf_of(token)
-                raise IOScopeError(f"cannot connect to {backend} {target!r}: {error}") from error
+                shown = shown_target(target)
+                raise IOScopeError(f"cannot connect to {backend} {shown!r}: {error}") from error
             except BaseException:
                 limiter.release_on_behalf_of(token)
                 raise

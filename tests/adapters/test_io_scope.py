@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from blockx.io import IOScopeError, IOSystem
+from blockx.io import IOScopeError, IOSystem, shown_target
 
 LIMITS = {"sqlite": 2, "duckdb": 1, "postgres": 1}
 
@@ -146,3 +146,16 @@ async def test_a_connect_cancelled_while_opening_closes_what_opens_late() -> Non
     assert scope.close() is True  # the late connection was never the scope's
     release.set()
     assert await trio.to_thread.run_sync(closed.wait, 10)
+
+
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        ("postgresql://writer:s3cret@db:5432/out", "postgresql://writer:***@db:5432/out"),
+        ("postgresql://writer@db/out", "postgresql://writer@db/out"),
+        ("/var/data/out.db", "/var/data/out.db"),
+        (":memory:", ":memory:"),
+    ],
+)
+def test_a_target_is_shown_without_its_password(target: str, shown: str) -> None:
+    assert shown_target(target) == shown

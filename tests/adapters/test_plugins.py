@@ -29,6 +29,7 @@ from blockx.phases.plugins import (
     PluginRegistry,
     PluginRequest,
     ResultPlugin,
+    TableUpsertsPlugin,
     plugin_registry,
 )
 from blockx.phases.plugins import test_outputs as stored_outputs
@@ -491,14 +492,15 @@ async def test_result_plugin_keeps_nothing_when_an_output_has_no_json_form(
 
 
 def test_registry_holds_the_named_plugins() -> None:
-    assert KNOWN_PLUGINS == ("log", "test", "jsonl", "result")
+    assert KNOWN_PLUGINS == ("log", "test", "jsonl", "result", "table_upserts")
     registry = plugin_registry(KNOWN_PLUGINS)
     assert registry.names() == KNOWN_PLUGINS
     assert isinstance(registry.get("log"), LogPlugin)
     assert isinstance(registry.get("test"), MemoryPlugin)
     assert isinstance(registry.get("jsonl"), JsonlPlugin)
     assert isinstance(registry.get("result"), ResultPlugin)
-    assert registry.get("table_upserts") is None
+    assert isinstance(registry.get("table_upserts"), TableUpsertsPlugin)
+    assert registry.get("bundle_write") is None
     assert plugin_registry([]).names() == ()
 
 
@@ -506,18 +508,17 @@ def test_registry_refuses_an_unknown_plugin_naming_it_and_the_known_ones() -> No
     with pytest.raises(UnknownName) as caught:
         plugin_registry(["log", "bundle_write"])
     assert str(caught.value) == (
-        "unknown plugin 'bundle_write' (bundleWrite); known plugins: log, test, jsonl, result"
+        "unknown plugin 'bundle_write' (bundleWrite); known plugins: log, test, jsonl, "
+        "result, table_upserts (tableUpserts)"
     )
 
 
-def test_an_unknown_plugin_in_the_seeds_spelling_is_refused_naming_ours_too() -> None:
+def test_a_plugin_answers_to_the_seeds_spelling_and_an_unknown_one_names_ours_too() -> None:
     registry = plugin_registry(KNOWN_PLUGINS)
-    assert registry.get("tableUpserts") is None
+    assert isinstance(registry.get("tableUpserts"), TableUpsertsPlugin)
     with pytest.raises(UnknownName) as caught:
-        registry.require("tableUpserts")
-    assert str(caught.value) == (
-        "unknown plugin 'tableUpserts' (table_upserts); known plugins: log, test, jsonl, result"
-    )
+        plugin_registry(["log"]).require("bundleWrite")
+    assert str(caught.value) == "unknown plugin 'bundleWrite' (bundle_write); known plugins: log"
 
 
 def test_registry_of_plugin_instances_refuses_two_with_one_name() -> None:

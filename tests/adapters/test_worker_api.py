@@ -210,7 +210,8 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
             "call_list",
             "nowhere",
             "PLUGIN_NOT_FOUND",
-            "unknown plugin 'nowhere'; known plugins: log, test, jsonl, result",
+            "unknown plugin 'nowhere'; known plugins: log, test, jsonl, result, "
+            "table_upserts (tableUpserts)",
             id="plugin",
         ),
         pytest.param(
@@ -500,7 +501,7 @@ async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_c
     async with running_worker(config) as worker:
         handlers = {
             "p1": pb.ResultHandler(type="test", config_json='{"fail": true, "message": "disk"}'),
-            "p2": pb.ResultHandler(type="table_upserts"),
+            "p2": pb.ResultHandler(type="bundle_write"),
             "p3": pb.ResultHandler(type="test", config_json='{"delay_ms": 5000}'),
             "p4": pb.ResultHandler(type="test"),
         }
@@ -517,7 +518,7 @@ async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_c
             "p4": (pb.TaskState.SUCCEEDED, ""),
         }
         assert results["p1"].message == "disk"
-        assert "'table_upserts'" in results["p2"].message
+        assert "'bundle_write'" in results["p2"].message
         assert "phaseIoTimeoutMs (1000)" in results["p3"].message
         assert results["p3"].retryable
         assert results["p4"].execute_result is not None

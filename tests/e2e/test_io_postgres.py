@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,10 @@ import psycopg
 import pytest
 import trio
 
+from blockx.calls import encode_value
 from blockx.io import IOScopeError, IOSystem
+from blockx.phases.plugins import PluginFailed, PluginRequest, TableUpsertsPlugin
+from blockx.slots import PluginResult, ResultHandler
 from tests.e2e.postgres_server import postgres_server
 
 
@@ -42,3 +46,48 @@ async def test_an_unreachable_postgres_is_a_clear_scope_error() -> None:
     with pytest.raises(IOScopeError) as raised:
         await scope.connect("postgres", url)
     assert raised.value.message.startswith(f"cannot connect to postgres {url!r}: ")
+
+
+async def upsert_into(url: str, values: list[dict[str, object]], *, create: bool) -> PluginResult:
+    scope = IOSystem({"sqlite": 1, "duckdb": 1, "postgres": 1}).open_scope("t1")
+    config = {"database": url, "table": "results", "key": ["id"], "create": create}
+    request = PluginRequest(
+        task_id="t1",
+        handler=ResultHandler(type="table_upserts", config_json=json.dumps(config)),
+        outputs=tuple(encode_value(value) for value in values),
+        task_code_epoch="e1",
+        io=scope,
+    )
+    try:
+        return await TableUpsertsPlugin().run(request)
+    finally:
+        await scope.aclose()
+
+
+async def test_table_upserts_into_postgres_writes_each_key_once_and_all_or_nothing(
+    tmp_path: Path,
+) -> None:
+    async with postgres_server(tmp_path) as server:
+        rows = [{"id": 1, "name": "a", "n": 1}, {"id": 2, "name": "b", "n": 2}]
+        result = await upsert_into(server.url, rows, create=True)
+        assert result.records_written == 2
+        await upsert_into(server.url, rows, create=True)  # the same task run again
+        await upsert_into(server.url, [{"id": 2, "name": "B"}], create=False)
+        with pytest.raises(PluginFailed) as raised:  # its second row breaks the key's type
+            await upsert_into(server.url, [{"id": 3, "n": 3}, {"id": "x", "n": 4}], create=False)
+        assert raised.value.message.startswith("table_upserts: postgres refused the upsert")
+        assert raised.value.retryable
+
+        def table() -> list[tuple[Any, ...]]:
+            with psycopg.connect(server.url) as check:
+                return check.execute("select id, name, n from results order by id").fetchall()
+
+        assert await trio.to_thread.run_sync(table) == [(1, "a", 1), (2, "B", 2)]
+
+
+async def test_a_postgres_password_never_shows_in_the_plugins_messages() -> None:
+    url = "postgresql://writer:s3cret@127.0.0.1:1/none?connect_timeout=2"
+    with pytest.raises(PluginFailed) as raised:
+        await upsert_into(url, [{"id": 1}], create=True)
+    assert "s3cret" not in raised.value.message
+    assert "writer:***@127.0.0.1:1" in raised.value.message

@@ -17,17 +17,19 @@ from blockx.phases.plugins._log import LogPlugin
 from blockx.phases.plugins._memory import TEST_STORE_TASKS, MemoryPlugin, test_outputs
 from blockx.phases.plugins._model import Plugin, PluginFailed, PluginRegistry, PluginRequest
 from blockx.phases.plugins._result import MAX_OUTPUTS_BYTES, ResultPlugin
+from blockx.phases.plugins._table_upserts import TableUpsertsPlugin
 
 _FACTORIES: Final[Mapping[str, Callable[[], Plugin]]] = {
     "log": LogPlugin,
     "test": MemoryPlugin,
     "jsonl": JsonlPlugin,
     "result": ResultPlugin,
+    "table_upserts": TableUpsertsPlugin,
 }
 
 KNOWN_PLUGINS: Final[tuple[str, ...]] = tuple(_FACTORIES)
-"""Every plugin name `plugin_registry` accepts: log, test, jsonl, result (and the seed's
-spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
+"""Every plugin name `plugin_registry` accepts: log, test, jsonl, result, table_upserts (and
+the seed's spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
 
 
 def plugin_registry(names: Iterable[str]) -> PluginRegistry:
@@ -47,6 +49,7 @@ __all__ = [
     "PluginRegistry",
     "PluginRequest",
     "ResultPlugin",
+    "TableUpsertsPlugin",
     "plugin_registry",
     "test_outputs",
 ]

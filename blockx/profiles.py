@@ -60,13 +60,13 @@ BLOCK: Final = Profile(
     deployment="block",
     service="blockx-worker",
     builders=("call_list", "static", "payload"),
-    plugins=("log", "test", "jsonl", "result", "table_upserts"),
+    plugins=("log", "test", "jsonl", "result", "table_upserts", "bundle_write"),
 )
 BUNDLE: Final = Profile(
     deployment="bundle",
     service="blockx-bundle-worker",
     builders=("call_list",),
-    plugins=("log", "jsonl", "result", "table_upserts"),
+    plugins=("log", "jsonl", "result", "table_upserts", "bundle_write"),
     defaults={"workerRegistryPrefix": "/blockx/bundle-workers/", "streamBuild.enabled": True},
 )
 PROFILES: Final = {profile.deployment: profile for profile in (BLOCK, BUNDLE)}

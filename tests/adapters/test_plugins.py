@@ -22,6 +22,7 @@ from blockx.phases.plugins import (
     KNOWN_PLUGINS,
     MAX_OUTPUTS_BYTES,
     TEST_STORE_TASKS,
+    BundleWritePlugin,
     JsonlPlugin,
     LogPlugin,
     MemoryPlugin,
@@ -492,7 +493,7 @@ async def test_result_plugin_keeps_nothing_when_an_output_has_no_json_form(
 
 
 def test_registry_holds_the_named_plugins() -> None:
-    assert KNOWN_PLUGINS == ("log", "test", "jsonl", "result", "table_upserts")
+    assert KNOWN_PLUGINS == ("log", "test", "jsonl", "result", "table_upserts", "bundle_write")
     registry = plugin_registry(KNOWN_PLUGINS)
     assert registry.names() == KNOWN_PLUGINS
     assert isinstance(registry.get("log"), LogPlugin)
@@ -500,16 +501,17 @@ def test_registry_holds_the_named_plugins() -> None:
     assert isinstance(registry.get("jsonl"), JsonlPlugin)
     assert isinstance(registry.get("result"), ResultPlugin)
     assert isinstance(registry.get("table_upserts"), TableUpsertsPlugin)
-    assert registry.get("bundle_write") is None
+    assert isinstance(registry.get("bundle_write"), BundleWritePlugin)
+    assert registry.get("warehouse") is None
     assert plugin_registry([]).names() == ()
 
 
 def test_registry_refuses_an_unknown_plugin_naming_it_and_the_known_ones() -> None:
     with pytest.raises(UnknownName) as caught:
-        plugin_registry(["log", "bundle_write"])
+        plugin_registry(["log", "warehouse"])
     assert str(caught.value) == (
-        "unknown plugin 'bundle_write' (bundleWrite); known plugins: log, test, jsonl, "
-        "result, table_upserts (tableUpserts)"
+        "unknown plugin 'warehouse'; known plugins: log, test, jsonl, result, "
+        "table_upserts (tableUpserts), bundle_write (bundleWrite)"
     )
 
 

@@ -211,7 +211,7 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
             "nowhere",
             "PLUGIN_NOT_FOUND",
             "unknown plugin 'nowhere'; known plugins: log, test, jsonl, result, "
-            "table_upserts (tableUpserts)",
+            "table_upserts (tableUpserts), bundle_write (bundleWrite)",
             id="plugin",
         ),
         pytest.param(
@@ -501,7 +501,7 @@ async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_c
     async with running_worker(config) as worker:
         handlers = {
             "p1": pb.ResultHandler(type="test", config_json='{"fail": true, "message": "disk"}'),
-            "p2": pb.ResultHandler(type="bundle_write"),
+            "p2": pb.ResultHandler(type="warehouse"),
             "p3": pb.ResultHandler(type="test", config_json='{"delay_ms": 5000}'),
             "p4": pb.ResultHandler(type="test"),
         }
@@ -518,7 +518,7 @@ async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_c
             "p4": (pb.TaskState.SUCCEEDED, ""),
         }
         assert results["p1"].message == "disk"
-        assert "'bundle_write'" in results["p2"].message
+        assert "'warehouse'" in results["p2"].message
         assert "phaseIoTimeoutMs (1000)" in results["p3"].message
         assert results["p3"].retryable
         assert results["p4"].execute_result is not None
@@ -666,3 +666,4 @@ async def test_a_builder_that_waits_runs_in_a_task_actor_with_or_without_a_plugi
     assert final["failing"].failure_code == "CALL_RAISED"
     assert sorted(builder.built) == ["bare", "failing", "kept"]
     assert sorted(worker.calls.started) == ["bare", "failing", "kept"]
+

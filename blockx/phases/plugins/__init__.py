@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from blockx.phases._registry import select
+from blockx.phases.plugins._bundle_write import BundleWritePlugin
 from blockx.phases.plugins._jsonl import JsonlPlugin
 from blockx.phases.plugins._log import LogPlugin
 from blockx.phases.plugins._memory import TEST_STORE_TASKS, MemoryPlugin, test_outputs
@@ -25,11 +26,12 @@ _FACTORIES: Final[Mapping[str, Callable[[], Plugin]]] = {
     "jsonl": JsonlPlugin,
     "result": ResultPlugin,
     "table_upserts": TableUpsertsPlugin,
+    "bundle_write": BundleWritePlugin,
 }
 
 KNOWN_PLUGINS: Final[tuple[str, ...]] = tuple(_FACTORIES)
-"""Every plugin name `plugin_registry` accepts: log, test, jsonl, result, table_upserts (and
-the seed's spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
+"""Every plugin name `plugin_registry` accepts: log, test, jsonl, result, table_upserts,
+bundle_write (and the seed's spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
 
 
 def plugin_registry(names: Iterable[str]) -> PluginRegistry:
@@ -41,6 +43,7 @@ __all__ = [
     "KNOWN_PLUGINS",
     "MAX_OUTPUTS_BYTES",
     "TEST_STORE_TASKS",
+    "BundleWritePlugin",
     "JsonlPlugin",
     "LogPlugin",
     "MemoryPlugin",

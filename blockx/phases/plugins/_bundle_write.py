@@ -1,0 +1,75 @@
+"""The `bundle_write` plugin: a task's outputs, objects of column values, as a new bundle.
+
+Config: `{"path": "DIR", "rows_per_file": N}` (N default 100,000). The bundle
+at DIR is written whole or not at all (`blockx.bundles.write_bundle`): a
+reader never sees a half-written one, and a task run again leaves one bundle
+at DIR. Runs on a worker thread, never cancelled half-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import trio
+
+from blockx.bundles import BundleError, write_bundle
+from blockx.errors import shown
+from blockx.phases.plugins._model import PluginFailed, PluginRequest, decoded_output, parse_config
+from blockx.slots import PluginResult
+
+NAME: Final = "bundle_write"
+MAX_ROWS_PER_FILE: Final = 10_000_000
+
+
+def _rows(outputs: Sequence[bytes]) -> list[dict[str, Any]]:
+    rows = []
+    for index, output in enumerate(outputs):
+        value = decoded_output(NAME, index, output)
+        if type(value) is not dict or not all(isinstance(key, str) for key in value):
+            raise PluginFailed(
+                message=f"{NAME}: output {index} must be an object of column values, "
+                f"got {shown(value)}; nothing was written"
+            )
+        rows.append(value)
+    return rows
+
+
+def _write(path: str, task_id: str, rows: list[dict[str, Any]], rows_per_file: int) -> None:
+    try:
+        write_bundle(path, task_id, rows, rows_per_file=rows_per_file)
+    except BundleError as error:
+        raise PluginFailed(message=f"{NAME}: {error.message}; nothing was written") from error
+    except OSError as error:
+        raise PluginFailed(
+            message=f"{NAME}: cannot write the bundle {path!r}: {error}; nothing was written",
+            retryable=True,
+        ) from error
+
+
+class BundleWritePlugin:
+    """Writes each task's outputs as the bundle at `config_json.path`."""
+
+    name: Final = NAME
+    usage: Final = (
+        'config {"path": "DIR", "rows_per_file": N}: the outputs, objects of column values, '
+        "as a Parquet bundle at DIR, written whole or not at all"
+    )
+
+    async def run(self, request: PluginRequest) -> PluginResult:
+        config = parse_config(NAME, request.handler.config_json, ("path", "rows_per_file"))
+        path = config.get("path")
+        if not isinstance(path, str) or not path:
+            raise PluginFailed(
+                message=f"{NAME}: config_json.path is required: the bundle's directory; "
+                f"got {shown(path)}"
+            )
+        rows_per_file = config.get("rows_per_file", 100_000)
+        if type(rows_per_file) is not int or not 1 <= rows_per_file <= MAX_ROWS_PER_FILE:
+            raise PluginFailed(
+                message=f"{NAME}: config_json.rows_per_file must be an integer from 1 to "
+                f"{MAX_ROWS_PER_FILE}, got {shown(rows_per_file)}"
+            )
+        rows = _rows(request.outputs)
+        await trio.to_thread.run_sync(_write, path, request.task_id, rows, rows_per_file)
+        return PluginResult(plugin_type=NAME, ok=True, records_written=len(rows), detail=path)

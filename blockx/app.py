@@ -139,8 +139,10 @@ async def serve(
     clock = WorkerClock()
     _check_executor_python(config)
     source, first = _code_source(config, source)
-    with contextlib.ExitStack() as sockets:  # each server closes its own socket first
-        listener, metrics_socket = _bind_all(config, sockets)
+    # The bound sockets (each server closes its own first) and the loop threads' CPU pin:
+    # released however serving ends, cancelled included.
+    with contextlib.ExitStack() as held:
+        listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
         shadow = _shadow(config, identity)  # a bad target is refused before anything starts
         tracing_cm = _tracing(config, profile, identity, tracer)
@@ -166,6 +168,7 @@ async def serve(
                     if shadow is not None:
                         await system.start(shadow.run)
                     front_end = await _serve_rpcs(config, actors, listener, metrics, shadow)
+                    held.callback(front_end.unpin)
                     metrics_port = await _start_observing(
                         system, config, metrics, metrics_socket, actors.probe
                     )

@@ -238,8 +238,13 @@ class GrpcFrontEnd:
                 await self._thread.run(close)
             await self._thread.close()
         finally:
-            if self._unpin is not None:
-                self._unpin()
+            self.unpin()
+
+    def unpin(self) -> None:
+        """Give the Trio thread back every CPU (see `pinLoopThreads`); once is enough."""
+        unpin, self._unpin = self._unpin, None
+        if unpin is not None:
+            unpin()
 
 
 async def _observe_call(on_rpc: RpcObserver, event: RecvRequest) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -667,3 +668,16 @@ async def test_a_builder_that_waits_runs_in_a_task_actor_with_or_without_a_plugi
     assert sorted(builder.built) == ["bare", "failing", "kept"]
     assert sorted(worker.calls.started) == ["bare", "failing", "kept"]
 
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and at least 2 CPUs",
+)
+async def test_an_in_process_worker_holds_its_threads_cpu_only_while_it_serves() -> None:
+    allowed = os.sched_getaffinity(0)
+    with trio.CancelScope() as serving:
+        async with running_worker():
+            assert len(os.sched_getaffinity(0)) == 1  # pinLoopThreads, on by default
+            serving.cancel()  # ended by cancellation, not by its stop event
+            await trio.sleep_forever()
+    assert os.sched_getaffinity(0) == allowed

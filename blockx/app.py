@@ -139,9 +139,7 @@ async def serve(
     clock = WorkerClock()
     _check_executor_python(config)
     source, first = _code_source(config, source)
-    # The bound sockets (each server closes its own first) and the loop threads' CPU pin:
-    # released however serving ends, cancelled included.
-    with contextlib.ExitStack() as held:
+    with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
         shadow = _shadow(config, identity)  # a bad target is refused before anything starts

@@ -183,16 +183,20 @@ class GrpcFrontEnd:
         choice = choose_cpu() if self._pin_loop_threads else None
         if choice is not None:
             self._unpin = pin_loop_threads(*choice)
-        self._thread = LoopThread(cpu=None if choice is None else choice[0])
-        loop = await self._thread.start()
-        bridge = ThreadBridge(trio.lowlevel.current_trio_token(), loop)
-        self.service.bridge = bridge
-        on_rpc = self._on_rpc
-        if on_rpc is not None:  # metrics are the actors' side
-            self._on_rpc = lambda path, status, seconds: bridge.to_trio(
-                on_rpc, path, status, seconds
-            )
-        await self._thread.run(lambda: self._start(listener))
+        try:
+            self._thread = LoopThread(cpu=None if choice is None else choice[0])
+            loop = await self._thread.start()
+            bridge = ThreadBridge(trio.lowlevel.current_trio_token(), loop)
+            self.service.bridge = bridge
+            on_rpc = self._on_rpc
+            if on_rpc is not None:  # metrics are the actors' side
+                self._on_rpc = lambda path, status, seconds: bridge.to_trio(
+                    on_rpc, path, status, seconds
+                )
+            await self._thread.run(lambda: self._start(listener))
+        except BaseException:
+            self.unpin()  # the caller never gets a front end to stop
+            raise
 
     async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.

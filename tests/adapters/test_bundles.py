@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from blockx.bundles import FORMAT, MANIFEST, BundleError, read_manifest, verify_bundle, write_bundle
-from blockx.calls import encode_value
-from blockx.phases.plugins import BundleWritePlugin, PluginFailed, PluginRequest
-from blockx.slots import PluginResult, ResultHandler
+from blockx.phases.plugins import BundleWritePlugin, PluginFailed
+from blockx.slots import PluginResult
+from tests.plugin_runs import run_plugin
 
 ROWS = [{"id": index, "word": f"w{index}", "score": index / 2} for index in range(10)]
 
@@ -91,13 +91,7 @@ def test_a_damaged_bundle_fails_verification_naming_the_file(tmp_path: Path) -> 
 
 
 async def write(config: dict[str, Any], values: list[object]) -> PluginResult:
-    request = PluginRequest(
-        task_id="t1",
-        handler=ResultHandler(type="bundle_write", config_json=json.dumps(config)),
-        outputs=tuple(encode_value(value) for value in values),
-        task_code_epoch="e1",
-    )
-    return await BundleWritePlugin().run(request)
+    return await run_plugin(BundleWritePlugin(), config, values)
 
 
 async def test_bundle_write_writes_a_tasks_outputs_as_a_bundle(tmp_path: Path) -> None:

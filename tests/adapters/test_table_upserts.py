@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,30 +10,15 @@ from typing import Any
 import duckdb
 import pytest
 
-from blockx.calls import encode_value
-from blockx.io import IOSystem
-from blockx.phases.plugins import PluginFailed, PluginRequest, TableUpsertsPlugin
-from blockx.slots import PluginResult, ResultHandler
-
-LIMITS = {"sqlite": 4, "duckdb": 1, "postgres": 1}
+from blockx.phases.plugins import PluginFailed, TableUpsertsPlugin
+from blockx.slots import PluginResult
+from tests.plugin_runs import run_plugin
 
 
 async def upsert(
     config: dict[str, Any], values: Sequence[object], task_id: str = "t1"
 ) -> PluginResult:
-    """Run the plugin on `values` as one task's outputs, in a scope of its own."""
-    scope = IOSystem(LIMITS).open_scope(task_id)
-    request = PluginRequest(
-        task_id=task_id,
-        handler=ResultHandler(type="table_upserts", config_json=json.dumps(config)),
-        outputs=tuple(encode_value(value) for value in values),
-        task_code_epoch="e1",
-        io=scope,
-    )
-    try:
-        return await TableUpsertsPlugin().run(request)
-    finally:
-        await scope.aclose()
+    return await run_plugin(TableUpsertsPlugin(), config, values, task_id)
 
 
 def sqlite_rows(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +9,11 @@ import psycopg
 import pytest
 import trio
 
-from blockx.calls import encode_value
 from blockx.io import IOScopeError, IOSystem
-from blockx.phases.plugins import PluginFailed, PluginRequest, TableUpsertsPlugin
-from blockx.slots import PluginResult, ResultHandler
+from blockx.phases.plugins import PluginFailed, TableUpsertsPlugin
+from blockx.slots import PluginResult
 from tests.e2e.postgres_server import postgres_server
+from tests.plugin_runs import run_plugin
 
 
 async def test_a_scope_connects_to_postgres_and_its_close_ends_the_session(
@@ -49,19 +48,8 @@ async def test_an_unreachable_postgres_is_a_clear_scope_error() -> None:
 
 
 async def upsert_into(url: str, values: list[dict[str, object]], *, create: bool) -> PluginResult:
-    scope = IOSystem({"sqlite": 1, "duckdb": 1, "postgres": 1}).open_scope("t1")
     config = {"database": url, "table": "results", "key": ["id"], "create": create}
-    request = PluginRequest(
-        task_id="t1",
-        handler=ResultHandler(type="table_upserts", config_json=json.dumps(config)),
-        outputs=tuple(encode_value(value) for value in values),
-        task_code_epoch="e1",
-        io=scope,
-    )
-    try:
-        return await TableUpsertsPlugin().run(request)
-    finally:
-        await scope.aclose()
+    return await run_plugin(TableUpsertsPlugin(), config, values)
 
 
 async def test_table_upserts_into_postgres_writes_each_key_once_and_all_or_nothing(

@@ -1,0 +1,33 @@
+"""Running a writer plugin on values, as one task's outputs, outside a worker."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from blockx.calls import encode_value
+from blockx.io import IOSystem
+from blockx.phases.plugins import Plugin, PluginRequest
+from blockx.slots import PluginResult, ResultHandler
+
+LIMITS = {"sqlite": 4, "duckdb": 1, "postgres": 1}
+
+
+async def run_plugin(
+    plugin: Plugin, config: Mapping[str, Any], values: Sequence[object], task_id: str = "t1"
+) -> PluginResult:
+    """`plugin` on `values`, with `config` as its result handler's config, in an IO scope of
+    its own (closed afterwards)."""
+    scope = IOSystem(LIMITS).open_scope(task_id)
+    request = PluginRequest(
+        task_id=task_id,
+        handler=ResultHandler(type=plugin.name, config_json=json.dumps(config)),
+        outputs=tuple(encode_value(value) for value in values),
+        task_code_epoch="e1",
+        io=scope,
+    )
+    try:
+        return await plugin.run(request)
+    finally:
+        await scope.aclose()

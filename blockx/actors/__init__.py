@@ -1,7 +1,7 @@
 """The Trio actors that run the pure cores, and the assembly of the actor graph.
 
 * `SlotTableActor`: the one owner of the slot machine and the function code view.
-* task actors (`run_task`): one per admitted task, its builder and its plugin.
+* task actors (`run_task`): one per task whose builder or plugin waits on IO.
 * `DispatcherActor`: the one owner of the dispatch core, driving the executors.
 * `WatchHub`: fans task updates out to watch streams (part of the slot-table actor).
 

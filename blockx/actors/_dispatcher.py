@@ -2,9 +2,9 @@
 
 It owns a `DispatchCore` (the decisions), a `CallIds` (the ids the core and
 the executors use), and the function code of every task whose calls it runs,
-which is what it answers executors' code requests from. It takes task actors'
-`RunTaskCalls`, the slot table's `CancelTaskCalls` and the executors' events
-from one inbox; it sends to executors through an `ExecutorTransport` (the pool
+which is what it answers executors' code requests from. It takes the slot
+table's `RunTaskCalls` and `CancelTaskCalls` and the executors' events from
+one inbox; it sends to executors through an `ExecutorTransport` (the pool
 manager, or a test's fake) and reports the end of each task's calls to the
 slot table as `CallsDone`. Nothing else touches the core.
 

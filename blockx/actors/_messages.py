@@ -4,8 +4,10 @@ A task's path through the actors, one message per hop:
 
     client -> SubmitTask -> slot table (activates it: finds its builder and plugin, or
            refuses it there) -> StartBuilderPhase -> task actor (started) -> PhaseDone(BUILDER)
-           -> slot table -> StartCallPhase -> task actor -> RunTaskCalls -> dispatcher
-           -> CallsDone -> slot table -> StartPluginPhase -> task actor -> PhaseDone(PLUGIN)
+           (an `InlineBuilder` builds in the slot table: no actor, no message)
+           -> slot table -> StartCallPhase -> RunTaskCalls (under executor admission)
+           -> dispatcher -> CallsDone -> slot table -> StartPluginPhase -> task actor
+           -> PhaseDone(PLUGIN)
            (a task without a result handler: its plugin phase succeeds in the slot table)
            -> slot table -> its watch hub (every step above) -> WatchStream -> client
 

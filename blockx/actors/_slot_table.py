@@ -120,8 +120,6 @@ class _LiveTask:
     command: PrepareTaskActivation
     activation: Activation
     code: FunctionSnapshot
-    plugin: str
-    """The type of the task's result handler ("" without one), for its trace."""
     io: TaskIOScope
     """Opened at activation, closed when the task ends (`_end_task`)."""
     calls: tuple[CallSpec, ...] = ()
@@ -129,6 +127,12 @@ class _LiveTask:
     holds_executor: bool = False
     """Its call phase holds an executor admission, until the task's next phase or its end."""
     actor: _TaskActor | None = None
+
+    @property
+    def plugin(self) -> str:
+        """The type of the task's result handler ("" without one), for its trace."""
+        handler = self.command.spec.result_handler
+        return handler.type if handler is not None else ""
 
 
 class SlotTableActor:
@@ -482,14 +486,7 @@ class SlotTableActor:
                 message=f"cannot open the task's IO scope: {error.message}",
                 retryable=True,
             )
-        handler = command.spec.result_handler
-        return _LiveTask(
-            command=command,
-            activation=found,
-            code=self._code.snapshot(epoch),
-            plugin=handler.type if handler is not None else "",
-            io=io,
-        )
+        return _LiveTask(command=command, activation=found, code=self._code.snapshot(epoch), io=io)
 
     def _start_actor(self, task: _LiveTask) -> _TaskActor:
         phases: tuple[trio.MemorySendChannel[StartPhase], trio.MemoryReceiveChannel[StartPhase]]

@@ -131,17 +131,8 @@ def build_inline(
 ) -> tuple[PhaseOutcome, tuple[CallSpec, ...]]:
     """Run an `InlineBuilder` in the caller's step: the builder phase's outcome, and its
     calls, as a task actor would have reported them."""
-    spec = command.spec
-    request = BuildRequest(
-        task_id=command.task_id,
-        function_call=spec.function_call,
-        payload=spec.payload,
-        task_code_epoch=epoch,
-        labels=spec.labels,
-        io=io,
-    )
     try:
-        calls = build_now(request)
+        calls = build_now(_build_request(command, epoch, io))
     except PhaseFailed as error:
         return _failed(error), ()
     except Exception as error:
@@ -152,6 +143,21 @@ def build_inline(
         log.exception("task %s: %s phase raised", command.task_id, phase)
         return _raised(TaskPhase.BUILDER, error), ()
     return PhaseOutcome(ok=True, call_count=len(calls)), tuple(calls)
+
+
+def _build_request(
+    command: PrepareTaskActivation, epoch: str, io: TaskIOScope | None
+) -> BuildRequest:
+    """What the task's builder is given, inline or in the task actor."""
+    spec = command.spec
+    return BuildRequest(
+        task_id=command.task_id,
+        function_call=spec.function_call,
+        payload=spec.payload,
+        task_code_epoch=epoch,
+        labels=spec.labels,
+        io=io,
+    )
 
 
 def _raised(phase: TaskPhase, error: Exception) -> PhaseOutcome:
@@ -245,14 +251,7 @@ class _TaskRun:
 
     async def _build(self) -> PhaseOutcome:
         builder = self._builder
-        request = BuildRequest(
-            task_id=self._task_id,
-            function_call=self._spec.function_call,
-            payload=self._spec.payload,
-            task_code_epoch=self._start.code.epoch,
-            labels=self._spec.labels,
-            io=self._start.io,
-        )
+        request = _build_request(self._start.command, self._start.code.epoch, self._start.io)
         calls = await self._bounded(
             f"builder {self._spec.function_call.type!r}",
             self._rt.admission.builder,

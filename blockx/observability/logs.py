@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import datetime
 import enum
+import functools
 import json
 import logging
 import sys
@@ -66,16 +67,13 @@ def utc_timestamp(created_s: float) -> str:
     if micros >= 1_000_000:
         second += 1
         micros -= 1_000_000
-    made_second, prefix = _timestamp_prefix
-    if second != made_second:
-        moment = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
-        prefix = moment.strftime("%Y-%m-%dT%H:%M:%S")
-        _timestamp_prefix[:] = second, prefix
-    return f"{prefix}.{micros // 1000:03d}Z"
+    return f"{_second_text(second)}.{micros // 1000:03d}Z"
 
 
-_timestamp_prefix: list[Any] = [None, ""]
-"""The last second `utc_timestamp` made its prefix for, and that prefix."""
+@functools.lru_cache(maxsize=1)
+def _second_text(second: int) -> str:
+    moment = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _plain(value: object) -> object:

@@ -133,22 +133,58 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise BundleError(f"{file}: not JSON ({error})") from error
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"{file}: not a {FORMAT} manifest")
+    files = manifest.get("files")
+    if not isinstance(files, list) or not all(_is_entry(entry) for entry in files):
+        raise BundleError(
+            f"{file}: its files must be a list of {{path, rows, bytes, sha256}}, each path "
+            "a file name in the bundle"
+        )
     return manifest
+
+
+def _is_entry(entry: object) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    name, rows, size, digest = (entry.get(k) for k in ("path", "rows", "bytes", "sha256"))
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..", MANIFEST)
+        and "/" not in name
+        and "\\" not in name
+        and type(rows) is int
+        and type(size) is int
+        and isinstance(digest, str)
+    )
+
+
+def open_verified(path: str | os.PathLike[str], entry: dict[str, Any]) -> Any:
+    """A `pyarrow.parquet.ParquetFile` of one file of a bundle, read whole into memory and
+    checked against its manifest `entry` (size, checksum, rows) first: what is read is what
+    the checksum covered."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    file = Path(path) / entry["path"]
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError as error:
+        raise BundleError(f"{file}: listed in the manifest but missing") from error
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise BundleError(f"{file}: its content does not match the manifest's checksum")
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as error:
+        raise BundleError(f"{file}: not a Parquet file ({error})") from error
+    if parquet.metadata.num_rows != entry["rows"]:
+        raise BundleError(f"{file}: its row count does not match the manifest")
+    return parquet
 
 
 def verify_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest, once every file it lists is there with its size, checksum and rows."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
     manifest = read_manifest(path)
     for entry in manifest["files"]:
-        file = Path(path) / entry["path"]
-        if not file.is_file():
-            raise BundleError(f"{file}: listed in the manifest but missing")
-        if file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
-            raise BundleError(f"{file}: its content does not match the manifest's checksum")
-        if pq.ParquetFile(file).metadata.num_rows != entry["rows"]:
-            raise BundleError(f"{file}: its row count does not match the manifest")
+        open_verified(path, entry)
     return manifest
 
 

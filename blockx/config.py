@@ -320,9 +320,13 @@ class IOSection:
 
 @attrs.frozen(kw_only=True)
 class StreamBuildSection:
-    """`streamBuild.*`."""
+    """`streamBuild.*`: whether a streaming builder's calls run while it reads (see
+    `blockx.phases.builders.StreamingBuilder`), and how far its reads may run ahead."""
 
     enabled: bool = _setting(False, "enabled", "STREAM_BUILD_ENABLED", _BOOL)
+    pending_calls: int = _setting(128, "pendingCalls", "STREAM_BUILD_PENDING_CALLS", positive=True)
+    """Calls of one streamed task sent to the dispatcher and not ended, at most: the
+    scan waits for room, so its rows in memory stay bounded (pendingCalls x rows per call)."""
 
 
 @attrs.frozen(kw_only=True)

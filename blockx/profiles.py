@@ -59,14 +59,14 @@ class Profile:
 BLOCK: Final = Profile(
     deployment="block",
     service="blockx-worker",
-    builders=("call_list", "static", "payload"),
+    builders=("dbscan", "call_list", "bundle_scan", "static", "payload"),
     plugins=("log", "test", "jsonl", "result", "table_upserts", "bundle_write"),
 )
 BUNDLE: Final = Profile(
     deployment="bundle",
     service="blockx-bundle-worker",
-    builders=("call_list",),
-    plugins=("log", "jsonl", "result", "table_upserts", "bundle_write"),
+    builders=("bundle_scan", "call_list"),
+    plugins=("bundle_write", "table_upserts"),
     defaults={"workerRegistryPrefix": "/blockx/bundle-workers/", "streamBuild.enabled": True},
 )
 PROFILES: Final = {profile.deployment: profile for profile in (BLOCK, BUNDLE)}

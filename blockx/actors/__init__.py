@@ -19,10 +19,12 @@ from blockx.actors._assembly import (
     run_actors,
 )
 from blockx.actors._call_ids import CallIds
+from blockx.actors._call_window import CallWindow
 from blockx.actors._dispatcher import DispatcherActor
 from blockx.actors._engine import CallEngine
 from blockx.actors._inbox import Inbox, Reply
 from blockx.actors._messages import (
+    AddTaskCalls,
     CallsDone,
     CancelTaskCalls,
     CloseAllStreams,
@@ -37,6 +39,7 @@ from blockx.actors._messages import (
     RunTaskCalls,
     SlotTableMessage,
     StartDrain,
+    StreamFailed,
     SubmitTask,
     Subscribe,
     Unsubscribe,
@@ -59,9 +62,11 @@ __all__ = [
     "Accepted",
     "ActorParts",
     "ActorProbe",
+    "AddTaskCalls",
     "Admission",
     "CallEngine",
     "CallIds",
+    "CallWindow",
     "CallsDone",
     "CancelTaskCalls",
     "CloseAllStreams",
@@ -84,6 +89,7 @@ __all__ = [
     "SlotTableMessage",
     "StartDrain",
     "StreamEvent",
+    "StreamFailed",
     "SubmitTask",
     "Subscribe",
     "TaskRuntime",

@@ -196,4 +196,7 @@ def _task_runtime(parts: ActorParts) -> TaskRuntime:
         phase_io_timeout_ms=parts.config.phase_io_timeout_ms,
         io=IOSystem(parts.config.io.limits()),
         slot_table=parts.inboxes.slot_table,
+        dispatcher=parts.inboxes.dispatcher,
+        stream_build=parts.config.stream_build.enabled,
+        pending_calls=parts.config.stream_build.pending_calls,
     )

@@ -22,9 +22,13 @@ class CallIds:
         self._runs = itertools.count()
         self._subcalls: dict[str, str] = {}  # core id -> the executor's subcall id
 
-    def task_calls(self, task_id: str, calls: Iterable[CallSpec]) -> tuple[CallSpec, ...]:
-        """`calls` under the ids the core knows them by, for a new run of `task_id`."""
-        prefix = f"{task_id}#{next(self._runs)}:"
+    def run_prefix(self, task_id: str) -> str:
+        """What the ids of a new run of `task_id` start with (`task_calls`)."""
+        return f"{task_id}#{next(self._runs)}:"
+
+    @staticmethod
+    def task_calls(prefix: str, calls: Iterable[CallSpec]) -> tuple[CallSpec, ...]:
+        """`calls` under the ids the core knows them by, for the run `prefix` names."""
         return tuple(
             CallSpec(call_id=prefix + call.call_id, function=call.function, args=call.args)
             for call in calls

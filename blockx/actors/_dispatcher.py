@@ -3,10 +3,12 @@
 It owns a `DispatchCore` (the decisions), a `CallIds` (the ids the core and
 the executors use), and the function code of every task whose calls it runs,
 which is what it answers executors' code requests from. It takes the slot
-table's `RunTaskCalls` and `CancelTaskCalls` and the executors' events from
-one inbox; it sends to executors through an `ExecutorTransport` (the pool
-manager, or a test's fake) and reports the end of each task's calls to the
-slot table as `CallsDone`. Nothing else touches the core.
+table's `RunTaskCalls` and `CancelTaskCalls`, a streamed task's batches from
+its task actor (`AddTaskCalls`, `StreamFailed`; it counts their ends in the
+task's `CallWindow`) and the executors' events from one inbox; it sends to
+executors through an `ExecutorTransport` (the pool manager, or a test's fake)
+and reports the end of each task's calls to the slot table as `CallsDone`.
+Nothing else touches the core.
 
 Every message becomes one event of the core (stamped with a stimulus id and
 the worker clock's time, here and nowhere else), and the commands the core
@@ -25,13 +27,16 @@ import trio
 
 from blockx._clock import WorkerClock
 from blockx.actors._call_ids import CallIds
+from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Inbox, take_until
 from blockx.actors._messages import (
+    AddTaskCalls,
     CallsDone,
     CancelTaskCalls,
     DispatcherMessage,
     RunTaskCalls,
     SlotTableMessage,
+    StreamFailed,
 )
 from blockx.calls import CallPhaseOutcome, CallSpec, FailureCode, StimulusIds
 from blockx.config import DispatcherSection
@@ -54,6 +59,7 @@ from blockx.dispatch import (
     TaskCancelled,
     TaskOpened,
 )
+from blockx.errors import Misuse
 from blockx.executors import (
     CallResults,
     CancelCall,
@@ -101,6 +107,8 @@ class DispatcherActor:
         self._ids = CallIds()
         self._code: dict[str, FunctionSnapshot] = {}  # task id -> its pinned code
         self._pids: dict[str, int] = {}
+        self._streams: dict[str, tuple[str, CallWindow]] = {}
+        """Streamed tasks whose calls still come: task id -> (its run's id prefix, window)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -120,12 +128,20 @@ class DispatcherActor:
 
     def _apply(self, event: DispatchEvent) -> None:
         self._execute(self._core.handle(event).commands, event.now_ms)
+        for task_id, (_, window) in self._streams.items():
+            window.ended_now(self._core.calls_ended(task_id))
 
     def _on_message(self, message: DispatcherMessage) -> None:
         match message:
             case RunTaskCalls():
                 self._open_task(message)
+            case AddTaskCalls():
+                self._add_calls(message)
+            case StreamFailed(task_id=task_id, outcome=outcome):
+                if task_id in self._streams:
+                    self._fail_stream(task_id, outcome)
             case CancelTaskCalls(task_id=task_id):
+                self._end_stream(task_id)
                 if self._code.pop(task_id, None) is not None:
                     now_ms, stimulus_id = self._stamp("cancel")
                     self._apply(
@@ -181,12 +197,55 @@ class DispatcherActor:
         self._apply(
             TaskOpened(task_id=task_id, policy=policy, now_ms=now_ms, stimulus_id=stimulus_id)
         )
-        calls = self._ids.task_calls(task_id, message.calls)
+        prefix = self._ids.run_prefix(task_id)
+        if message.window is not None:
+            self._streams[task_id] = (prefix, message.window)
+            return
+        calls = self._ids.task_calls(prefix, message.calls)
         self._apply(
             CallsAdded(
                 task_id=task_id, calls=calls, sealed=True, now_ms=now_ms, stimulus_id=stimulus_id
             )
         )
+
+    def _add_calls(self, message: AddTaskCalls) -> None:
+        """A batch of a streamed task; ignored once its call phase is over."""
+        task_id = message.task_id
+        stream = self._streams.get(task_id)
+        if stream is None:
+            return
+        prefix, window = stream
+        window.add(len(message.calls))
+        if message.sealed:
+            self._end_stream(task_id)
+        now_ms, stimulus_id = self._stamp("add")
+        added = CallsAdded(
+            task_id=task_id,
+            calls=self._ids.task_calls(prefix, message.calls),
+            sealed=message.sealed,
+            now_ms=now_ms,
+            stimulus_id=stimulus_id,
+        )
+        try:
+            self._apply(added)
+        except Misuse:  # nothing of the batch was queued
+            repeated = CallPhaseOutcome(
+                ok=False,
+                failure_code=FailureCode.CALLS_FAILED,
+                message="call ids repeat among the task's calls still running",
+            )
+            self._fail_stream(task_id, repeated)
+
+    def _fail_stream(self, task_id: str, outcome: CallPhaseOutcome) -> None:
+        """End a streamed task's call phase with `outcome`, cancelling what of it runs."""
+        self._on_message(CancelTaskCalls(task_id=task_id))
+        self._slot_table.post(CallsDone(task_id=task_id, outcome=outcome))
+
+    def _end_stream(self, task_id: str) -> None:
+        """No more calls of `task_id` are taken: its stream ended, or its call phase did."""
+        stream = self._streams.pop(task_id, None)
+        if stream is not None:
+            stream[1].close()
 
     def _on_executor_message(self, event: ExecutorMessage) -> None:
         executor_id, message = event.executor_id, event.message
@@ -273,6 +332,7 @@ class DispatcherActor:
                         executor_id, SubcallResult(outcome=attrs.evolve(outcome, call_id=own_id))
                     )
                 case FinishCallPhase(task_id=task_id, outcome=outcome):
+                    self._end_stream(task_id)
                     self._code.pop(task_id, None)
                     self._slot_table.post(CallsDone(task_id=task_id, outcome=outcome))
                 case _:

@@ -6,6 +6,8 @@ A task's path through the actors, one message per hop:
            refuses it there) -> StartBuilderPhase -> task actor (started) -> PhaseDone(BUILDER)
            (an `InlineBuilder` builds in the slot table: no actor, no message)
            -> slot table -> StartCallPhase -> RunTaskCalls (under executor admission)
+           (a streamed task: under scan admission, and its task actor sends the calls
+           to the dispatcher in AddTaskCalls as its builder reads them)
            -> dispatcher -> CallsDone -> slot table -> StartPluginPhase -> task actor
            -> PhaseDone(PLUGIN)
            (a task without a result handler: its plugin phase succeeds in the slot table)
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import attrs
 
+from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Reply
 from blockx.actors._streams import HubStream, TaskStream, WatchStream
 from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, RetryPolicy
@@ -182,6 +185,26 @@ class RunTaskCalls:
     calls: tuple[CallSpec, ...]
     retry: RetryPolicy
     failure_policy: CallFailurePolicy
+    window: CallWindow | None = None
+    """Set for a streamed task: `calls` is empty, the calls come from its task actor in
+    `AddTaskCalls` (the last one sealed) and the dispatcher counts their ends in `window`."""
+
+
+@attrs.frozen(kw_only=True)
+class AddTaskCalls:
+    """More calls of a streamed task (from its task actor); `sealed`: the stream has ended."""
+
+    task_id: str
+    calls: tuple[CallSpec, ...]
+    sealed: bool
+
+
+@attrs.frozen(kw_only=True)
+class StreamFailed:
+    """A streamed task's builder failed while reading: its call phase ends with `outcome`."""
+
+    task_id: str
+    outcome: CallPhaseOutcome
 
 
 @attrs.frozen(kw_only=True)
@@ -191,7 +214,7 @@ class CancelTaskCalls:
     task_id: str
 
 
-DispatcherMessage = RunTaskCalls | CancelTaskCalls | PoolEvent
+DispatcherMessage = RunTaskCalls | AddTaskCalls | StreamFailed | CancelTaskCalls | PoolEvent
 
 
 # ----------------------------------------------------------- values

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from blockx._clock import WorkerClock
+from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Inbox, Reply, take_until
 from blockx.actors._messages import (
     CallsDone,
@@ -112,6 +113,16 @@ class _TaskActor:
 
 
 @attrs.define(eq=False)
+class _Gate:
+    """An admission of call phases the slot table counts: executor admission, or scan
+    admission for streamed tasks (their calls run while their scans read)."""
+
+    free: int
+    waiting: collections.deque[_LiveTask] = attrs.Factory(collections.deque)
+    """Tasks in the call phase waiting for it, oldest first."""
+
+
+@attrs.define(eq=False)
 class _LiveTask:
     """An activated task. Its call phase, its `InlineBuilder`'s build and an absent plugin
     phase run here, in this actor's own step; its task actor is started for the first
@@ -124,9 +135,13 @@ class _LiveTask:
     """Opened at activation, closed when the task ends (`_end_task`)."""
     calls: tuple[CallSpec, ...] = ()
     """What its builder phase built, for its call phase."""
-    holds_executor: bool = False
-    """Its call phase holds an executor admission, until the task's next phase or its end."""
+    holds: _Gate | None = None
+    """The admission its call phase holds, until the task's next phase or its end."""
     actor: _TaskActor | None = None
+    window: CallWindow | None = None
+    """A streamed task's (`Activation.stream`), shared by its actor and the dispatcher."""
+    call_phase: StartCallPhase | None = None
+    """A streamed task's command that started its call phase, for its actor once admitted."""
 
     @property
     def plugin(self) -> str:
@@ -169,10 +184,8 @@ class SlotTableActor:
         self._held: collections.deque[SubmitTask] = collections.deque()
         """Submits from `RunTasks` streams waiting for a free slot, oldest first."""
         self._slot_freed = False
-        self._executor_free = runtime.admission.executor
-        """Executor admissions free: how many more tasks may be in the call phase."""
-        self._awaiting_executor: collections.deque[_LiveTask] = collections.deque()
-        """Tasks in the call phase waiting for executor admission, oldest first."""
+        self._executor = _Gate(free=runtime.admission.executor)
+        self._scan = _Gate(free=runtime.admission.scan)
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
 
@@ -386,12 +399,14 @@ class SlotTableActor:
         if task is None:
             return
         self._tracing.phase_started(task_id, command.phase, task.plugin)
-        if task.holds_executor:
-            self._release_executor(task)
+        if task.holds is not None:
+            self._release(task)
         match command:
             case StartCallPhase():
-                self._awaiting_executor.append(task)
-                self._admit_calls()
+                task.call_phase = command
+                gate = self._scan if task.window is not None else self._executor
+                gate.waiting.append(task)
+                self._admit_calls(gate)
             case StartBuilderPhase() if task.activation.build_now is not None:
                 outcome, task.calls = build_inline(
                     task.activation.build_now, task.command, task.code.epoch, task.io
@@ -405,17 +420,17 @@ class SlotTableActor:
                     task.actor = self._start_actor(task)
                 task.actor.phases.send_nowait(command)
 
-    def _admit_calls(self) -> None:
-        """Hand the calls of tasks waiting for executor admission to the dispatcher, oldest
-        first, while admission is free."""
-        waiting = self._awaiting_executor
-        while self._executor_free and waiting:
+    def _admit_calls(self, gate: _Gate) -> None:
+        """Hand the calls of tasks waiting for `gate` to the dispatcher, oldest first, while
+        it is free; a streamed task's actor is told to send its calls itself."""
+        waiting = gate.waiting
+        while gate.free and waiting:
             task = waiting.popleft()
             task_id = task.command.task_id
             if self._tasks.get(task_id) is not task:
                 continue  # it ended while it waited
-            self._executor_free -= 1
-            task.holds_executor = True
+            gate.free -= 1
+            task.holds = gate
             calls, task.calls = task.calls, ()
             self._dispatcher.post(
                 RunTaskCalls(
@@ -424,13 +439,17 @@ class SlotTableActor:
                     calls=calls,
                     retry=task.command.retry_policy,
                     failure_policy=task.command.spec.call_failure_policy,
+                    window=task.window,
                 )
             )
+            if task.window is not None and task.actor is not None and task.call_phase:
+                task.actor.phases.send_nowait(task.call_phase)
 
-    def _release_executor(self, task: _LiveTask) -> None:
-        task.holds_executor = False
-        self._executor_free += 1
-        self._admit_calls()
+    def _release(self, task: _LiveTask) -> None:
+        gate, task.holds = task.holds, None
+        assert gate is not None
+        gate.free += 1
+        self._admit_calls(gate)
 
     def _start_task(self, command: PrepareTaskActivation) -> None:
         """Activate the task; or fail it at once, before any phase, if it cannot run here."""
@@ -493,6 +512,8 @@ class SlotTableActor:
         phases = trio.open_memory_channel(PHASE_BUFFER)
         send, receive = phases
         command = task.command
+        if task.activation.stream is not None:
+            task.window = CallWindow(self._runtime.pending_calls)
         start = TaskStart(
             command=command,
             activation=task.activation,
@@ -500,6 +521,7 @@ class SlotTableActor:
             scope=trio.CancelScope(),
             phases=receive,
             io=task.io,
+            window=task.window,
         )
         name = f"task {command.task_id}"
         self._task_nursery.start_soon(run_task, self._runtime, start, name=name)
@@ -515,8 +537,8 @@ class SlotTableActor:
                 self._task_nursery.start_soon(task.io.aclose, name=f"close IO of {task_id}")
         if result.phase is TaskPhase.CALLS:
             self._dispatcher.post(CancelTaskCalls(task_id=task_id))
-        if task is not None and task.holds_executor:
-            self._release_executor(task)  # after the cancel: the next calls go in behind it
+        if task is not None and task.holds is not None:
+            self._release(task)  # after the cancel: the next calls go in behind it
         if self._code.pinned_epoch(task_id) is not None:
             self._code.unpin(task_id, self._clock.now_ms())
         self._hub.publish(TaskSnapshot.of_result(result))

@@ -22,18 +22,22 @@ task nursery.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import attrs
 import trio
 
+from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
+    AddTaskCalls,
+    DispatcherMessage,
     PhaseDone,
     SlotTableMessage,
+    StreamFailed,
 )
-from blockx.calls import CallSpec, FailureCode
+from blockx.calls import CallPhaseOutcome, CallSpec, FailureCode
 from blockx.functions import FunctionSnapshot
 from blockx.io import IOSystem, TaskIOScope
 from blockx.observability.logs import TaskLog
@@ -44,6 +48,7 @@ from blockx.slots import (
     PhaseOutcome,
     PrepareTaskActivation,
     StartBuilderPhase,
+    StartCallPhase,
     StartPhase,
     StartPluginPhase,
     TaskPhase,
@@ -63,7 +68,8 @@ class Admission:
     executor: int
     """Tasks in the call phase: the slot-table actor counts them itself."""
     plugin: trio.Semaphore
-    scan: trio.Semaphore
+    scan: int
+    """Streamed tasks in the call phase (their scans read meanwhile): counted likewise."""
 
     @classmethod
     def of(cls, *, builder: int, executor: int, plugin: int, scan: int) -> Admission:
@@ -71,7 +77,7 @@ class Admission:
             builder=trio.Semaphore(builder),
             executor=executor,
             plugin=trio.Semaphore(plugin),
-            scan=trio.Semaphore(scan),
+            scan=scan,
         )
 
 
@@ -84,7 +90,13 @@ class TaskRuntime:
     admission: Admission
     phase_io_timeout_ms: int
     slot_table: Inbox[SlotTableMessage]
+    dispatcher: Inbox[DispatcherMessage]
+    """Where a streamed task's actor sends its calls."""
     io: IOSystem
+    stream_build: bool = False
+    """`streamBuild.enabled`: a `StreamingBuilder`'s calls run while it reads."""
+    pending_calls: int = 128
+    """`streamBuild.pendingCalls`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -96,6 +108,8 @@ class Activation:
     """None if the task has no result handler."""
     build_now: Callable[[BuildRequest], list[CallSpec]] | None = None
     """The builder's `InlineBuilder.build_now`, if it has one."""
+    stream: Callable[[BuildRequest], AsyncIterator[Sequence[CallSpec]]] | None = None
+    """The builder's `StreamingBuilder.stream`, if it has one and `streamBuild.enabled`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -120,7 +134,13 @@ def activate(runtime: TaskRuntime, spec: TaskSpec) -> Activation | Refusal:
         plugin = None if handler is None else runtime.plugins.require(handler.type)
     except UnknownName as error:
         return Refusal(failure_code=FailureCode.PLUGIN_NOT_FOUND, message=str(error))
-    return Activation(builder=builder, plugin=plugin, build_now=getattr(builder, "build_now", None))
+    stream = getattr(builder, "stream", None) if runtime.stream_build else None
+    return Activation(
+        builder=builder,
+        plugin=plugin,
+        build_now=None if stream is not None else getattr(builder, "build_now", None),
+        stream=stream,
+    )
 
 
 def build_inline(
@@ -183,13 +203,18 @@ class TaskStart:
     """The commands that start its phases, in order."""
     io: TaskIOScope
     """The task's IO scope, which the slot-table actor opened and will close."""
+    window: CallWindow | None = None
+    """A streamed task's: shared with the dispatcher, which counts its calls' ends."""
 
 
 async def run_task(runtime: TaskRuntime, start: TaskStart) -> None:
     """The task actor's whole life; returns once its last report is posted or it is cancelled."""
     task = _TaskRun(runtime, start)
     with start.scope, task.log.bound():
-        await task.run()
+        try:
+            await task.run()
+        finally:
+            await task.close_stream()
 
 
 class _TaskRun:
@@ -204,6 +229,9 @@ class _TaskRun:
         self._calls: tuple[CallSpec, ...] = ()
         self._builder = start.activation.builder
         self._plugin = start.activation.plugin
+        self._batches: AsyncIterator[Sequence[CallSpec]] | None = None
+        """A streamed task's calls still to read; `_first` is the batch already read."""
+        self._first: Sequence[CallSpec] | None = None
 
     async def run(self) -> None:
         phase = await self._next()
@@ -212,12 +240,27 @@ class _TaskRun:
             match phase:
                 case StartBuilderPhase():
                     await self._run_phase(phase, self._build)
-                    if self._plugin is None:
-                        return  # nothing else for the actor to run
-                    phase = await self._next()
+                case StartCallPhase():
+                    await self._produce()
                 case StartPluginPhase(outputs=outputs):
                     await self._run_phase(phase, lambda: self._store(outputs))
                     return
+            if self._plugin is None and self._batches is None:
+                return  # nothing else for the actor to run
+            phase = await self._next()
+
+    async def close_stream(self) -> None:
+        """Close a streamed task's reads (they may hold a cursor), even when cancelled."""
+        batches, self._batches = self._batches, None
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            with trio.move_on_after(self._rt.phase_io_timeout_ms / 1000, shield=True):
+                try:
+                    await aclose()
+                except Exception:
+                    self.log.exception(
+                        "task %s: closing the builder's stream raised", self._task_id
+                    )
 
     async def _next(self) -> StartPhase | None:
         """The next phase command; one already waiting is taken without a trip through the
@@ -252,6 +295,9 @@ class _TaskRun:
     async def _build(self) -> PhaseOutcome:
         builder = self._builder
         request = _build_request(self._start.command, self._start.code.epoch, self._start.io)
+        stream = self._start.activation.stream
+        if stream is not None:
+            return await self._prepare_stream(stream(request))
         calls = await self._bounded(
             f"builder {self._spec.function_call.type!r}",
             self._rt.admission.builder,
@@ -261,6 +307,65 @@ class _TaskRun:
             return calls
         self._calls = tuple(calls)
         return PhaseOutcome(ok=True, call_count=len(calls))
+
+    async def _prepare_stream(self, batches: AsyncIterator[Sequence[CallSpec]]) -> PhaseOutcome:
+        """A streamed task's builder phase: open its stream and read the first batch (a
+        builder refusing its config fails here, before the call phase)."""
+        self._batches = batches
+        first = await self._bounded(
+            f"builder {self._spec.function_call.type!r}",
+            self._rt.admission.builder,
+            lambda: anext(batches, None),
+        )
+        if isinstance(first, PhaseOutcome):
+            return first
+        self._first = first
+        return PhaseOutcome(ok=True, call_count=len(first or ()), streaming=True)
+
+    async def _produce(self) -> None:
+        """A streamed task's call phase: send its calls to the dispatcher as they are read,
+        while its window has room; the end of the stream seals them. A failed read ends the
+        call phase (`StreamFailed`) with the builder's failure."""
+        window, batches = self._start.window, self._batches
+        assert window is not None
+        assert batches is not None
+        post = self._rt.dispatcher.post
+        batch, self._first = self._first, None
+        what = f"builder {self._spec.function_call.type!r}"
+        timeout_ms = self._rt.phase_io_timeout_ms
+        outcome: CallPhaseOutcome | None = None
+        try:
+            while batch is not None:
+                post(AddTaskCalls(task_id=self._task_id, calls=tuple(batch), sealed=False))
+                await window.wait_for_room()
+                if window.closed:
+                    return  # the call phase is over: what is still unread is not wanted
+                with trio.fail_after(timeout_ms / 1000):
+                    batch = await anext(batches, None)
+            post(AddTaskCalls(task_id=self._task_id, calls=(), sealed=True))
+        except PhaseFailed as error:
+            outcome = CallPhaseOutcome(
+                ok=False, failure_code=error.code, message=error.message, retryable=error.retryable
+            )
+        except trio.TooSlowError:
+            outcome = CallPhaseOutcome(
+                ok=False,
+                failure_code=FailureCode.PHASE_IO_TIMEOUT,
+                message=f"{what} took longer than phaseIoTimeoutMs ({timeout_ms}) to read "
+                "its next calls",
+                retryable=True,
+            )
+        except Exception as error:
+            self.log.exception("task %s: %s raised while streaming", self._task_id, what)
+            outcome = CallPhaseOutcome(
+                ok=False,
+                failure_code=FailureCode.BUILDER_FAILED,
+                message=f"{what} raised {error!r} while streaming",
+            )
+        finally:
+            await self.close_stream()
+        if outcome is not None:
+            post(StreamFailed(task_id=self._task_id, outcome=outcome))
 
     async def _store(self, outputs: tuple[bytes, ...]) -> PhaseOutcome:
         handler = self._spec.result_handler

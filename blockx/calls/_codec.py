@@ -9,7 +9,7 @@ the bytes a builder makes are exactly the bytes a function receives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # ships no type information
@@ -28,16 +28,22 @@ class InvalidArguments(BlockxError):
         super().__init__(f"invalid call arguments: {reason}")
 
 
-def encode_args(args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None) -> bytes:
+def encode_args(
+    args: Sequence[object] = (),
+    kwargs: Mapping[str, object] | None = None,
+    *,
+    default: Callable[[Any], object] | None = None,
+) -> bytes:
     """msgpack of a call's arguments. Raises TypeError / OverflowError (from msgpack)
-    when an argument cannot be encoded."""
+    when an argument cannot be encoded; `default` gives a value msgpack lacks a form for
+    one it has (msgpack's hook)."""
     packed: bytes
     if not kwargs:
-        packed = msgpack.packb(list(args))
+        packed = msgpack.packb(list(args), default=default)
     elif not args:
-        packed = msgpack.packb(dict(kwargs))
+        packed = msgpack.packb(dict(kwargs), default=default)
     else:
-        packed = msgpack.packb({POSITIONAL_KEY: list(args), **kwargs})
+        packed = msgpack.packb({POSITIONAL_KEY: list(args), **kwargs}, default=default)
     return packed
 
 

@@ -409,6 +409,7 @@ class DispatchCore:
         task.outputs[call.index] = value
         task.succeeded += 1
         task.ended_top += 1
+        self._forget(task, call)
         self._ring_in(task)
         self._maybe_finish(task, commands)
 
@@ -455,6 +456,7 @@ class DispatchCore:
             )
         )
         task.ended_top += 1
+        self._forget(task, call)
         if policy.fail_fast:
             outcome = CallPhaseOutcome(
                 ok=False,
@@ -469,6 +471,12 @@ class DispatchCore:
             return
         self._ring_in(task)
         self._maybe_finish(task, commands)
+
+    def _forget(self, task: _Task, call: _Call) -> None:
+        """A top-level call ended: drop it (and its arguments), so a task streaming many
+        calls holds only those not yet ended; its id may be used again."""
+        del task.calls[call.spec.call_id]
+        del self._call_owner[call.spec.call_id]
 
     def _requeue(self, task: _Task, call: _Call) -> None:
         """A retry runs ahead of the task's fresh calls."""
@@ -686,6 +694,11 @@ class DispatchCore:
         return not call.ended and call.executor_id is not None and call.attempts == attempt
 
     # -------------------------------------------------------------- invariants
+
+    def calls_ended(self, task_id: str) -> int:
+        """How many of the task's top-level calls have ended (0 once the task is gone)."""
+        task = self._tasks.get(task_id)
+        return 0 if task is None else task.ended_top
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any rule of the module docstring is broken."""

@@ -108,6 +108,7 @@ async def test_bundle_write_writes_a_tasks_outputs_as_a_bundle(tmp_path: Path) -
         ({"path": "x", "rows_per_file": 0}, [{"id": 1}], "rows_per_file must be an integer"),
         ({"path": "x", "mode": 1}, [{"id": 1}], "mode"),
         ({"path": "x"}, [{"id": 1}, 7], "bundle_write: output 1 must be an object"),
+        ({"path": "x"}, [[{"id": 1}, 7]], "bundle_write: output 0 item 1 must be an object"),
         ({"path": "x"}, [{"id": 1}, {"id": "a"}], "bundle_write: the rows have no common"),
     ],
 )

@@ -73,8 +73,8 @@ async def test_a_composite_key_and_nested_values(tmp_path: Path) -> None:
         ),
         (
             [{"id": 1, "value": "a"}, [1, 2]],
-            "table_upserts: output 1 must be an object of column values, got list; "
-            "nothing was written",
+            "table_upserts: output 1 item 0 must be an object of column values (an output "
+            "may be an array of them), got int; nothing was written",
         ),
         (
             [{"id": 1, "bad name": 2}],
@@ -165,3 +165,18 @@ async def test_no_outputs_write_nothing_and_connect_to_nothing(tmp_path: Path) -
     result = await upsert({"database": str(db), "table": "t", "key": "id", "create": True}, [])
     assert (result.ok, result.records_written) == (True, 0)
     assert not db.exists()
+
+
+async def test_an_output_may_be_an_array_of_rows(tmp_path: Path) -> None:
+    """A call over a batch of rows returns its rows as one output."""
+    db = tmp_path / "out.db"
+    config = {"database": str(db), "table": "results", "key": "id", "create": True}
+    batches: list[object] = [
+        [{"id": 1, "value": "a"}, {"id": 2, "value": "b"}],
+        [],
+        {"id": 3, "value": "c"},
+        [{"id": 1, "value": "A"}],
+    ]
+    result = await upsert(config, batches)
+    assert result.records_written == 4
+    assert sqlite_rows(db) == [(1, "A"), (2, "b"), (3, "c")]

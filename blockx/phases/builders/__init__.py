@@ -12,25 +12,31 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from blockx.phases._registry import select
+from blockx.phases.builders._bundle_scan import BundleScanBuilder
 from blockx.phases.builders._call_list import CallListBuilder, call_list_calls
+from blockx.phases.builders._dbscan import DbscanBuilder
 from blockx.phases.builders._model import (
     Builder,
     BuilderFailed,
     BuilderRegistry,
     BuildRequest,
     InlineBuilder,
+    StreamingBuilder,
+    collect,
 )
 from blockx.phases.builders._stubs import PayloadBuilder, StaticBuilder
 
 _FACTORIES: Final[Mapping[str, Callable[[], Builder]]] = {
     "call_list": CallListBuilder,
+    "dbscan": DbscanBuilder,
+    "bundle_scan": BundleScanBuilder,
     "static": StaticBuilder,
     "payload": PayloadBuilder,
 }
 
 KNOWN_BUILDERS: Final[tuple[str, ...]] = tuple(_FACTORIES)
-"""Every builder name `builder_registry` accepts: call_list, static, payload (and the seed's
-spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
+"""Every builder name `builder_registry` accepts: call_list, dbscan, bundle_scan, static,
+payload (and the seed's spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
 
 
 def builder_registry(names: Iterable[str]) -> BuilderRegistry:
@@ -44,10 +50,14 @@ __all__ = [
     "Builder",
     "BuilderFailed",
     "BuilderRegistry",
+    "BundleScanBuilder",
     "CallListBuilder",
+    "DbscanBuilder",
     "InlineBuilder",
     "PayloadBuilder",
     "StaticBuilder",
+    "StreamingBuilder",
     "builder_registry",
     "call_list_calls",
+    "collect",
 ]

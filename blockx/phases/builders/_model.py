@@ -7,7 +7,7 @@ describes calls, and the dispatcher runs them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import ClassVar, Protocol
 
 import attrs
@@ -55,6 +55,30 @@ class InlineBuilder(Builder, Protocol):
     """
 
     def build_now(self, request: BuildRequest) -> list[CallSpec]: ...
+
+
+class StreamingBuilder(Builder, Protocol):
+    """A builder that reads its calls from a source while they run: a scan.
+
+    `stream` yields the task's calls in batches (an async generator: the worker
+    closes it when the task ends). When `streamBuild.enabled` holds, the
+    builder phase only opens the stream and reads its first batch; the call
+    phase then runs under scan admission, its calls dispatched while the rest
+    is read, at most `streamBuild.pendingCalls` of them sent and not ended at
+    once, and the stream's end seals the task's calls. The worker bounds each
+    batch's read by the phase IO timeout. Otherwise `build` gives every call
+    at once (`collect`). A batch's reads and encoding belong on a worker thread.
+    """
+
+    def stream(self, request: BuildRequest) -> AsyncIterator[Sequence[CallSpec]]: ...
+
+
+async def collect(batches: AsyncIterator[Sequence[CallSpec]]) -> list[CallSpec]:
+    """Every call of a stream, in order: a streaming builder's `build`."""
+    calls: list[CallSpec] = []
+    async for batch in batches:
+        calls.extend(batch)
+    return calls
 
 
 class BuilderFailed(PhaseFailed):

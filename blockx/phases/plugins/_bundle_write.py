@@ -1,4 +1,6 @@
-"""The `bundle_write` plugin: a task's outputs, objects of column values, as a new bundle.
+"""The `bundle_write` plugin: a task's outputs, rows of column values, as a new bundle.
+
+Each output is a row (an object of column values) or an array of rows.
 
 Config: `{"path": "DIR", "rows_per_file": N}` (N default 100,000). The bundle
 at DIR is written whole or not at all (`blockx.bundles.write_bundle`): a
@@ -26,12 +28,16 @@ def _rows(outputs: Sequence[bytes]) -> list[dict[str, Any]]:
     rows = []
     for index, output in enumerate(outputs):
         value = decoded_output(NAME, index, output)
-        if type(value) is not dict or not all(isinstance(key, str) for key in value):
-            raise PluginFailed(
-                message=f"{NAME}: output {index} must be an object of column values, "
-                f"got {shown(value)}; nothing was written"
-            )
-        rows.append(value)
+        for number, row in enumerate(value if type(value) is list else [value]):
+            if type(row) is not dict or not all(isinstance(key, str) for key in row):
+                where = (
+                    f"output {index} item {number}" if type(value) is list else f"output {index}"
+                )
+                raise PluginFailed(
+                    message=f"{NAME}: {where} must be an object of column values (an output "
+                    f"may be an array of them), got {shown(row)}; nothing was written"
+                )
+            rows.append(row)
     return rows
 
 
@@ -52,8 +58,8 @@ class BundleWritePlugin:
 
     name: Final = NAME
     usage: Final = (
-        'config {"path": "DIR", "rows_per_file": N}: the outputs, objects of column values, '
-        "as a Parquet bundle at DIR, written whole or not at all"
+        'config {"path": "DIR", "rows_per_file": N}: the outputs\' rows (objects of column '
+        "values, or arrays of them) as a Parquet bundle at DIR, written whole or not at all"
     )
 
     async def run(self, request: PluginRequest) -> PluginResult:

@@ -1,14 +1,16 @@
-"""The `table_upserts` plugin: upserts each output, an object, as a row of a table by key.
+"""The `table_upserts` plugin: upserts each output's rows into a table by key.
 
 Config: `{"database": ..., "table": "name", "key": "col" or ["col", ...],
 "create": false}`. `database` is a SQLite file (a bare path or `sqlite:PATH`),
 a DuckDB file (`duckdb:PATH`) or a PostgreSQL URL (`postgresql://...`). Each
-output must be a JSON object whose keys are columns of the table and which
-holds every key column; a row whose key is already in the table replaces the
+output is a row or an array of rows (a call over a batch of rows returns
+one); a row is an object whose keys are columns of the table and which holds
+every key column; a row whose key is already in the table replaces the
 other columns it names. One transaction per task: a task run again writes
 each key once, and a task that fails mid-write leaves the table as it was.
-With `create`, a missing table is made from the outputs (a column's type from
-its first value; the key columns its primary key). Lists and objects inside
+With `create`, a missing table is made from the first output's rows (a
+column's type from its first value; the key columns its primary key).
+Outputs are decoded one at a time, so only one output's rows are in memory. Lists and objects inside
 a row are stored as JSON text, bytes as a blob.
 
 The connection comes from the task's IO scope; every statement runs on a
@@ -18,9 +20,10 @@ transaction to end).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import attrs
@@ -124,30 +127,42 @@ def _target(config_json: str) -> _Target:
     return _Target(dialect=dialect, database=target, table=table, key=tuple(keys), create=create)
 
 
-def _rows(outputs: Sequence[bytes], key: tuple[str, ...]) -> list[dict[str, object]]:
-    """The outputs as rows, each checked to be an object of columns holding the key."""
-    rows = []
-    for index, output in enumerate(outputs):
-        value = decoded_output(NAME, index, output)
-        if type(value) is not dict:
+def _output_rows(index: int, output: bytes, key: tuple[str, ...]) -> list[dict[str, object]]:
+    """The rows of one output (an object, or an array of objects), each checked to be an
+    object of columns holding the key."""
+    value = decoded_output(NAME, index, output)
+    rows: list[Any] = value if type(value) is list else [value]
+    for number, row in enumerate(rows):
+        if type(row) is not dict:
+            where = f"output {index} item {number}" if type(value) is list else f"output {index}"
             raise PluginFailed(
-                message=f"{NAME}: output {index} must be an object of column values, "
-                f"got {type(value).__name__}; nothing was written"
+                message=f"{NAME}: {where} must be an object of column values (an output may "
+                f"be an array of them), got {type(row).__name__}; nothing was written"
             )
-        for column in value:
+        for column in row:
             if not isinstance(column, str) or not _IDENTIFIER.fullmatch(column):
                 raise PluginFailed(
                     message=f"{NAME}: output {index} has a key {shown(column)} that is not "
                     "a column name; nothing was written"
                 )
         for column in key:
-            if column not in value:
+            if column not in row:
                 raise PluginFailed(
                     message=f"{NAME}: output {index} lacks key column {column!r}; "
                     "nothing was written"
                 )
-        rows.append(value)
     return rows
+
+
+def _rows_by_output(
+    outputs: Sequence[bytes], key: tuple[str, ...]
+) -> Iterator[tuple[int, list[dict[str, object]]]]:
+    """Each output's rows, decoded one output at a time (a task's outputs may hold
+    millions of rows: only one output's are ever in memory)."""
+    for index, output in enumerate(outputs):
+        rows = _output_rows(index, output, key)
+        if rows:
+            yield index, rows
 
 
 def _stored(value: object) -> object:
@@ -193,16 +208,22 @@ def _table_columns(connection: Any, target: _Target) -> list[str]:
     return [row[0] for row in cursor.fetchall()]
 
 
-def _upsert(connection: Any, target: _Target, rows: list[dict[str, object]]) -> None:
-    """Every row in one transaction (the caller's thread)."""
+def _upsert(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
+    """Every output's rows in one transaction (the caller's thread); how many."""
     table = f'"{target.table}"'
+    by_output = _rows_by_output(outputs, target.key)
+    first = next(by_output, None)
+    if first is None:
+        return 0
     if target.dialect.backend == "sqlite":
         connection.execute("BEGIN")
     elif target.dialect.backend == "duckdb":
         connection.begin()
+    written = 0
     try:
         if target.create:
-            connection.execute(f"CREATE TABLE IF NOT EXISTS {table} ({_columns_sql(target, rows)})")
+            sql = f"CREATE TABLE IF NOT EXISTS {table} ({_columns_sql(target, first[1])})"
+            connection.execute(sql)
         columns = _table_columns(connection, target)
         if not columns:
             raise PluginFailed(
@@ -212,42 +233,57 @@ def _upsert(connection: Any, target: _Target, rows: list[dict[str, object]]) -> 
                 "nothing was written"
             )
         known = set(columns)
-        for index, row in enumerate(rows):
-            for column in row:
-                if column not in known:
-                    raise PluginFailed(
-                        message=f"{NAME}: output {index} has column {column!r}, which table "
-                        f"{target.table!r} lacks (its columns: {', '.join(columns)}); "
-                        "nothing was written"
-                    )
-        by_shape: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
-        for row in rows:
-            by_shape.setdefault(tuple(row), []).append(tuple(_stored(v) for v in row.values()))
-        key = ", ".join(f'"{c}"' for c in target.key)
-        for shape, values in by_shape.items():
-            names = ", ".join(f'"{c}"' for c in shape)
-            marks = ", ".join(target.dialect.placeholder for _ in shape)
-            others = [c for c in shape if c not in target.key]
-            action = (
-                "DO UPDATE SET " + ", ".join(f'"{c}" = excluded."{c}"' for c in others)
-                if others
-                else "DO NOTHING"
-            )
-            sql = f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({key}) {action}"
-            if target.dialect.backend == "postgres":
-                with connection.cursor() as cursor:
-                    cursor.executemany(sql, values)
-            else:  # a DuckDB cursor is a connection of its own: not this transaction's
-                connection.executemany(sql, values)
+        for index, rows in itertools.chain((first,), by_output):
+            _check_columns(index, rows, known, target.table, columns)
+            _upsert_rows(connection, target, rows)
+            written += len(rows)
     except BaseException:
         connection.rollback()
         raise
     connection.commit()
+    return written
 
 
-def _write(connection: Any, target: _Target, rows: list[dict[str, object]]) -> None:
+def _check_columns(
+    index: int, rows: list[dict[str, object]], known: set[str], table: str, columns: list[str]
+) -> None:
+    for row in rows:
+        for column in row:
+            if column not in known:
+                raise PluginFailed(
+                    message=f"{NAME}: output {index} has column {column!r}, which table "
+                    f"{table!r} lacks (its columns: {', '.join(columns)}); "
+                    "nothing was written"
+                )
+
+
+def _upsert_rows(connection: Any, target: _Target, rows: list[dict[str, object]]) -> None:
+    by_shape: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
+    for row in rows:
+        by_shape.setdefault(tuple(row), []).append(tuple(_stored(v) for v in row.values()))
+    key = ", ".join(f'"{c}"' for c in target.key)
+    for shape, values in by_shape.items():
+        names = ", ".join(f'"{c}"' for c in shape)
+        marks = ", ".join(target.dialect.placeholder for _ in shape)
+        others = [c for c in shape if c not in target.key]
+        action = (
+            "DO UPDATE SET " + ", ".join(f'"{c}" = excluded."{c}"' for c in others)
+            if others
+            else "DO NOTHING"
+        )
+        sql = (
+            f'INSERT INTO "{target.table}" ({names}) VALUES ({marks}) ON CONFLICT ({key}) {action}'
+        )
+        if target.dialect.backend == "postgres":
+            with connection.cursor() as cursor:
+                cursor.executemany(sql, values)
+        else:  # a DuckDB cursor is a connection of its own: not this transaction's
+            connection.executemany(sql, values)
+
+
+def _write(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
     try:
-        _upsert(connection, target, rows)
+        return _upsert(connection, target, outputs)
     except PluginFailed:
         raise
     except Exception as error:  # each driver has its own error classes
@@ -264,20 +300,20 @@ class TableUpsertsPlugin:
     name: Final = NAME
     usage: Final = (
         'config {"database": "FILE" | "duckdb:FILE" | "postgresql://...", "table": "T", '
-        '"key": "COL" | ["COL", ...], "create": false}: each output, an object, becomes '
-        "a row of T upserted by key"
+        '"key": "COL" | ["COL", ...], "create": false}: each output, an object or an array '
+        "of objects, gives rows of T upserted by key"
     )
 
     async def run(self, request: PluginRequest) -> PluginResult:
         target = _target(request.handler.config_json)
-        rows = _rows(request.outputs, target.key)
         if request.io is None:
             raise PluginFailed(message=f"{NAME}: this task has no IO scope to connect through")
         where = f"{target.table} in {target.dialect.backend} {shown_target(target.database)}"
-        if rows:
+        written = 0
+        if request.outputs:
             try:
                 connection = await request.io.connect(target.dialect.backend, target.database)
             except IOScopeError as error:
                 raise PluginFailed(message=f"{NAME}: {error.message}", retryable=True) from error
-            await trio.to_thread.run_sync(_write, connection, target, rows)
-        return PluginResult(plugin_type=NAME, ok=True, records_written=len(rows), detail=where)
+            written = await trio.to_thread.run_sync(_write, connection, target, request.outputs)
+        return PluginResult(plugin_type=NAME, ok=True, records_written=written, detail=where)

@@ -24,7 +24,7 @@ class CallWindow:
         self._room = trio.Event()
 
     def add(self, count: int) -> None:
-        """`count` more calls were sent."""
+        """`count` more calls are being sent (the task actor, as it posts them)."""
         self.sent += count
 
     def ended_now(self, ended: int) -> None:

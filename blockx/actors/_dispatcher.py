@@ -214,8 +214,7 @@ class DispatcherActor:
         stream = self._streams.get(task_id)
         if stream is None:
             return
-        prefix, window = stream
-        window.add(len(message.calls))
+        prefix = stream[0]
         if message.sealed:
             self._end_stream(task_id)
         now_ms, stimulus_id = self._stamp("add")

@@ -336,6 +336,7 @@ class _TaskRun:
         outcome: CallPhaseOutcome | None = None
         try:
             while batch is not None:
+                window.add(len(batch))
                 post(AddTaskCalls(task_id=self._task_id, calls=tuple(batch), sealed=False))
                 await window.wait_for_room()
                 if window.closed:

@@ -1,4 +1,5 @@
-"""Bundles on disk: written whole or not at all, verified by their manifest; bundle_write."""
+"""Bundles on disk: written whole or not at all, verified by their manifest; bundle_write
+and bundle_scan."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from blockx.bundles import FORMAT, MANIFEST, BundleError, read_manifest, verify_bundle, write_bundle
+from blockx.calls import decode_args
+from blockx.phases.builders import BuilderFailed, BundleScanBuilder
 from blockx.phases.plugins import BundleWritePlugin, PluginFailed
 from blockx.slots import PluginResult
-from tests.plugin_runs import run_plugin
+from tests.plugin_runs import run_plugin, run_stream
 
 ROWS = [{"id": index, "word": f"w{index}", "score": index / 2} for index in range(10)]
 
@@ -121,3 +124,86 @@ async def test_bundle_write_refuses_what_it_cannot_write_naming_it(
         await write(config, values)
     assert message in raised.value.message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_manifest_whose_files_escape_the_bundle_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "b1"
+    write_bundle(path, "t1", ROWS)
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"][0]["path"] = "../elsewhere.parquet"
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="each path a file name in the bundle"):
+        read_manifest(path)
+
+
+async def test_bundle_scan_streams_every_file_s_rows_into_calls_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "b1"
+    write_bundle(path, "t1", ROWS, rows_per_file=3)  # 4 files: calls span them
+    config = {"path": str(path), "function": "m.f", "rows_per_call": 4, "columns": ["word", "id"]}
+    batches = await run_stream(BundleScanBuilder(), config)
+    calls = [call for batch in batches for call in batch]
+    assert [call.call_id for call in calls] == [str(i) for i in range(len(calls))]
+    rows = [row for call in calls for row in decode_args(call.args)[0][0]]
+    assert rows == [{"word": row["word"], "id": row["id"]} for row in ROWS]
+    assert all(len(decode_args(call.args)[0][0]) <= 4 for call in calls)
+
+
+async def test_bundle_to_bundle_the_scanned_rows_written_again_are_the_same(
+    tmp_path: Path,
+) -> None:
+    source, target = tmp_path / "in", tmp_path / "out"
+    write_bundle(source, "t0", ROWS, rows_per_file=4)
+    config = {"path": str(source), "function": "m.f", "rows_per_call": 3}
+    batches = await run_stream(BundleScanBuilder(), config)
+    outputs = [decode_args(call.args)[0][0] for batch in batches for call in batch]
+    result = await run_plugin(BundleWritePlugin(), {"path": str(target)}, outputs)
+    assert result.records_written == len(ROWS)
+    assert read_rows(target) == ROWS
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("flip", "part-00001.parquet: its content does not match the manifest's checksum"),
+        ("remove", "part-00001.parquet: listed in the manifest but missing"),
+        ("manifest", "not a bundle (no manifest.json)"),
+    ],
+)
+async def test_bundle_scan_fails_on_a_damaged_bundle_naming_the_file(
+    tmp_path: Path, damage: str, message: str
+) -> None:
+    path = tmp_path / "b1"
+    write_bundle(path, "t1", ROWS, rows_per_file=5)
+    part = path / "part-00001.parquet"
+    if damage == "flip":
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
+    elif damage == "remove":
+        part.unlink()
+    else:
+        (path / MANIFEST).unlink()
+    with pytest.raises(BuilderFailed) as raised:
+        await run_stream(BundleScanBuilder(), {"path": str(path), "function": "m.f"})
+    assert message in raised.value.message
+    assert raised.value.message.startswith("bundle_scan: ")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"function": "m.f"}, "bundle_scan: config_json.path is required"),
+        ({"path": "b1"}, "bundle_scan: config_json.function is required"),
+        ({"path": "b1", "function": "m.f", "columns": []}, "columns must be a non-empty list"),
+        ({"path": "b1", "function": "m.f", "columns": ["nope"]}, "names a column the bundle"),
+    ],
+)
+async def test_bundle_scan_refuses_a_bad_config_naming_it(
+    tmp_path: Path, config: dict[str, Any], message: str
+) -> None:
+    write_bundle(tmp_path / "b1", "t1", ROWS)
+    if "path" in config:
+        config = {**config, "path": str(tmp_path / config["path"])}
+    with pytest.raises(BuilderFailed) as raised:
+        await run_stream(BundleScanBuilder(), config)
+    assert message in raised.value.message

@@ -183,10 +183,15 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
         task = call_list_task("seed", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
         task.function_call = pb.FunctionCallConfig(type="callList")
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
-        later = pb.FunctionCallConfig(type="bundleScan")  # a data-phase builder, not here yet
-        unknown = pb.TaskSpec(task_id="later", function_call=later)
+        scan = pb.FunctionCallConfig(type="bundleScan")  # reaches bundle_scan, which says why
+        await worker.call(
+            worker.stub.submit_task,
+            pb.SubmitTaskRequest(task=pb.TaskSpec(task_id="scan", function_call=scan)),
+        )
+        missing = pb.FunctionCallConfig(type="tableScan")
+        unknown = pb.TaskSpec(task_id="later", function_call=missing)
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=unknown))
-        updates = await watch(worker, "seed", "later")
+        updates = await watch(worker, "seed", "scan", "later")
         results = {u.task_id: u.result for u in updates if u.is_terminal}
         succeeded = results["seed"]
         assert succeeded is not None
@@ -195,12 +200,18 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
         assert succeeded.call_stats.calls_succeeded == 2
         assert succeeded.execute_result is not None
         assert succeeded.execute_result.output_count == 2
+        scanned = results["scan"]
+        assert scanned is not None
+        assert (scanned.failure_code, scanned.message) == (
+            "BUILDER_FAILED",
+            "bundle_scan: config_json.path is required: the bundle's directory; got None",
+        )
         refused = results["later"]
         assert refused is not None
         assert (refused.state, refused.failure_code) == (pb.TaskState.FAILED, "BUILDER_NOT_FOUND")
         assert refused.message == (
-            "unknown builder 'bundleScan' (bundle_scan); "
-            "known builders: call_list (callList), static, payload"
+            "unknown builder 'tableScan'; known builders: dbscan, call_list (callList), "
+            "bundle_scan (bundleScan), static, payload"
         )
 
 
@@ -216,10 +227,11 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
             id="plugin",
         ),
         pytest.param(
-            "dbscan",
+            "tableScan",
             "test",
             "BUILDER_NOT_FOUND",
-            "unknown builder 'dbscan'; known builders: call_list (callList), static, payload",
+            "unknown builder 'tableScan'; known builders: dbscan, call_list (callList), "
+            "bundle_scan (bundleScan), static, payload",
             id="builder",
         ),
     ],

@@ -71,6 +71,11 @@ class FakeExecutors:
         self.hanging = trio.Event()
         self._runs: set[str] = set()
         self._hung: dict[tuple[str, int], str] = {}  # (call id, attempt) -> task id
+        self._run_started: dict[str, trio.Event] = {}
+
+    def run_started(self, task_id: str) -> trio.Event:
+        """Set once a run of the task's calls has started here."""
+        return self._run_started.setdefault(task_id, trio.Event())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if self._healthy_at_start:
@@ -116,6 +121,7 @@ class FakeExecutors:
         if run not in self._runs:
             self._runs.add(run)
             self.started.append(call.task_id)
+            self.run_started(call.task_id).set()
         args, _ = decode_args(call.args)
         match call.function:
             case "demo.add":

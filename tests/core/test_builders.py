@@ -454,7 +454,7 @@ def test_registry_holds_the_named_builders_in_order() -> None:
 
 
 def test_every_known_builder_can_be_registered_under_its_own_name() -> None:
-    assert KNOWN_BUILDERS == ("call_list", "static", "payload")
+    assert KNOWN_BUILDERS == ("call_list", "dbscan", "bundle_scan", "static", "payload")
     registry = builder_registry(KNOWN_BUILDERS)
     assert registry.names() == KNOWN_BUILDERS
     for name in KNOWN_BUILDERS:
@@ -465,11 +465,12 @@ def test_every_known_builder_can_be_registered_under_its_own_name() -> None:
 
 def test_registry_refuses_an_unknown_builder_naming_it_and_the_known_ones() -> None:
     with pytest.raises(UnknownName) as caught:
-        builder_registry(["call_list", "dbscan"])
-    assert caught.value.name == "dbscan"
+        builder_registry(["call_list", "tablescan"])
+    assert caught.value.name == "tablescan"
     assert caught.value.known == KNOWN_BUILDERS
     assert str(caught.value) == (
-        "unknown builder 'dbscan'; known builders: call_list (callList), static, payload"
+        "unknown builder 'tablescan'; known builders: call_list (callList), dbscan, "
+        "bundle_scan (bundleScan), static, payload"
     )
 
 
@@ -498,11 +499,11 @@ def test_a_builder_answers_to_the_seeds_spelling_of_its_name() -> None:
 
 def test_an_unknown_name_is_refused_listing_the_known_ones_in_both_spellings() -> None:
     with pytest.raises(UnknownName) as caught:
-        builder_registry(["call_list", "bundleScan"])
+        builder_registry(["call_list", "bundleWrite"])
     assert caught.value.known == KNOWN_BUILDERS
     assert str(caught.value) == (
-        "unknown builder 'bundleScan' (bundle_scan); "
-        "known builders: call_list (callList), static, payload"
+        "unknown builder 'bundleWrite' (bundle_write); known builders: call_list (callList), "
+        "dbscan, bundle_scan (bundleScan), static, payload"
     )
     registry = builder_registry(["callList"])
     with pytest.raises(UnknownName) as caught:

@@ -517,7 +517,7 @@ def test_submit_help_lists_every_builder_and_plugin_with_what_it_takes(
         cli.main(["submit", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     builders, plugins = builder_registry(BLOCK.builders), plugin_registry(BLOCK.plugins)
-    assert (len(builders), len(plugins)) == (3, 6)
+    assert (len(builders), len(plugins)) == (5, 6)
     for registry in (builders, plugins):
         for name in registry.names():
             implementation = registry.get(name)

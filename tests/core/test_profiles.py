@@ -61,9 +61,11 @@ def test_profiles_name_only_builders_and_plugins_that_exist() -> None:
     assert set(BLOCK.plugins) == set(KNOWN_PLUGINS)
 
 
-def test_every_profile_can_keep_outputs_in_the_result() -> None:
-    # Without the `result` plugin a client has no way to read the values its calls returned.
-    assert all("result" in profile.plugins for profile in PROFILES.values())
+def test_the_bundle_profile_has_the_seeds_builders_and_writers_and_streams() -> None:
+    assert set(BUNDLE.builders) == {"bundle_scan", "call_list"}
+    assert set(BUNDLE.plugins) == {"bundle_write", "table_upserts"}
+    assert BUNDLE.defaults["streamBuild.enabled"] is True
+    assert BLOCK.builders[:3] == ("dbscan", "call_list", "bundle_scan")
 
 
 def test_an_unknown_deployment_is_refused() -> None:

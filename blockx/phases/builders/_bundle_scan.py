@@ -51,15 +51,16 @@ class _Reader:
                 if entry is None:
                     return []
                 parquet = self._failing_as_builder(open_verified, self._path, entry)
-                try:
-                    self._batches = parquet.iter_batches(
-                        batch_size=self._rows.rows_per_read, columns=self._columns
-                    )
-                except (KeyError, ValueError) as error:
+                names = parquet.schema_arrow.names
+                missing = [c for c in self._columns or () if c not in names]
+                if missing:
                     raise BuilderFailed(
-                        message=f"{NAME}: config_json.columns names a column the bundle "
-                        f"lacks: {error}"
-                    ) from error
+                        message=f"{NAME}: config_json.columns names a column the bundle lacks: "
+                        f"{', '.join(map(repr, missing))} (its columns: {', '.join(names)})"
+                    )
+                self._batches = parquet.iter_batches(
+                    batch_size=self._rows.rows_per_read, columns=self._columns
+                )
         names = batch.schema.names
         rows = list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
         calls = self._rows.calls(names, rows, self._next_call)

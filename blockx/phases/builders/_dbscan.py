@@ -133,15 +133,21 @@ def _start(connection: Any, scan: _Scan) -> list[str]:
     import duckdb  # noqa: PLC0415
 
     for attach in scan.attach:
+        what = f"{attach.kind} {shown_target(attach.target)!r} as {attach.name!r}"
+        if attach.kind != "postgres" and not Path(attach.target).is_file():
+            raise BuilderFailed(message=f"{NAME}: cannot attach {what}: no such file")
         options = "READ_ONLY" if attach.kind == "duckdb" else f"TYPE {attach.kind}, READ_ONLY"
         try:
             if attach.kind in _SCANNERS:
                 _load_scanner(connection, attach.kind)
             connection.execute(f'ATTACH {_quoted(attach.target)} AS "{attach.name}" ({options})')
+            # The catalog is read lazily: read it now, so a bad database is named as such.
+            connection.execute(
+                "SELECT 1 FROM duckdb_tables() WHERE database_name = ? LIMIT 1", [attach.name]
+            ).fetchall()
         except duckdb.Error as error:
             raise BuilderFailed(
-                message=f"{NAME}: cannot attach {attach.kind} {shown_target(attach.target)!r} "
-                f"as {attach.name!r}: {error}",
+                message=f"{NAME}: cannot attach {what}: {error}",
                 retryable=isinstance(error, duckdb.IOException),
             ) from error
     try:

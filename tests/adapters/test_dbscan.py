@@ -13,6 +13,7 @@ import pytest
 
 from blockx.calls import decode_args
 from blockx.phases.builders import BuilderFailed, DbscanBuilder
+from blockx.phases.builders._rows import RowCalls
 from tests.plugin_runs import run_stream
 
 
@@ -93,7 +94,9 @@ async def test_an_attached_sqlite_database_is_read_without_downloading(tmp_path:
 async def test_values_msgpack_lacks_travel_as_text() -> None:
     config = {
         "query": "SELECT DATE '2026-12-04' AS d, TIMESTAMP '2026-12-04 10:30:00' AS ts, "
-        "12.50::DECIMAL(6,2) AS price, INTERVAL 90 SECOND AS wait, 'x'::BLOB AS raw",
+        "12.50::DECIMAL(6,2) AS price, INTERVAL 90 SECOND AS wait, 'x'::BLOB AS raw, "
+        "170141183460469231731687303715884105727::HUGEINT AS big, "
+        "'550e8400-e29b-41d4-a716-446655440000'::UUID AS id",
         "function": "m.f",
     }
     [[row]] = [args[0] for args in args_of(await run_stream(DbscanBuilder(), config))]
@@ -101,8 +104,10 @@ async def test_values_msgpack_lacks_travel_as_text() -> None:
         "d": datetime.date(2026, 12, 4).isoformat(),
         "ts": "2026-12-04T10:30:00",
         "price": str(decimal.Decimal("12.50")),
-        "wait": 90.0,
+        "wait": [0, 0, 90_000_000_000],  # months, days, nanoseconds
         "raw": b"x",
+        "big": "170141183460469231731687303715884105727",
+        "id": "550e8400-e29b-41d4-a716-446655440000",
     }
 
 
@@ -139,14 +144,6 @@ async def test_an_empty_result_streams_no_calls(people_csv: Path) -> None:
             b"",
             f"dbscan: cannot attach sqlite {__file__!r} as 's': ",
         ),
-        (
-            {
-                "query": "SELECT 170141183460469231731687303715884105727::HUGEINT AS big",
-                "function": "m.f",
-            },
-            b"",
-            "dbscan: column 'big' (value 170141183460469231731687303715884105727) cannot be sent",
-        ),
     ],
 )
 async def test_a_bad_config_or_query_fails_the_builder_naming_it(
@@ -155,3 +152,13 @@ async def test_a_bad_config_or_query_fails_the_builder_naming_it(
     with pytest.raises(BuilderFailed) as raised:
         await run_stream(DbscanBuilder(), config, payload)
     assert message in raised.value.message
+
+
+def test_a_value_that_cannot_be_sent_fails_naming_its_column() -> None:
+    rows = RowCalls.from_config("dbscan", {"function": "m.f"})
+    with pytest.raises(BuilderFailed) as raised:
+        rows.calls(["id", "blob"], [(1, object())], 0)
+    assert raised.value.message.startswith("dbscan: column 'blob' (value <object object at ")
+    assert "cannot be sent to m.f: a object value has no call-argument form" in (
+        raised.value.message
+    )

@@ -180,3 +180,51 @@ async def test_an_output_may_be_an_array_of_rows(tmp_path: Path) -> None:
     result = await upsert(config, batches)
     assert result.records_written == 4
     assert sqlite_rows(db) == [(1, "A"), (2, "b"), (3, "c")]
+
+
+async def test_rows_may_be_arrays_of_the_configured_columns(tmp_path: Path) -> None:
+    db = tmp_path / "out.db"
+    config = {
+        "database": str(db),
+        "table": "results",
+        "key": "id",
+        "create": True,
+        "columns": ["id", "value"],
+    }
+    result = await upsert(config, [[[1, "a"], [2, "b"]], [{"id": 3, "value": "c"}], [[2, "B"]]])
+    assert result.records_written == 4
+    assert sqlite_rows(db) == [(1, "a"), (2, "B"), (3, "c")]
+
+
+@pytest.mark.parametrize(
+    ("columns", "values", "message"),
+    [
+        (["id", "value"], [[[1, "a", 3]]], "output 0 item 0 has 3 values; config_json.columns"),
+        (["value"], [[["a"]]], "config_json.columns must hold every key column (id)"),
+        ("id", [[[1]]], "config_json.columns must be a list of distinct column names"),
+        (None, [[[1, "a"]]], "output 0 item 0 must be an object of column values (an output"),
+    ],
+)
+async def test_array_rows_need_columns_that_fit(
+    tmp_path: Path, columns: object, values: list[object], message: str
+) -> None:
+    config: dict[str, Any] = {"database": str(tmp_path / "o.db"), "table": "t", "key": "id"}
+    if columns is not None:
+        config["columns"] = columns
+    with pytest.raises(PluginFailed) as raised:
+        await upsert({**config, "create": True}, values)
+    assert message in raised.value.message
+
+
+async def test_many_rows_per_statement_keep_the_last_value_of_a_repeated_key(
+    tmp_path: Path,
+) -> None:
+    """SQLite takes hundreds of rows per statement; a key repeated inside one statement or
+    across statements ends with its last value, as row by row would."""
+    db = tmp_path / "out.db"
+    config = {"database": str(db), "table": "results", "key": "id", "create": True}
+    rows = [{"id": n % 600, "value": f"v{n}"} for n in range(1001)]
+    result = await upsert(config, [rows])
+    assert result.records_written == 1001
+    expected = {n % 600: f"v{n}" for n in range(1001)}
+    assert sqlite_rows(db) == sorted(expected.items())

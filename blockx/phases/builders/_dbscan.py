@@ -128,8 +128,9 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _start(connection: Any, scan: _Scan) -> list[str]:
-    """Attach the databases and run the query (a worker thread); the result's columns."""
+def _start(connection: Any, scan: _Scan) -> Any:
+    """Attach the databases and run the query (a worker thread); a reader of its rows in
+    Arrow batches (which become Python values several times faster than row tuples)."""
     import duckdb  # noqa: PLC0415
 
     for attach in scan.attach:
@@ -152,22 +153,26 @@ def _start(connection: Any, scan: _Scan) -> list[str]:
             ) from error
     try:
         connection.execute(scan.query, scan.parameters)
+        if connection.description is None:
+            raise BuilderFailed(message=f"{NAME}: config_json.query returns no rows to scan")
+        return connection.to_arrow_reader(scan.rows.rows_per_read)
     except duckdb.Error as error:
         raise BuilderFailed(message=f"{NAME}: config_json.query failed: {error}") from error
-    if connection.description is None:
-        raise BuilderFailed(message=f"{NAME}: config_json.query returns no rows to scan")
-    return [column[0] for column in connection.description]
 
 
-def _read(connection: Any, scan: _Scan, names: list[str], first: int) -> list[CallSpec]:
+def _read(reader: Any, scan: _Scan, first: int) -> list[CallSpec]:
     """The next rows' calls (a worker thread); [] at the end."""
     import duckdb  # noqa: PLC0415
 
     try:
-        rows = connection.fetchmany(scan.rows.rows_per_read)
+        batch = reader.read_next_batch()
+    except StopIteration:
+        return []
     except duckdb.Error as error:
         raise BuilderFailed(message=f"{NAME}: reading the query's rows failed: {error}") from error
-    return scan.rows.calls(names, rows, first)
+    columns = batch.to_pydict()
+    rows = list(zip(*columns.values(), strict=True))
+    return scan.rows.calls(list(columns), rows, first)
 
 
 class DbscanBuilder:
@@ -191,10 +196,10 @@ class DbscanBuilder:
             connection = await request.io.connect("duckdb", scan.database)
         except IOScopeError as error:
             raise BuilderFailed(message=f"{NAME}: {error.message}", retryable=True) from error
-        names = await trio.to_thread.run_sync(_start, connection, scan, abandon_on_cancel=True)
+        reader = await trio.to_thread.run_sync(_start, connection, scan, abandon_on_cancel=True)
         first = 0
         while calls := await trio.to_thread.run_sync(
-            _read, connection, scan, names, first, abandon_on_cancel=True
+            _read, reader, scan, first, abandon_on_cancel=True
         ):
             first += len(calls)
             yield calls

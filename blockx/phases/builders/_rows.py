@@ -6,7 +6,8 @@ column name, the default; `columns`, an object of column name -> list of
 values; `tuples`, a list of value lists in column order) and `args` (fixed
 leading arguments, default none). A call's arguments are `[*args, rows]`.
 Values msgpack has no form for travel as text: dates, times and timestamps in
-ISO 8601, decimals and UUIDs as strings; intervals as seconds. Pure, and
+ISO 8601, decimals and UUIDs as strings; intervals as seconds (or, read
+through Arrow, as [months, days, nanoseconds]). Pure, and
 meant for a worker thread: a scan encodes its calls off the Trio thread.
 """
 

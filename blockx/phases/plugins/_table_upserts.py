@@ -1,17 +1,19 @@
 """The `table_upserts` plugin: upserts each output's rows into a table by key.
 
 Config: `{"database": ..., "table": "name", "key": "col" or ["col", ...],
-"create": false}`. `database` is a SQLite file (a bare path or `sqlite:PATH`),
-a DuckDB file (`duckdb:PATH`) or a PostgreSQL URL (`postgresql://...`). Each
-output is a row or an array of rows (a call over a batch of rows returns
-one); a row is an object whose keys are columns of the table and which holds
-every key column; a row whose key is already in the table replaces the
-other columns it names. One transaction per task: a task run again writes
-each key once, and a task that fails mid-write leaves the table as it was.
-With `create`, a missing table is made from the first output's rows (a
-column's type from its first value; the key columns its primary key).
-Outputs are decoded one at a time, so only one output's rows are in memory. Lists and objects inside
-a row are stored as JSON text, bytes as a blob.
+"create": false, "columns": ["col", ...]}`. `database` is a SQLite file (a
+bare path or `sqlite:PATH`), a DuckDB file (`duckdb:PATH`) or a PostgreSQL
+URL (`postgresql://...`). Each output is a row or an array of rows (a call
+over a batch of rows returns one). A row is an object whose keys are columns
+of the table and which holds every key column, or, when `columns` is given,
+an array of those columns' values in that order (cheaper to make, send and
+decode). A row whose key is already in the table replaces the other columns
+it names. One transaction per task: a task run again writes each key once,
+and a task that fails mid-write leaves the table as it was. With `create`, a
+missing table is made from the first output's rows (a column's type from its
+first value; the key columns its primary key). Outputs are decoded one at a
+time, so only one output's rows are in memory. Lists and objects inside a row
+are stored as JSON text, bytes as a blob.
 
 The connection comes from the task's IO scope; every statement runs on a
 worker thread, never cancelled half-way (a phase timeout waits for the
@@ -41,7 +43,7 @@ from blockx.phases.plugins._model import (
 from blockx.slots import PluginResult
 
 NAME: Final = "table_upserts"
-CONFIG_KEYS: Final = ("database", "table", "key", "create")
+CONFIG_KEYS: Final = ("database", "table", "key", "create", "columns")
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -85,6 +87,22 @@ class _Target:
     table: str
     key: tuple[str, ...]
     create: bool
+    columns: tuple[str, ...] = ()
+    """The columns of a row given as an array, in order (empty: rows are objects only)."""
+
+
+def _names(config: dict[str, object], field: str) -> list[str] | None:
+    """A column name or a list of distinct ones, from `field` of the config."""
+    value = config.get(field)
+    names = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(names, list)
+        or not names
+        or not all(isinstance(n, str) and _IDENTIFIER.fullmatch(n) for n in names)
+        or len(set(names)) != len(names)
+    ):
+        return None
+    return names
 
 
 def _target(config_json: str) -> _Target:
@@ -101,17 +119,22 @@ def _target(config_json: str) -> _Target:
             message=f"{NAME}: config_json.table must be a table name (letters, digits and _, "
             f"not starting with a digit), got {shown(table)}"
         )
-    key = config.get("key")
-    keys = [key] if isinstance(key, str) else key
-    if (
-        not isinstance(keys, list)
-        or not keys
-        or not all(isinstance(k, str) and _IDENTIFIER.fullmatch(k) for k in keys)
-        or len(set(keys)) != len(keys)
-    ):
+    keys = _names(config, "key")
+    if keys is None:
         raise PluginFailed(
             message=f"{NAME}: config_json.key must be a column name or a list of distinct "
-            f"column names, got {shown(key)}"
+            f"column names, got {shown(config.get('key'))}"
+        )
+    columns = _names(config, "columns") if "columns" in config else []
+    if columns is None or isinstance(config.get("columns"), str):
+        raise PluginFailed(
+            message=f"{NAME}: config_json.columns must be a list of distinct column names "
+            f"(the order of a row given as an array), got {shown(config.get('columns'))}"
+        )
+    if columns and not set(keys) <= set(columns):
+        raise PluginFailed(
+            message=f"{NAME}: config_json.columns must hold every key column "
+            f"({', '.join(keys)}), got {', '.join(columns)}"
         )
     create = config.get("create", False)
     if not isinstance(create, bool):
@@ -124,45 +147,75 @@ def _target(config_json: str) -> _Target:
         dialect, target = _DIALECTS["sqlite"], database.removeprefix("sqlite:")
     if not target:
         raise PluginFailed(message=f"{NAME}: config_json.database names no file: {database!r}")
-    return _Target(dialect=dialect, database=target, table=table, key=tuple(keys), create=create)
+    return _Target(
+        dialect=dialect,
+        database=target,
+        table=table,
+        key=tuple(keys),
+        create=create,
+        columns=tuple(columns),
+    )
 
 
-def _output_rows(index: int, output: bytes, key: tuple[str, ...]) -> list[dict[str, object]]:
-    """The rows of one output (an object, or an array of objects), each checked to be an
-    object of columns holding the key."""
+Groups = dict[tuple[str, ...], list[Sequence[object]]]
+"""One output's rows: their values by the columns they name, in that order."""
+
+
+def _output_groups(index: int, output: bytes, target: _Target) -> Groups:
+    """The rows of one output, grouped by their columns; each row checked to be an object
+    of columns holding the key (each distinct set of columns is checked once), or an array
+    of `config_json.columns` values."""
     value = decoded_output(NAME, index, output)
     rows: list[Any] = value if type(value) is list else [value]
+    groups: Groups = {}
+    width = len(target.columns)
     for number, row in enumerate(rows):
-        if type(row) is not dict:
+        kind = type(row)
+        if kind is dict:
+            shape = tuple(row)
+            group = groups.get(shape)
+            if group is None:
+                _check_shape(index, row, target.key)
+                group = groups[shape] = []
+            group.append(tuple(row.values()))
+        elif kind is list and width:
+            if len(row) != width:
+                raise PluginFailed(
+                    message=f"{NAME}: output {index} item {number} has {len(row)} values; "
+                    f"config_json.columns names {width}; nothing was written"
+                )
+            groups.setdefault(target.columns, []).append(row)
+        else:
             where = f"output {index} item {number}" if type(value) is list else f"output {index}"
+            arrays = " or an array of config_json.columns values" if width else ""
             raise PluginFailed(
-                message=f"{NAME}: {where} must be an object of column values (an output may "
-                f"be an array of them), got {type(row).__name__}; nothing was written"
+                message=f"{NAME}: {where} must be an object of column values{arrays} (an "
+                f"output may be an array of them), got {kind.__name__}; nothing was written"
             )
-        for column in row:
-            if not isinstance(column, str) or not _IDENTIFIER.fullmatch(column):
-                raise PluginFailed(
-                    message=f"{NAME}: output {index} has a key {shown(column)} that is not "
-                    "a column name; nothing was written"
-                )
-        for column in key:
-            if column not in row:
-                raise PluginFailed(
-                    message=f"{NAME}: output {index} lacks key column {column!r}; "
-                    "nothing was written"
-                )
-    return rows
+    return groups
 
 
-def _rows_by_output(
-    outputs: Sequence[bytes], key: tuple[str, ...]
-) -> Iterator[tuple[int, list[dict[str, object]]]]:
+def _check_shape(index: int, row: dict[Any, object], key: tuple[str, ...]) -> None:
+    for column in row:
+        if not isinstance(column, str) or not _IDENTIFIER.fullmatch(column):
+            raise PluginFailed(
+                message=f"{NAME}: output {index} has a key {shown(column)} that is not "
+                "a column name; nothing was written"
+            )
+    for column in key:
+        if column not in row:
+            raise PluginFailed(
+                message=f"{NAME}: output {index} lacks key column {column!r}; nothing was written"
+            )
+
+
+def _groups_by_output(outputs: Sequence[bytes], target: _Target) -> Iterator[tuple[int, Groups]]:
     """Each output's rows, decoded one output at a time (a task's outputs may hold
     millions of rows: only one output's are ever in memory)."""
     for index, output in enumerate(outputs):
-        rows = _output_rows(index, output, key)
-        if rows:
-            yield index, rows
+        groups = _output_groups(index, output, target)
+        if groups:
+            yield index, groups
 
 
 def _stored(value: object) -> object:
@@ -172,14 +225,15 @@ def _stored(value: object) -> object:
     return value
 
 
-def _columns_sql(target: _Target, rows: list[dict[str, object]]) -> str:
-    """The column definitions of a table made for `rows`: each column's first value that is
-    not null gives its type (text if none has one)."""
+def _columns_sql(target: _Target, groups: Groups) -> str:
+    """The column definitions of a table made for the rows of `groups`: each column's first
+    value that is not null gives its type (text if none has one)."""
     types: dict[str, str | None] = {}
-    for row in rows:
-        for column, value in row.items():
-            if types.get(column) is None:
-                types[column] = _sql_type(target.dialect, value)
+    for shape, rows in groups.items():
+        for row in rows:
+            for column, value in zip(shape, row, strict=True):
+                if types.get(column) is None:
+                    types[column] = _sql_type(target.dialect, value)
     text = target.dialect.types[str]
     definitions = [f'"{column}" {kind or text}' for column, kind in types.items()]
     key = ", ".join(f'"{column}"' for column in target.key)
@@ -211,7 +265,7 @@ def _table_columns(connection: Any, target: _Target) -> list[str]:
 def _upsert(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
     """Every output's rows in one transaction (the caller's thread); how many."""
     table = f'"{target.table}"'
-    by_output = _rows_by_output(outputs, target.key)
+    by_output = _groups_by_output(outputs, target)
     first = next(by_output, None)
     if first is None:
         return 0
@@ -232,11 +286,11 @@ def _upsert(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
                 "(config_json.create makes it); "
                 "nothing was written"
             )
-        known = set(columns)
-        for index, rows in itertools.chain((first,), by_output):
-            _check_columns(index, rows, known, target.table, columns)
-            _upsert_rows(connection, target, rows)
-            written += len(rows)
+        for index, groups in itertools.chain((first,), by_output):
+            for shape, values in groups.items():
+                _check_columns(target, index, shape, columns)
+                _upsert_values(connection, target, shape, values)
+                written += len(values)
     except BaseException:
         connection.rollback()
         raise
@@ -244,41 +298,61 @@ def _upsert(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
     return written
 
 
-def _check_columns(
-    index: int, rows: list[dict[str, object]], known: set[str], table: str, columns: list[str]
+_NESTED: Final = frozenset({list, dict})
+_SQLITE_VARIABLES: Final = 999
+"""Bound values one SQLite statement may take (the lowest limit any build has)."""
+
+
+def _check_columns(target: _Target, index: int, shape: tuple[str, ...], columns: list[str]) -> None:
+    for column in shape:
+        if column not in columns:
+            raise PluginFailed(
+                message=f"{NAME}: output {index} has column {column!r}, which table "
+                f"{target.table!r} lacks (its columns: {', '.join(columns)}); "
+                "nothing was written"
+            )
+
+
+def _upsert_values(
+    connection: Any, target: _Target, shape: tuple[str, ...], values: list[Sequence[object]]
 ) -> None:
-    for row in rows:
-        for column in row:
-            if column not in known:
-                raise PluginFailed(
-                    message=f"{NAME}: output {index} has column {column!r}, which table "
-                    f"{table!r} lacks (its columns: {', '.join(columns)}); "
-                    "nothing was written"
+    """Rows of the columns `shape` (SQLite: many rows per statement, which halves its cost
+    per row; the others take one statement for many rows)."""
+    if not _NESTED.isdisjoint(map(type, itertools.chain.from_iterable(values))):
+        values = [tuple(map(_stored, row)) for row in values]
+    if target.dialect.backend == "sqlite":
+        per = max(1, min(500, _SQLITE_VARIABLES // len(shape)))
+        whole = len(values) - len(values) % per
+        if whole:
+            sql = _statement(target, shape, per)
+            for start in range(0, whole, per):
+                connection.execute(
+                    sql, list(itertools.chain.from_iterable(values[start : start + per]))
                 )
+        if whole < len(values):
+            connection.executemany(_statement(target, shape, 1), values[whole:])
+    elif target.dialect.backend == "postgres":
+        with connection.cursor() as cursor:
+            cursor.executemany(_statement(target, shape, 1), values)
+    else:  # a DuckDB cursor is a connection of its own: not this transaction's
+        connection.executemany(_statement(target, shape, 1), values)
 
 
-def _upsert_rows(connection: Any, target: _Target, rows: list[dict[str, object]]) -> None:
-    by_shape: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
-    for row in rows:
-        by_shape.setdefault(tuple(row), []).append(tuple(_stored(v) for v in row.values()))
+def _statement(target: _Target, shape: tuple[str, ...], rows: int) -> str:
+    """The upsert of `rows` rows of the columns `shape`."""
+    names = ", ".join(f'"{c}"' for c in shape)
+    marks = "(" + ", ".join(target.dialect.placeholder for _ in shape) + ")"
+    others = [c for c in shape if c not in target.key]
+    action = (
+        "DO UPDATE SET " + ", ".join(f'"{c}" = excluded."{c}"' for c in others)
+        if others
+        else "DO NOTHING"
+    )
     key = ", ".join(f'"{c}"' for c in target.key)
-    for shape, values in by_shape.items():
-        names = ", ".join(f'"{c}"' for c in shape)
-        marks = ", ".join(target.dialect.placeholder for _ in shape)
-        others = [c for c in shape if c not in target.key]
-        action = (
-            "DO UPDATE SET " + ", ".join(f'"{c}" = excluded."{c}"' for c in others)
-            if others
-            else "DO NOTHING"
-        )
-        sql = (
-            f'INSERT INTO "{target.table}" ({names}) VALUES ({marks}) ON CONFLICT ({key}) {action}'
-        )
-        if target.dialect.backend == "postgres":
-            with connection.cursor() as cursor:
-                cursor.executemany(sql, values)
-        else:  # a DuckDB cursor is a connection of its own: not this transaction's
-            connection.executemany(sql, values)
+    return (
+        f'INSERT INTO "{target.table}" ({names}) VALUES {", ".join([marks] * rows)} '
+        f"ON CONFLICT ({key}) {action}"
+    )
 
 
 def _write(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
@@ -300,8 +374,8 @@ class TableUpsertsPlugin:
     name: Final = NAME
     usage: Final = (
         'config {"database": "FILE" | "duckdb:FILE" | "postgresql://...", "table": "T", '
-        '"key": "COL" | ["COL", ...], "create": false}: each output, an object or an array '
-        "of objects, gives rows of T upserted by key"
+        '"key": "COL" | ["COL", ...], "create": false, "columns": [...]}: each output, a row '
+        "or an array of rows (objects, or arrays of the columns' values), upserted into T by key"
     )
 
     async def run(self, request: PluginRequest) -> PluginResult:

@@ -14,7 +14,8 @@ in this order, on the same SQLite table (`results`, id primary key):
   Parquet file, one call of `benchdata.transform` per `--rows-per-call` rows
   (rows as value arrays; it uppercases the name and doubles the amount, as
   the SQL does, and returns value arrays), and the `table_upserts` writer
-  (`columns` set) upserts every row into the table; submit -> terminal update. The rows in the table are then checked against the SQL's.
+  (`columns` set) upserts every row into the table; submit -> terminal
+  update. The rows in the table are then checked against the SQL's.
 * scan_peak_rss_mb: the worker process's peak RSS (VmHWM) after the task, MiB;
   scan_executor_peak_rss_mb: the largest executor's, for comparison.
 
@@ -46,10 +47,10 @@ from blockx.phases.builders._dbscan import _load_scanner
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
 TASK_TIMEOUT_S = 600
-FUNCTION = '''
+FUNCTION = """
 def transform(rows):
     return [[id, name.upper(), amount * 2] for id, name, amount in rows]
-'''
+"""
 TABLE = "CREATE TABLE results (id INTEGER PRIMARY KEY, name TEXT, amount REAL)"
 
 
@@ -68,8 +69,7 @@ def sql_floor(source: Path, database: Path) -> float:
     started = time.perf_counter()
     connection.execute("BEGIN")
     inserted = connection.execute(
-        "INSERT INTO s.results SELECT id, upper(name), amount * 2 "
-        f"FROM read_parquet('{source}')"
+        f"INSERT INTO s.results SELECT id, upper(name), amount * 2 FROM read_parquet('{source}')"
     ).fetchone()
     connection.execute("COMMIT")
     elapsed = time.perf_counter() - started
@@ -87,8 +87,8 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(line) for line in found.stdout.split()]
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return [int(child) for child in listed.read().split()]
 
 
 async def start(port: int, functions: Path, executors: int) -> WorkerProcess:

@@ -344,6 +344,7 @@ class _TaskRun:
                 with trio.fail_after(timeout_ms / 1000):
                     batch = await anext(batches, None)
             post(AddTaskCalls(task_id=self._task_id, calls=(), sealed=True))
+            self.log.info("task %s: %s streamed %d calls", self._task_id, what, window.sent)
         except PhaseFailed as error:
             outcome = CallPhaseOutcome(
                 ok=False, failure_code=error.code, message=error.message, retryable=error.retryable

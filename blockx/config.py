@@ -308,6 +308,12 @@ class IOSection:
     postgres_connections: int = _setting(
         8, "postgresConnections", "IO_POSTGRES_CONNECTIONS", positive=True
     )
+    table_database: str = _setting("", "tableDatabase", "TABLE_UPSERTS_DATABASE", _STR)
+    """Where table_upserts writes when a task names no database (a SQLite file,
+    duckdb:PATH or a postgresql:// URL); "" for none."""
+    bundle_root: str = _setting("", "bundleRoot", "BUNDLE_ROOT", _STR)
+    """The directory bundle_scan reads and bundle_write writes under: a task's bundle path
+    is taken relative to it and may not leave it. "" takes paths as given."""
 
     def limits(self) -> dict[str, int]:
         """The limits by backend name (`blockx.io.BACKENDS`)."""

@@ -9,7 +9,7 @@ win over them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
@@ -26,6 +26,16 @@ def _frozen(mapping: Mapping[str, object]) -> Mapping[str, object]:
 
 
 @attrs.frozen(kw_only=True)
+class Requirement:
+    """A setting a profile's builders or writers need, and why."""
+
+    field: str
+    env: str
+    read: Callable[[WorkerConfig], str]
+    why: str
+
+
+@attrs.frozen(kw_only=True)
 class Profile:
     """A kind of worker: what it registers as and which builders and plugins it has."""
 
@@ -36,6 +46,9 @@ class Profile:
     defaults: Mapping[str, object] = attrs.field(factory=dict, converter=_frozen, hash=False)
     """Built-in defaults it changes, by JSON path ("streamBuild.enabled": True): the
     profile layer of the configuration."""
+    requires: tuple[Requirement, ...] = ()
+    """Settings its builders and writers cannot do without: the worker refuses to start
+    while one is empty, naming it."""
 
     def check(self, config: WorkerConfig) -> None:
         """Raise ConfigError unless `config` fits this profile."""
@@ -54,6 +67,14 @@ class Profile:
                 allowed=f"the {self.deployment} profile registers under a prefix that "
                 f"starts with '/' and ends with {segment!r}",
             )
+        for requirement in self.requires:
+            if not requirement.read(config):
+                raise ConfigError(
+                    field=requirement.field,
+                    value="",
+                    allowed=f"the {self.deployment} profile needs it (env {requirement.env}): "
+                    f"{requirement.why}",
+                )
 
 
 BLOCK: Final = Profile(
@@ -68,5 +89,19 @@ BUNDLE: Final = Profile(
     builders=("bundle_scan", "call_list"),
     plugins=("bundle_write", "table_upserts"),
     defaults={"workerRegistryPrefix": "/blockx/bundle-workers/", "streamBuild.enabled": True},
+    requires=(
+        Requirement(
+            field="io.bundleRoot",
+            env="BUNDLE_ROOT",
+            read=lambda config: config.io.bundle_root,
+            why="bundle_scan and bundle_write read and write bundles under it",
+        ),
+        Requirement(
+            field="io.tableDatabase",
+            env="TABLE_UPSERTS_DATABASE",
+            read=lambda config: config.io.table_database,
+            why="table_upserts writes there (a SQLite file, duckdb:PATH or a postgresql:// URL)",
+        ),
+    ),
 )
 PROFILES: Final = {profile.deployment: profile for profile in (BLOCK, BUNDLE)}

@@ -194,7 +194,11 @@ def _task_runtime(parts: ActorParts) -> TaskRuntime:
             scan=admission.scan_slots,
         ),
         phase_io_timeout_ms=parts.config.phase_io_timeout_ms,
-        io=IOSystem(parts.config.io.limits()),
+        io=IOSystem(
+            parts.config.io.limits(),
+            table_database=parts.config.io.table_database,
+            bundle_root=parts.config.io.bundle_root,
+        ),
         slot_table=parts.inboxes.slot_table,
         dispatcher=parts.inboxes.dispatcher,
         stream_build=parts.config.stream_build.enabled,

@@ -16,6 +16,7 @@ thread (`trio.to_thread.run_sync`), under the phase IO timeout.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -109,6 +110,24 @@ class TaskIOScope:
     def connections(self) -> int:
         return len(self._open)
 
+    @property
+    def table_database(self) -> str:
+        """The worker's default database for table_upserts (`io.tableDatabase`; "" if none)."""
+        return self._system.table_database
+
+    def bundle_path(self, path: str) -> str:
+        """Where the bundle `path` of a task is: under `io.bundleRoot` when it is set (an
+        absolute path must be inside it; `IOScopeError` for a path that leaves it), else
+        `path` itself."""
+        root = self._system.bundle_root
+        if not root:
+            return path
+        base = os.path.realpath(root)
+        resolved = os.path.realpath(os.path.join(base, path))
+        if os.path.commonpath((base, resolved)) != base or resolved == base:
+            raise IOScopeError(f"bundle path {path!r} is not inside io.bundleRoot {root!r}")
+        return resolved
+
     async def connect(self, backend: str, target: str) -> Any:
         """The task's connection to `target` on `backend`, opened on first use (waiting for
         the backend's admission) and shared by the task's later uses."""
@@ -184,11 +203,20 @@ class IOSystem:
     the scopes of live tasks."""
 
     def __init__(
-        self, limits: Mapping[str, int], connectors: Mapping[str, Connector] = BACKENDS
+        self,
+        limits: Mapping[str, int],
+        connectors: Mapping[str, Connector] = BACKENDS,
+        *,
+        table_database: str = "",
+        bundle_root: str = "",
     ) -> None:
         unknown = sorted(set(limits) - set(connectors))
         if unknown:
             raise ValueError(f"no backend named {', '.join(unknown)}")
+        self.table_database = table_database
+        """`io.tableDatabase`: where table_upserts writes when a task names no database."""
+        self.bundle_root = bundle_root
+        """`io.bundleRoot`: the directory every bundle path is under ("" for none)."""
         self._connectors = connectors
         self._admission = {name: trio.CapacityLimiter(limits[name]) for name in connectors}
         self._scopes: dict[str, TaskIOScope] = {}

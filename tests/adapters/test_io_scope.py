@@ -10,7 +10,11 @@ import pytest
 import trio
 import trio.testing
 
+from blockx.calls import encode_value
 from blockx.io import IOScopeError, IOSystem, shown_target
+from blockx.phases.plugins import PluginRequest, TableUpsertsPlugin
+from blockx.slots import ResultHandler
+from tests.plugin_runs import LIMITS
 
 LIMITS = {"sqlite": 2, "duckdb": 1, "postgres": 1}
 
@@ -159,3 +163,42 @@ async def test_a_connect_cancelled_while_opening_closes_what_opens_late() -> Non
 )
 def test_a_target_is_shown_without_its_password(target: str, shown: str) -> None:
     assert shown_target(target) == shown
+
+
+def test_bundle_paths_stay_under_the_bundle_root(tmp_path: Path) -> None:
+    root = tmp_path / "bundles"
+    root.mkdir()
+    scope = IOSystem(LIMITS, bundle_root=str(root)).open_scope("t1")
+    assert scope.bundle_path("daily/2026-12-04") == str(root / "daily" / "2026-12-04")
+    assert scope.bundle_path(str(root / "b1")) == str(root / "b1")
+    for outside in ("../elsewhere", "/etc", ".", "a/../../x"):
+        with pytest.raises(IOScopeError) as raised:
+            scope.bundle_path(outside)
+        assert raised.value.message == (
+            f"bundle path {outside!r} is not inside io.bundleRoot {str(root)!r}"
+        )
+    free = IOSystem(LIMITS).open_scope("t2")
+    assert free.bundle_path("../anywhere") == "../anywhere"  # no root: as given
+
+
+async def test_table_upserts_writes_to_the_worker_s_database_when_a_task_names_none(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "default.db"
+    scope = IOSystem(LIMITS, table_database=str(database)).open_scope("t1")
+    request = PluginRequest(
+        task_id="t1",
+        handler=ResultHandler(
+            type="table_upserts", config_json='{"table": "t", "key": "id", "create": true}'
+        ),
+        outputs=(encode_value({"id": 1, "v": "x"}),),
+        task_code_epoch="e1",
+        io=scope,
+    )
+    try:
+        result = await TableUpsertsPlugin().run(request)
+    finally:
+        await scope.aclose()
+    assert result.detail == f"t in sqlite {database}"
+    with sqlite3.connect(database) as connection:
+        assert connection.execute("select * from t").fetchall() == [(1, "x")]

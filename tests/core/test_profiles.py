@@ -13,12 +13,40 @@ REGISTRY_PREFIXES = {"block": "/blockx/workers/", "bundle": "/blockx/bundle-work
 """Where each profile registers by default."""
 
 
+BUNDLE_SETTINGS = {"BUNDLE_ROOT": "/srv/bundles", "TABLE_UPSERTS_DATABASE": "/srv/out.db"}
+
+
 def test_each_profile_accepts_its_own_defaults() -> None:
     assert set(PROFILES) == set(REGISTRY_PREFIXES)
     for profile in PROFILES.values():
-        config = load_config(profile=profile.defaults, env={})
+        config = load_config(profile=profile.defaults, env=BUNDLE_SETTINGS)
         profile.check(config)
         assert config.etcd.registry_prefix == REGISTRY_PREFIXES[profile.deployment]
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        (
+            "BUNDLE_ROOT",
+            "io.bundleRoot = '': the bundle profile needs it (env BUNDLE_ROOT): bundle_scan "
+            "and bundle_write read and write bundles under it",
+        ),
+        (
+            "TABLE_UPSERTS_DATABASE",
+            "io.tableDatabase = '': the bundle profile needs it (env TABLE_UPSERTS_DATABASE): "
+            "table_upserts writes there (a SQLite file, duckdb:PATH or a postgresql:// URL)",
+        ),
+    ],
+)
+def test_the_bundle_profile_refuses_to_start_without_its_writers_settings(
+    missing: str, message: str
+) -> None:
+    env = {k: v for k, v in BUNDLE_SETTINGS.items() if k != missing}
+    with pytest.raises(ConfigError) as raised:
+        BUNDLE.check(load_config(profile=BUNDLE.defaults, env=env))
+    assert raised.value.describe() == message
+    BLOCK.check(load_config(env={}))  # the block profile's tasks name their own
 
 
 def test_the_bundle_profile_changes_defaults_that_file_and_env_still_beat() -> None:

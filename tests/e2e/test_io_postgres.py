@@ -9,11 +9,13 @@ import psycopg
 import pytest
 import trio
 
+from blockx.calls import decode_args
 from blockx.io import IOScopeError, IOSystem
+from blockx.phases.builders import DbscanBuilder
 from blockx.phases.plugins import PluginFailed, TableUpsertsPlugin
 from blockx.slots import PluginResult
 from tests.e2e.postgres_server import postgres_server
-from tests.plugin_runs import run_plugin
+from tests.plugin_runs import run_plugin, run_stream
 
 
 async def test_a_scope_connects_to_postgres_and_its_close_ends_the_session(
@@ -79,3 +81,20 @@ async def test_a_postgres_password_never_shows_in_the_plugins_messages() -> None
         await upsert_into(url, [{"id": 1}], create=True)
     assert "s3cret" not in raised.value.message
     assert "writer:***@127.0.0.1:1" in raised.value.message
+
+
+async def test_dbscan_reads_an_attached_postgres_database(tmp_path: Path) -> None:
+    async with postgres_server(tmp_path) as server:
+        with psycopg.connect(server.url) as connection:
+            connection.execute("create table orders (id int primary key, total numeric(8,2))")
+            connection.execute("insert into orders values (1, 9.50), (2, 20.00), (3, 4.25)")
+        config = {
+            "query": "SELECT id, total FROM pg.orders WHERE total > ? ORDER BY id",
+            "parameters": [5],
+            "attach": {"pg": server.url},
+            "function": "m.f",
+            "rows": "tuples",
+        }
+        batches = await run_stream(DbscanBuilder(), config)
+    [[call]] = batches
+    assert decode_args(call.args)[0] == [[[1, "9.50"], [2, "20.00"]]]

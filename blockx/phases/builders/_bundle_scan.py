@@ -2,7 +2,8 @@
 
 Config: `{"path": "DIR", "columns": ["col", ...]}` plus the row keys of
 `blockx.phases.builders._rows` (`function`, `rows_per_call`, `rows`,
-`args`). Reads the bundle at DIR (`blockx.bundles`) file by file, in manifest
+`args`). Reads the bundle at DIR (under the worker's `io.bundleRoot` when that is set;
+`blockx.bundles`) file by file, in manifest
 order: each file is checked against the manifest's size, checksum and row
 count before a row of it becomes a call, so a damaged bundle fails the task
 naming the file. `columns` picks and orders the columns (all, in the
@@ -19,6 +20,7 @@ import trio
 from blockx.bundles import BundleError, open_verified, read_manifest
 from blockx.calls import CallSpec
 from blockx.errors import shown
+from blockx.io import IOScopeError
 from blockx.phases.builders._json import parse_config
 from blockx.phases.builders._model import BuilderFailed, BuildRequest, collect
 from blockx.phases.builders._rows import ROW_KEYS, ROWS_USAGE, RowCalls
@@ -99,6 +101,11 @@ def _reader(request: BuildRequest) -> _Reader:
         )
     if request.payload.strip():
         raise BuilderFailed(message=f"{NAME}: takes no payload; its config says what to scan")
+    if request.io is not None:
+        try:
+            path = request.io.bundle_path(path)
+        except IOScopeError as error:
+            raise BuilderFailed(message=f"{NAME}: config_json.path: {error.message}") from error
     return _Reader(path, columns, RowCalls.from_config(NAME, config))
 
 

@@ -2,7 +2,8 @@
 
 Each output is a row (an object of column values) or an array of rows.
 
-Config: `{"path": "DIR", "rows_per_file": N}` (N default 100,000). The bundle
+Config: `{"path": "DIR", "rows_per_file": N}` (N default 100,000); DIR is
+taken under the worker's `io.bundleRoot` when that is set. The bundle
 at DIR is written whole or not at all (`blockx.bundles.write_bundle`): a
 reader never sees a half-written one, and a task run again leaves one bundle
 at DIR. Runs on a worker thread, never cancelled half-way.
@@ -17,6 +18,7 @@ import trio
 
 from blockx.bundles import BundleError, write_bundle
 from blockx.errors import shown
+from blockx.io import IOScopeError
 from blockx.phases.plugins._model import PluginFailed, PluginRequest, decoded_output, parse_config
 from blockx.slots import PluginResult
 
@@ -76,6 +78,11 @@ class BundleWritePlugin:
                 message=f"{NAME}: config_json.rows_per_file must be an integer from 1 to "
                 f"{MAX_ROWS_PER_FILE}, got {shown(rows_per_file)}"
             )
+        if request.io is not None:
+            try:
+                path = request.io.bundle_path(path)
+            except IOScopeError as error:
+                raise PluginFailed(message=f"{NAME}: config_json.path: {error.message}") from error
         rows = _rows(request.outputs)
         await trio.to_thread.run_sync(_write, path, request.task_id, rows, rows_per_file)
         return PluginResult(plugin_type=NAME, ok=True, records_written=len(rows), detail=path)

@@ -3,8 +3,9 @@
 Config: `{"database": ..., "table": "name", "key": "col" or ["col", ...],
 "create": false, "columns": ["col", ...]}`. `database` is a SQLite file (a
 bare path or `sqlite:PATH`), a DuckDB file (`duckdb:PATH`) or a PostgreSQL
-URL (`postgresql://...`). Each output is a row or an array of rows (a call
-over a batch of rows returns one). A row is an object whose keys are columns
+URL (`postgresql://...`); the worker's `io.tableDatabase` when omitted.
+Each output is a row or an array of rows (a call over a batch of rows
+returns one). A row is an object whose keys are columns
 of the table and which holds every key column, or, when `columns` is given,
 an array of those columns' values in that order (cheaper to make, send and
 decode). A row whose key is already in the table replaces the other columns
@@ -105,13 +106,14 @@ def _names(config: dict[str, object], field: str) -> list[str] | None:
     return names
 
 
-def _target(config_json: str) -> _Target:
+def _target(config_json: str, default_database: str = "") -> _Target:
     config = parse_config(NAME, config_json, CONFIG_KEYS)
-    database = config.get("database")
+    database = config.get("database", default_database or None)
     if not isinstance(database, str) or not database:
         raise PluginFailed(
-            message=f"{NAME}: config_json.database is required: a SQLite file, "
-            f"duckdb:PATH or a postgresql:// URL; got {shown(database)}"
+            message=f"{NAME}: config_json.database is required (this worker sets no "
+            "io.tableDatabase): a SQLite file, duckdb:PATH or a postgresql:// URL; "
+            f"got {shown(database)}"
         )
     table = config.get("table")
     if not isinstance(table, str) or not _IDENTIFIER.fullmatch(table):
@@ -379,9 +381,9 @@ class TableUpsertsPlugin:
     )
 
     async def run(self, request: PluginRequest) -> PluginResult:
-        target = _target(request.handler.config_json)
         if request.io is None:
             raise PluginFailed(message=f"{NAME}: this task has no IO scope to connect through")
+        target = _target(request.handler.config_json, request.io.table_database)
         where = f"{target.table} in {target.dialect.backend} {shown_target(target.database)}"
         written = 0
         if request.outputs:

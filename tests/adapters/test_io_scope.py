@@ -14,7 +14,6 @@ from blockx.calls import encode_value
 from blockx.io import IOScopeError, IOSystem, shown_target
 from blockx.phases.plugins import PluginRequest, TableUpsertsPlugin
 from blockx.slots import ResultHandler
-from tests.plugin_runs import LIMITS
 
 LIMITS = {"sqlite": 2, "duckdb": 1, "postgres": 1}
 

@@ -87,8 +87,11 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as listed:
-        return [int(child) for child in listed.read().split()]
+    """The child processes of `pid`, whichever of its threads started them."""
+    found = []
+    for thread in Path(f"/proc/{pid}/task").iterdir():
+        found.extend(int(child) for child in (thread / "children").read_text().split())
+    return found
 
 
 async def start(port: int, functions: Path, executors: int) -> WorkerProcess:

@@ -6,7 +6,8 @@ the machine's next timer is due. Each message becomes events of the machine,
 stamped here with the worker clock's time and a stimulus id, and the commands
 the machine answers with are carried out before the next message is taken.
 A task's call phase, an `InlineBuilder`'s build and an absent plugin phase run
-here (`_start_phase`; executor admission is counted here); a task actor is
+here (`_start_phase`; executor admission, and scan admission for a streamed
+task's call phase, are counted here); a task actor is
 started (with the code pinned for the task) in the task nursery for a phase
 that must wait, told to run its next phase or cancelled. Calls are cancelled
 in the dispatcher, and every change of a task is published to the watch hub
@@ -443,6 +444,7 @@ class SlotTableActor:
                 )
             )
             if task.window is not None and task.actor is not None and task.call_phase:
+                # Streamed: its builder's actor reads on and sends the calls as it goes.
                 task.actor.phases.send_nowait(task.call_phase)
 
     def _release(self, task: _LiveTask) -> None:

@@ -238,3 +238,24 @@ def test_recent_stimuli_name_each_event_and_what_came_of_it(core: DispatchCore) 
         "CancelCalls,FinishCallPhase",
     )
     assert (recent[-1].stimulus_id, recent[-1].outcome) == (f"tick-{RECENT_STIMULI - 2}", "-")
+
+
+def test_an_ended_call_is_forgotten_so_a_long_stream_holds_only_calls_in_flight(
+    core: DispatchCore,
+) -> None:
+    """A streamed task's ended calls (and their arguments) are dropped; an id that ended
+    may come again in a later batch, as another call, and its value keeps call order."""
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    assert start(core, "t1", "c0", now_ms=0, sealed=False) == (run("e0", dispatch("c0", at_ms=0)),)
+    assert core.handle(arrived("e0", ok("c0"), now_ms=1)).commands == ()
+    assert core.calls_ended("t1") == 1
+    assert core._tasks["t1"].calls == {}  # white box: nothing of c0 is held
+    core.check_invariants()
+    assert core.handle(added("t1", "c0", now_ms=2, sealed=False)).commands == (
+        run("e0", dispatch("c0", at_ms=2)),
+    )
+    assert core.handle(arrived("e0", ok("c0"), now_ms=3)).commands == ()
+    [finished] = core.handle(added("t1", now_ms=4)).commands
+    assert isinstance(finished, FinishCallPhase)
+    assert finished.outcome.outputs == (value_of("c0"), value_of("c0"))
+    assert finished.outcome.stats.calls_total == 2

@@ -9,7 +9,7 @@ it becomes the right phase's failure. Pure: never does IO.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from blockx.errors import shown
 from blockx.phases._registry import PhaseFailed
@@ -75,3 +75,23 @@ def check_keys(
             message=f"{owner}: {where} has unknown key {shown(unknown[0])}; "
             f"allowed keys: {', '.join(allowed)}"
         )
+
+
+def config_integer(
+    owner: str,
+    config: Mapping[str, object],
+    key: str,
+    bounds: tuple[int, int, int],
+    error: type[PhaseFailed],
+) -> int:
+    """`config[key]` (`bounds`: its default, lowest and highest value), an integer in
+    range; `error` naming the key and the range otherwise."""
+    default, low, high = bounds
+    value = config.get(key, default)
+    # bool is an int in Python but `"count": true` is a mistake in JSON.
+    if type(value) is not int or not low <= value <= high:
+        raise error(
+            message=f"{owner}: config_json.{key} must be an integer from {low} to {high}, "
+            f"got {shown(value)}"
+        )
+    return value

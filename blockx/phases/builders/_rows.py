@@ -23,6 +23,7 @@ import attrs
 
 from blockx.calls import CallSpec, encode_args
 from blockx.errors import shown
+from blockx.phases._config import config_integer
 from blockx.phases.builders._json import argument_list, function_ref
 from blockx.phases.builders._model import BuilderFailed
 
@@ -61,12 +62,8 @@ class RowCalls:
     @classmethod
     def from_config(cls, builder: str, config: Mapping[str, object]) -> RowCalls:
         function = function_ref(builder, "config_json.function", config.get("function"))
-        rows_per_call = config.get("rows_per_call", 1000)
-        if type(rows_per_call) is not int or not 1 <= rows_per_call <= MAX_ROWS_PER_CALL:
-            raise BuilderFailed(
-                message=f"{builder}: config_json.rows_per_call must be an integer from 1 to "
-                f"{MAX_ROWS_PER_CALL}, got {shown(rows_per_call)}"
-            )
+        bounds = (1000, 1, MAX_ROWS_PER_CALL)
+        rows_per_call = config_integer(builder, config, "rows_per_call", bounds, BuilderFailed)
         shape = config.get("rows", "records")
         if shape not in SHAPES:
             raise BuilderFailed(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from blockx.calls import CallSpec
-from blockx.errors import shown
+from blockx.phases._config import config_integer
 from blockx.phases.builders._json import (
     argument_list,
     encoded_args,
@@ -29,13 +29,7 @@ MAX_STATIC_CALLS: Final = 100_000
 def static_calls(request: BuildRequest) -> list[CallSpec]:
     config = parse_config(STATIC, request.function_call.config_json, ("function", "count", "args"))
     function = function_ref(STATIC, "config_json.function", config.get("function"))
-    count = config.get("count", 1)
-    # bool is an int in Python but `"count": true` is a mistake in JSON.
-    if type(count) is not int or not 0 <= count <= MAX_STATIC_CALLS:
-        raise BuilderFailed(
-            message=f"{STATIC}: config_json.count must be an integer from 0 to "
-            f"{MAX_STATIC_CALLS}, got {shown(count)}"
-        )
+    count = config_integer(STATIC, config, "count", (1, 0, MAX_STATIC_CALLS), BuilderFailed)
     args = argument_list(STATIC, "config_json.args", config.get("args", []))
     encoded = encoded_args(STATIC, "config_json.args", args)
     return [CallSpec(call_id=str(index), function=function, args=encoded) for index in range(count)]

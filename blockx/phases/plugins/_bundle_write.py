@@ -19,6 +19,7 @@ import trio
 from blockx.bundles import BundleError, write_bundle
 from blockx.errors import shown
 from blockx.io import IOScopeError
+from blockx.phases._config import config_integer
 from blockx.phases.plugins._model import PluginFailed, PluginRequest, decoded_output, parse_config
 from blockx.slots import PluginResult
 
@@ -72,12 +73,8 @@ class BundleWritePlugin:
                 message=f"{NAME}: config_json.path is required: the bundle's directory; "
                 f"got {shown(path)}"
             )
-        rows_per_file = config.get("rows_per_file", 100_000)
-        if type(rows_per_file) is not int or not 1 <= rows_per_file <= MAX_ROWS_PER_FILE:
-            raise PluginFailed(
-                message=f"{NAME}: config_json.rows_per_file must be an integer from 1 to "
-                f"{MAX_ROWS_PER_FILE}, got {shown(rows_per_file)}"
-            )
+        bounds = (100_000, 1, MAX_ROWS_PER_FILE)
+        rows_per_file = config_integer(NAME, config, "rows_per_file", bounds, PluginFailed)
         if request.io is not None:
             try:
                 path = request.io.bundle_path(path)

@@ -19,7 +19,7 @@ from typing import Final
 import trio
 
 from blockx.calls import FailureCode
-from blockx.errors import shown
+from blockx.phases._config import config_integer
 from blockx.phases.plugins._model import (
     PluginFailed,
     PluginRequest,
@@ -40,13 +40,8 @@ def _limit(config_json: str) -> tuple[int, str]:
     config = parse_config(NAME, config_json, ("max_bytes",))
     if "max_bytes" not in config:
         return MAX_OUTPUTS_BYTES, ""
-    max_bytes = config["max_bytes"]
-    # bool is an int in Python but `"max_bytes": true` is a mistake in JSON.
-    if type(max_bytes) is not int or not 1 <= max_bytes <= MAX_OUTPUTS_BYTES:
-        raise PluginFailed(
-            message=f"{NAME}: config_json.max_bytes must be an integer from 1 to "
-            f"{MAX_OUTPUTS_BYTES}, got {shown(max_bytes)}"
-        )
+    bounds = (MAX_OUTPUTS_BYTES, 1, MAX_OUTPUTS_BYTES)
+    max_bytes = config_integer(NAME, config, "max_bytes", bounds, PluginFailed)
     return max_bytes, " (config_json.max_bytes)"
 
 

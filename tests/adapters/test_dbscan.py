@@ -162,3 +162,16 @@ def test_a_value_that_cannot_be_sent_fails_naming_its_column() -> None:
     assert "cannot be sent to m.f: a object value has no call-argument form" in (
         raised.value.message
     )
+
+
+async def test_a_json_lines_file_is_scanned_too(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"kind": "click", "n": 3}\n{"kind": "view", "n": 7}\n')
+    config = {
+        "query": f"SELECT kind, n FROM read_json('{path}') ORDER BY n",
+        "function": "m.f",
+        "rows": "columns",
+    }
+    assert args_of(await run_stream(DbscanBuilder(), config)) == [
+        [{"kind": ["click", "view"], "n": [3, 7]}]
+    ]

@@ -1,14 +1,17 @@
-"""A 1,000,000-row scan through a real worker: calls start while it reads, memory stays flat."""
+"""Scans through a real worker: a 1,000,000-row dbscan whose calls start while it reads in
+bounded memory, and the bundle profile streaming a bundle into its table database."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import sqlite3
 from pathlib import Path
 
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.bundles import write_bundle
 from tests.e2e.serve_process import serve_process
 
 ROWS = 1_000_000
@@ -78,3 +81,29 @@ async def test_a_million_row_scan_streams_through_calls_in_bounded_memory(
     assert ended["msg"] == "task scan: builder 'dbscan' streamed 1000 calls"
     stream_end = datetime.datetime.fromisoformat(ended["ts"].replace("Z", "+00:00"))
     assert first_call < stream_end.timestamp(), (first_call, ended)
+
+
+async def test_the_bundle_profile_streams_a_bundle_into_its_table_database(
+    tmp_path: Path,
+) -> None:
+    root, database = tmp_path / "bundles", tmp_path / "tables.db"
+    rows = [{"id": n, "word": f"w{n}"} for n in range(2500)]
+    write_bundle(root / "in", "t0", rows, rows_per_file=1000)
+    config = {"path": "in", "function": "demo.echo", "rows_per_call": 100}
+    writer = {"table": "words", "key": "id", "create": True}  # into io.tableDatabase
+    task = pb.TaskSpec(
+        task_id="load",
+        function_call=pb.FunctionCallConfig(type="bundleScan", config_json=json.dumps(config)),
+        result_handler=pb.ResultHandler(type="tableUpserts", config_json=json.dumps(writer)),
+    )
+    env = {"BUNDLE_ROOT": str(root), "TABLE_UPSERTS_DATABASE": str(database)}
+    async with serve_process("--profile", "bundle", env=env) as worker:
+        await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        [update] = [u for u in await worker.watch("load") if u.is_terminal]
+        with trio.fail_after(10):
+            await worker.wait_for_line("streamed 25 calls")  # streaming is the profile's default
+    assert update.result is not None
+    assert update.result.state == pb.TaskState.SUCCEEDED, update.result.message
+    with sqlite3.connect(database) as connection:
+        stored = connection.execute("select id, word from words order by id").fetchall()
+    assert stored == [(row["id"], row["word"]) for row in rows]

@@ -228,3 +228,10 @@ async def test_many_rows_per_statement_keep_the_last_value_of_a_repeated_key(
     assert result.records_written == 1001
     expected = {n % 600: f"v{n}" for n in range(1001)}
     assert sqlite_rows(db) == sorted(expected.items())
+
+
+async def test_a_database_file_s_missing_directory_is_made(tmp_path: Path) -> None:
+    db = tmp_path / "new" / "dir" / "out.db"
+    config = {"database": str(db), "table": "results", "key": "id", "create": True}
+    assert (await upsert(config, [{"id": 1, "value": "a"}])).records_written == 1
+    assert sqlite_rows(db) == [(1, "a")]

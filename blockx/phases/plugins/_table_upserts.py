@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
@@ -357,6 +358,20 @@ def _statement(target: _Target, shape: tuple[str, ...], rows: int) -> str:
     )
 
 
+def _make_parent(target: _Target) -> None:
+    """A database file's directory, made if missing (as jsonl and bundle_write do)."""
+    if target.dialect.backend != "postgres" and target.database != ":memory:":
+        parent = os.path.dirname(target.database)
+        if parent:
+            try:
+                os.makedirs(parent, exist_ok=True)
+            except OSError as error:
+                raise PluginFailed(
+                    message=f"{NAME}: cannot make the directory of {target.database!r}: {error}",
+                    retryable=True,
+                ) from error
+
+
 def _write(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
     try:
         return _upsert(connection, target, outputs)
@@ -387,6 +402,7 @@ class TableUpsertsPlugin:
         where = f"{target.table} in {target.dialect.backend} {shown_target(target.database)}"
         written = 0
         if request.outputs:
+            await trio.to_thread.run_sync(_make_parent, target)
             try:
                 connection = await request.io.connect(target.dialect.backend, target.database)
             except IOScopeError as error:

@@ -76,6 +76,7 @@ from blockx.functions import (
     FunctionCodeError,
     InvalidFunctionRef,
     NotCallable,
+    NotPublic,
     UnknownFunction,
     UnknownModule,
 )
@@ -100,7 +101,7 @@ _RESULT_FLUSH_AFTER_S: Final = 0.02
 """A finished result waits at most about this long while later calls run."""
 _MAX_ERROR_MESSAGE_CHARS: Final = 8 * 1024
 _KEPT_EPOCHS: Final = 4
-_NO_CALLABLE = (UnknownModule, UnknownFunction, NotCallable, InvalidFunctionRef)
+_NO_CALLABLE = (UnknownModule, UnknownFunction, NotCallable, NotPublic, InvalidFunctionRef)
 
 
 class FunctionResolver(Protocol):

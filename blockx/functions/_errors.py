@@ -43,6 +43,18 @@ class UnknownFunction(FunctionCodeError):
         )
 
 
+class NotPublic(FunctionCodeError):
+    """The name exists in the module but is not one of its public functions."""
+
+    def __init__(self, *, epoch: str, module: str, function: str, why: str) -> None:
+        self.epoch = epoch
+        self.module = module
+        self.function = function
+        super().__init__(
+            f"{module}.{function} in function code epoch {epoch!r} cannot be called: {why}"
+        )
+
+
 class NotCallable(FunctionCodeError):
     """The name exists in the module but is not callable."""
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import itertools
 import linecache
 import sys
@@ -36,6 +37,7 @@ from blockx.functions._errors import (
     InvalidFunctionRef,
     ModuleImportFailed,
     NotCallable,
+    NotPublic,
     UnknownFunction,
     UnknownModule,
 )
@@ -93,18 +95,49 @@ class EpochModules:
         return sorted(self._roots.values())
 
     def resolve(self, epoch: str, ref: str) -> Callable[..., object]:
-        """The callable `module.function` of `epoch`, importing the module if needed."""
+        """The callable `module.function` of `epoch`, importing the module if needed.
+
+        Only a module's public functions may be called: a name without a leading
+        underscore, and either listed in the module's `__all__` (its opt-in for
+        anything, an imported name included) or, without `__all__`, defined in the
+        module itself. So a task can never reach a module's internals
+        (`module.__setattr__`), builtins or what the module imported (`os.system`).
+        """
         module_name, dot, function = ref.rpartition(".")
         if not dot or not is_valid_module_name(module_name) or not function.isidentifier():
             raise InvalidFunctionRef(ref=ref)
+        if function.startswith("_"):
+            raise NotPublic(
+                epoch=epoch,
+                module=module_name,
+                function=function,
+                why="names starting with '_' are private",
+            )
         module = self.module(epoch, module_name)
         try:
-            value = getattr(module, function)
+            value = inspect.getattr_static(module, function)
         except AttributeError:
             raise UnknownFunction(epoch=epoch, module=module_name, function=function) from None
         if not callable(value):
             raise NotCallable(
                 epoch=epoch, module=module_name, function=function, type_name=type(value).__name__
+            )
+        exported = getattr(module, "__all__", None)
+        if exported is not None:
+            if function not in exported:
+                raise NotPublic(
+                    epoch=epoch,
+                    module=module_name,
+                    function=function,
+                    why="the module's __all__ does not list it",
+                )
+        elif getattr(value, "__module__", None) != module.__name__:
+            raise NotPublic(
+                epoch=epoch,
+                module=module_name,
+                function=function,
+                why="it is not defined in the module (list it in the module's __all__ to "
+                "allow an imported name)",
             )
         return cast("Callable[..., object]", value)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from blockx.functions import (
     InvalidFunctionRef,
     ModuleImportFailed,
     NotCallable,
+    NotPublic,
     UnknownEpoch,
     UnknownFunction,
     UnknownModule,
@@ -260,3 +262,57 @@ def test_two_loaders_in_one_process_do_not_share_modules(loaders: list[EpochModu
     assert first.module(ADDING.epoch, "demo") is not second.module(ADDING.epoch, "demo")
     first.close()
     assert second.resolve(ADDING.epoch, "demo.add")(1, 1) == 2
+
+
+PUBLIC_RULES = FunctionSnapshot.of(
+    {
+        "open": (
+            "import os\n"
+            "from os.path import join\n"
+            "victim = 1\n"
+            "def add(a, b):\n    return a + b\n"
+            "def _helper():\n    return 'private'\n"
+            "class Point:\n    def __init__(self, x):\n        self.x = x\n"
+        ),
+        "listed": (
+            "from os.path import join\n"
+            "__all__ = ['join', 'shown']\n"
+            "def shown():\n    return 1\n"
+            "def hidden():\n    return 2\n"
+        ),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("ref", "why"),
+    [
+        ("open.__setattr__", "names starting with '_' are private"),
+        ("open._helper", "names starting with '_' are private"),
+        ("open.join", "it is not defined in the module"),
+        ("listed.hidden", "the module's __all__ does not list it"),
+    ],
+)
+def test_only_a_module_s_public_functions_may_be_called(
+    loaders: list[EpochModules], ref: str, why: str
+) -> None:
+    loader = loader_for(loaders, PUBLIC_RULES)
+    with pytest.raises(NotPublic) as refused:
+        loader.resolve(PUBLIC_RULES.epoch, ref)
+    module, _, function = ref.partition(".")
+    assert str(refused.value).startswith(
+        f"{module}.{function} in function code epoch {PUBLIC_RULES.epoch!r} cannot be called: {why}"
+    )
+
+
+def test_functions_and_classes_defined_in_the_module_and_what_all_lists_may_be_called(
+    loaders: list[EpochModules],
+) -> None:
+    loader = loader_for(loaders, PUBLIC_RULES)
+    assert loader.resolve(PUBLIC_RULES.epoch, "open.add")(1, 2) == 3
+    point: Any = loader.resolve(PUBLIC_RULES.epoch, "open.Point")(4)
+    assert point.x == 4
+    assert loader.resolve(PUBLIC_RULES.epoch, "listed.shown")() == 1
+    assert loader.resolve(PUBLIC_RULES.epoch, "listed.join")("a", "b") == "a/b"  # opted in
+    with pytest.raises(UnknownFunction):
+        loader.resolve(PUBLIC_RULES.epoch, "open.print")  # builtins are not the module's

@@ -243,6 +243,19 @@ async def test_an_unknown_function_is_reported_with_its_code() -> None:
     assert [failure.error_code for failure in outcome.failures] == [FailureCode.UNKNOWN_FUNCTION]
 
 
+async def test_a_module_s_internals_cannot_be_called_and_later_tasks_are_unharmed() -> None:
+    """`work.__setattr__("add", None)` would break every later task calling `work.add`."""
+    async with engine() as pool:
+        with trio.fail_after(30):
+            refused = await pool.run_calls("t1", CODE, calls("work.__setattr__", ("add", None)))
+            later = await pool.run_calls("t2", CODE, calls("work.add", (1, 2)))
+    assert (refused.ok, refused.failure_code) == (False, FailureCode.UNKNOWN_FUNCTION)
+    assert "work.__setattr__ in function code epoch" in refused.message
+    assert "cannot be called: names starting with '_' are private" in refused.message
+    assert later.ok
+    assert [decode_value(value) for value in later.outputs] == [3]
+
+
 async def test_a_cancelled_caller_cancels_its_task_and_the_task_id_can_run_again(
     tmp_path: Path,
 ) -> None:

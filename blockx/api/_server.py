@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
 from blockx.api._service import WorkerService
 from blockx.config import GrpcSection
+
+logger = logging.getLogger("blockx.api")
 
 SERVICE_NAME = "blockx.worker.v1.WorkerService"
 SERVED_SERVICES = (
@@ -83,7 +86,63 @@ class SizeLimitedCodec(ProtoCodec):
                 Status.RESOURCE_EXHAUSTED,
                 f"request of {len(data)} bytes exceeds grpcMaxMessageBytes ({self.max_bytes})",
             )
-        return super().decode(data, message_type)
+        problem = wire_problem(data)
+        if problem is None:
+            try:
+                return super().decode(data, message_type)
+            except Exception as error:  # the decoder's own complaint, whatever its class
+                problem = f"{type(error).__name__}: {error}"
+        logger.warning(
+            "malformed %s body refused (%d bytes): %s",
+            message_type.__name__,
+            len(data),
+            problem,
+        )
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request body: {problem}")
+
+
+def wire_problem(data: bytes) -> str | None:
+    """What makes `data` not a protobuf message at its top level (a field running past the
+    end, a bad varint, an unknown wire type), or None. The decoder takes a cut-off
+    length-delimited field as shorter, so a truncated body is caught here."""
+    position, end = 0, len(data)
+    try:
+        while position < end:
+            key, position = _varint(data, position)
+            wire_type = key & 7
+            if key >> 3 == 0:
+                return f"field number 0 at byte {position}"
+            if wire_type == 0:
+                _, position = _varint(data, position)
+            elif wire_type == 1:
+                position += 8
+            elif wire_type == 2:
+                length, position = _varint(data, position)
+                position += length
+            elif wire_type == 5:
+                position += 4
+            else:
+                return f"wire type {wire_type} of field {key >> 3} is not supported"
+            if position > end:
+                return f"field {key >> 3} runs past the end of the {end}-byte body"
+    except IndexError:
+        return f"a varint runs past the end of the {end}-byte body"
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+        if shift >= 64:
+            raise ValueError(f"a varint longer than 10 bytes at byte {position}")
 
 
 class _CorkedTransport:

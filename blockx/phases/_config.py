@@ -44,6 +44,8 @@ def parse_json(owner: str, what: str, text: str | bytes, error: type[PhaseFailed
         raise error(message=f"{owner}: {what} is not UTF-8 text: {exc}") from exc
     except RecursionError as exc:
         raise error(message=f"{owner}: {what} is nested too deeply") from exc
+    except ValueError as exc:  # JSON the parser refuses to hold, e.g. a 5,000-digit integer
+        raise error(message=f"{owner}: {what} cannot be read: {exc}") from exc
 
 
 def parse_config(

@@ -236,6 +236,21 @@ async def test_call_list_refuses_a_payload_that_is_not_json_naming_the_position(
     )
 
 
+async def test_a_payload_the_json_parser_refuses_to_hold_is_a_clean_refusal() -> None:
+    """A 5,000-digit integer is valid JSON that Python will not convert: it was a
+    ValueError escaping the builder (logged with a traceback), now BUILDER_FAILED."""
+    huge = "1" * 5000
+    error = await refusal(
+        PayloadBuilder(), request("payload", config={"function": "demo.echo"}, payload=huge)
+    )
+    assert error.message.startswith(
+        "payload: payload cannot be read: Exceeds the limit (4300 digits) for integer string "
+        "conversion"
+    )
+    error = await refusal(CallListBuilder(), request("call_list", payload=f"[{huge}]"))
+    assert error.message.startswith("call_list: payload cannot be read: Exceeds the limit")
+
+
 async def test_call_list_refuses_a_payload_that_is_not_utf8() -> None:
     error = await refusal(CallListBuilder(), request("call_list", payload=b'["\xff"]'))
     assert error.message.startswith("call_list: payload is not UTF-8 text")

@@ -9,6 +9,7 @@ state is left exactly as it was before the call.
 
 from __future__ import annotations
 
+import datetime
 import enum
 
 from blockx.errors import BlockxError, InvalidValue
@@ -57,13 +58,29 @@ class Unavailable(WorkerError):
 class InvalidSlot(WorkerError):
     code = ErrorCode.INVALID_SLOT
 
-    def __init__(self, *, task_id: str, slot_id: str, held_by: str | None, known: bool) -> None:
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        slot_id: str,
+        held_by: str | None,
+        known: bool,
+        lease_expired_at_ms: int | None = None,
+    ) -> None:
         self.task_id = task_id
         self.slot_id = slot_id
         self.held_by = held_by
         self.known = known
+        self.lease_expired_at_ms = lease_expired_at_ms
         if not known:
             why = "no such slot on this worker"
+        elif lease_expired_at_ms is not None:
+            at = datetime.datetime.fromtimestamp(lease_expired_at_ms / 1000, datetime.UTC)
+            why = (
+                f"its reservation lapsed: the lease expired at "
+                f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')} "
+                f"({lease_expired_at_ms} ms) before a task was submitted; reserve a slot again"
+            )
         elif held_by is None:
             why = "the slot is not reserved"
         else:

@@ -102,6 +102,9 @@ from blockx.slots._model import (
     TimerKind,
 )
 
+LAPSED_REMEMBERED = 10_000
+"""Lapsed reservations the machine remembers, to say why a late submit into one fails."""
+
 Step: TypeAlias = CoreStep[TaskSnapshot, Command]
 """For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias
 costs a failed attribute write on the frozen instance per step."""
@@ -237,6 +240,9 @@ class SlotMachine:
         # current are skipped and dropped lazily.
         self._timers: list[tuple[int, int, Timer]] = []
         self._log = StimulusLog()
+        self._lapsed: dict[str, tuple[str, int]] = {}
+        """Reservations whose lease expired unused, newest last: task id -> (slot id, expiry
+        ms), so a late submit into one is told so (at most `LAPSED_REMEMBERED`)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -439,8 +445,13 @@ class SlotMachine:
     def _invalid_slot(self, task_id: str, slot_id: str) -> InvalidSlot:
         index = self._slot_index.get(slot_id)
         held_by = None if index is None else self._slots[index].task_id
+        lapsed = self._lapsed.get(task_id)
         return InvalidSlot(
-            task_id=task_id, slot_id=slot_id, held_by=held_by, known=index is not None
+            task_id=task_id,
+            slot_id=slot_id,
+            held_by=held_by,
+            known=index is not None,
+            lease_expired_at_ms=lapsed[1] if lapsed and lapsed[0] == slot_id else None,
         )
 
     def _validate_spec(self, spec: TaskSpec) -> RetryPolicy:
@@ -480,6 +491,7 @@ class SlotMachine:
         slot.lease_ticket = self._arm(TimerKind.SLOT_LEASE, slot.slot_id, now_ms + ttl_ms)
         task = _Task(task_id=task_id, slot_index=index)
         self._live[task_id] = task
+        self._lapsed.pop(task_id, None)
         return task
 
     # -------------------------------------------------------------- activation
@@ -726,6 +738,10 @@ class SlotMachine:
                 message=f"the lease of {slot.slot_id} expired before activation",
                 retryable=True,
             )
+        assert slot.lease_expires_at_ms is not None
+        self._lapsed[task.task_id] = (slot.slot_id, slot.lease_expires_at_ms)
+        if len(self._lapsed) > LAPSED_REMEMBERED:
+            del self._lapsed[next(iter(self._lapsed))]
         self._release(task)
         forget = ForgetTask(
             task_id=task.task_id, reason=ForgetReason.LEASE_EXPIRED, stimulus_id=event.stimulus_id

@@ -884,3 +884,26 @@ def test_slot_config_accepts_its_boundaries() -> None:
     assert machine.config == config
     assert machine.slot_views() == (_free("slot-0"),)
     machine.check_invariants()
+
+
+def test_a_submit_into_a_lapsed_reservation_is_told_when_its_lease_expired(
+    machine: SlotMachine,
+) -> None:
+    machine.handle(requested("t1", now_ms=1_000_000, ttl_ms=1_500))
+    lease = timer_of(machine, TimerKind.SLOT_LEASE, "slot-0")
+    machine.handle(fired(lease, now_ms=1_001_500))
+
+    with pytest.raises(InvalidSlot) as exc:
+        machine.handle(submitted("t1", now_ms=1_002_000, slot_id="slot-0"))
+
+    assert exc.value.lease_expired_at_ms == 1_001_500
+    assert str(exc.value) == (
+        "slot_id='slot-0' cannot be used by task 't1': its reservation lapsed: the lease "
+        "expired at 1970-01-01T00:16:41.500Z (1001500 ms) before a task was "
+        "submitted; reserve a slot again"
+    )
+    # Reserved again, the task id is an ordinary one: no word of the old lease.
+    machine.handle(requested("t1", now_ms=1_003_000))
+    with pytest.raises(InvalidSlot) as again:
+        machine.handle(submitted("t1", now_ms=1_003_000, slot_id="slot-9"))
+    assert again.value.lease_expired_at_ms is None

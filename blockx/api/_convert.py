@@ -75,6 +75,7 @@ def spec_from_wire(task: Any) -> TaskSpec:
                 max_attempts=retry.max_attempts,
                 base_backoff_ms=retry.base_backoff_ms,
                 jitter_percent=retry.jitter_percent,
+                at_most_once=retry.at_most_once,
             )
             if task.HasField("call_retry_policy")
             else None

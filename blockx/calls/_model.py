@@ -36,6 +36,10 @@ class RetryPolicy:
     max_attempts: int
     base_backoff_ms: int
     jitter_percent: int
+    at_most_once: bool = False
+    """An attempt that may have run (its executor was lost or killed under it, its call
+    deadline passed while it ran) is never run again: for functions that are not
+    idempotent. Off, such a call runs again (at least once)."""
 
     def first_violation(self) -> tuple[str, int, str] | None:
         """(attribute, value, what is allowed) of the first out-of-range field, if any.

@@ -16,7 +16,10 @@ queued on them at once, which keeps their pipe full.
 2. Retries: a retryable failure with attempts left waits
    `base * 2**(attempt-1)` plus up to `jitter_percent` of that (scaled by the
    event's `draw`) and runs again, ahead of the task's fresh calls. A call
-   ends exactly once: succeeded, or failed for good.
+   ends exactly once: succeeded, or failed for good. An attempt that was
+   running when its executor left or its deadline passed may have had
+   effects: it runs again (at least once) unless the task's retry policy is
+   `at_most_once`, which fails the call with that code.
 3. Failure policy: fail fast ends the calls phase at the first call that
    failed for good and cancels the task's other calls; best effort runs every
    call and reports the failures.
@@ -333,6 +336,7 @@ class DispatchCore:
                 error_code=event.error_code,
                 message=f"executor {event.executor_id} left during the call",
                 retryable=True,
+                may_have_run=True,
                 now_ms=event.now_ms,
                 draw=event.draw,
                 commands=commands,
@@ -357,6 +361,7 @@ class DispatchCore:
                 error_code=FailureCode.DEADLINE_EXCEEDED,
                 message=f"call deadline {call.deadline_ms} ms passed",
                 retryable=True,
+                may_have_run=True,
                 now_ms=now_ms,
                 draw=event.draw,
                 commands=commands,
@@ -423,17 +428,17 @@ class DispatchCore:
         now_ms: int,
         draw: float,
         commands: list[DispatchCommand],
+        may_have_run: bool = False,
     ) -> None:
+        """`may_have_run`: the attempt was running when the core gave up on it (its
+        executor left, its deadline passed), so it may have had effects."""
         task = self._tasks[call.task_id]
         policy = task.policy
+        if may_have_run and policy.retry.at_most_once:
+            retryable = False
+            message += "; not run again: the task's retry policy is at most once"
         if retryable and call.tries < policy.retry.max_attempts:
-            task.retried += 1
-            due_ms = now_ms + policy.retry.backoff_ms(call.tries, draw)
-            if due_ms <= now_ms:
-                self._requeue(task, call)
-            else:
-                heapq.heappush(self._backoffs, (due_ms, next(self._seq), call))
-                self._ring_in(task)  # the window may have room for other calls now
+            self._retry_later(task, call, now_ms, policy.retry.backoff_ms(call.tries, draw))
             return
         call.ended = True
         if call.parent is not None:
@@ -471,6 +476,15 @@ class DispatchCore:
             return
         self._ring_in(task)
         self._maybe_finish(task, commands)
+
+    def _retry_later(self, task: _Task, call: _Call, now_ms: int, backoff_ms: int) -> None:
+        task.retried += 1
+        due_ms = now_ms + backoff_ms
+        if due_ms <= now_ms:
+            self._requeue(task, call)
+        else:
+            heapq.heappush(self._backoffs, (due_ms, next(self._seq), call))
+            self._ring_in(task)  # the window may have room for other calls now
 
     def _forget(self, task: _Task, call: _Call) -> None:
         """A top-level call ended: drop it (and its arguments), so a task streaming many

@@ -49,6 +49,7 @@ def call_policy(
     fail_fast: bool = True,
     window: int = 64,
     call_deadline_ms: int = 60_000,
+    at_most_once: bool = False,
 ) -> CallPolicy:
     """A `CallPolicy`; every figure not given is the old default one."""
     return CallPolicy(
@@ -56,6 +57,7 @@ def call_policy(
             max_attempts=max_attempts,
             base_backoff_ms=base_backoff_ms,
             jitter_percent=jitter_percent,
+            at_most_once=at_most_once,
         ),
         failure_policy=CallFailurePolicy.FAIL_FAST if fail_fast else CallFailurePolicy.BEST_EFFORT,
         window=window,

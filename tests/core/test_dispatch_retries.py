@@ -484,3 +484,47 @@ def test_executor_loss_failing_the_task_cancels_only_on_live_executors(
     )
     assert core.executor_ids() == ("e1",)
     assert core.task_ids() == ()
+
+
+@pytest.mark.parametrize("error_code", _LOSS_CODES)
+def test_at_most_once_never_runs_again_a_call_whose_executor_was_lost(
+    core: DispatchCore, error_code: FailureCode
+) -> None:
+    """A function that is not idempotent: its attempt may have run; it fails instead."""
+    core.handle(joined("e0", capacity=1, now_ms=0))
+    core.handle(joined("e1", capacity=1, now_ms=0))
+    policy = call_policy(max_attempts=3, base_backoff_ms=0, at_most_once=True)
+    start(core, "t1", "c0", now_ms=0, policy=policy)
+
+    assert core.handle(left("e0", now_ms=100, error_code=error_code)).commands == (
+        FinishCallPhase(
+            task_id="t1",
+            outcome=CallPhaseOutcome(
+                ok=False,
+                failure_code=error_code,
+                message="call c0 (work) failed after 1 attempt(s): executor e0 left during "
+                "the call; not run again: the task's retry policy is at most once",
+                retryable=False,
+                stats=CallStats(calls_total=1, calls_failed=1),
+            ),
+        ),
+    )
+    assert core.running_calls("e1") == ()
+
+
+def test_at_most_once_never_runs_again_a_call_whose_deadline_passed_while_it_ran(
+    core: DispatchCore,
+) -> None:
+    core.handle(joined("e0", capacity=1, now_ms=0))
+    policy = call_policy(max_attempts=3, base_backoff_ms=0, at_most_once=True)
+    start(core, "t1", "c0", now_ms=0, policy=policy)
+    deadline = core.next_deadline_ms()
+    assert deadline is not None
+    [cancelled_call, finished] = core.handle(ticked(deadline)).commands
+    assert cancelled_call == cancel("e0", ("c0", 1))
+    assert isinstance(finished, FinishCallPhase)
+    assert finished.outcome.failure_code == FailureCode.DEADLINE_EXCEEDED
+    assert not finished.outcome.retryable
+    assert finished.outcome.message.endswith(
+        "not run again: the task's retry policy is at most once"
+    )

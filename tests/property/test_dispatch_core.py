@@ -86,6 +86,7 @@ class DispatchTable(RuleBasedStateMachine):
         self.revoking: dict[tuple[str, int], str] = {}  # asked back: (call, attempt) -> executor
         self.revoked: collections.Counter[str] = collections.Counter()  # attempts given back
         self.succeeded: set[str] = set()
+        self.may_have_run: set[str] = set()  # attempts lost or cancelled while running
 
     # ---------------------------------------------------------------- driving
 
@@ -117,6 +118,7 @@ class DispatchTable(RuleBasedStateMachine):
                         self.revoking[call_id, attempt] = executor_id
                 case CancelCalls(executor_id=executor_id, attempts=attempts):
                     for call_id, attempt in attempts:
+                        self.may_have_run.add(call_id)
                         running = self.running.pop(call_id)
                         assert (running.executor_id, running.attempt) == (executor_id, attempt)
                         self.zombies[call_id, attempt] = executor_id
@@ -145,6 +147,8 @@ class DispatchTable(RuleBasedStateMachine):
         assert call_id not in self.succeeded, f"{call_id} ran again after it succeeded"
         assert attempt == self.attempts.get(call_id, 0) + 1
         assert attempt - self.revoked[call_id] <= record.policy.retry.max_attempts
+        if record.policy.retry.at_most_once:
+            assert call_id not in self.may_have_run, f"{call_id} may have run and ran again"
         self.attempts[call_id] = attempt
         self.running[call_id] = Running(
             executor_id=executor_id,
@@ -198,19 +202,25 @@ class DispatchTable(RuleBasedStateMachine):
         window=st.integers(1, 6),
         fail_fast=st.booleans(),
         call_deadline_ms=st.sampled_from([50, 1_000]),
+        at_most_once=st.booleans(),
     )
     def open_task(
         self,
+        *,
         max_attempts: int,
         base_backoff_ms: int,
         window: int,
         fail_fast: bool,
         call_deadline_ms: int,
+        at_most_once: bool,
     ) -> None:
         task_id = f"t{len(self.tasks)}"
         policy = CallPolicy(
             retry=RetryPolicy(
-                max_attempts=max_attempts, base_backoff_ms=base_backoff_ms, jitter_percent=5
+                max_attempts=max_attempts,
+                base_backoff_ms=base_backoff_ms,
+                jitter_percent=5,
+                at_most_once=at_most_once,
             ),
             failure_policy=CallFailurePolicy.FAIL_FAST
             if fail_fast
@@ -273,6 +283,7 @@ class DispatchTable(RuleBasedStateMachine):
         executor_id = data.draw(st.sampled_from(sorted(self.capacity)), label="executor_id")
         del self.capacity[executor_id]
         for call_id in [c for c, r in self.running.items() if r.executor_id == executor_id]:
+            self.may_have_run.add(call_id)
             del self.running[call_id]
             self.waiting.pop(call_id, None)
         for attempt in [a for a, e in self.zombies.items() if e == executor_id]:

@@ -343,6 +343,11 @@ class DispatcherSection:
     """Calls of one task in flight at once."""
     call_deadline_ms: int = _setting(60_000, "callDeadlineMs", "CALL_DEADLINE_MS", positive=True)
     executor_capacity: int = _setting(64, "executorCapacity", positive=True)
+    cancel_grace_ms: int = _setting(
+        2_000, "cancelGraceMs", "EXECUTOR_CANCEL_GRACE_MS", positive=True
+    )
+    """How long an executor may take to stop a cancelled call (it is interrupted at once)
+    before it is killed and replaced; meanwhile it is given no new calls."""
     """Calls queued on one executor at once."""
 
 

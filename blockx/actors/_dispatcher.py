@@ -53,6 +53,7 @@ from blockx.dispatch import (
     ExecutorJoined,
     ExecutorLeft,
     FinishCallPhase,
+    ReplaceExecutor,
     RevokeCalls,
     RunCalls,
     SubcallRequested,
@@ -103,7 +104,7 @@ class DispatcherActor:
         self._clock = clock
         self._stimuli = stimuli
         self._rng = rng or random.Random()
-        self._core = DispatchCore()
+        self._core = DispatchCore(cancel_grace_ms=settings.cancel_grace_ms)
         self._ids = CallIds()
         self._code: dict[str, FunctionSnapshot] = {}  # task id -> its pinned code
         self._pids: dict[str, int] = {}
@@ -330,6 +331,8 @@ class DispatcherActor:
                     self._send(
                         executor_id, SubcallResult(outcome=attrs.evolve(outcome, call_id=own_id))
                     )
+                case ReplaceExecutor(executor_id=executor_id, why=why):
+                    self._transport.replace(executor_id, why)
                 case FinishCallPhase(task_id=task_id, outcome=outcome):
                     self._end_stream(task_id)
                     self._code.pop(task_id, None)

@@ -12,6 +12,7 @@ from blockx.dispatch._commands import (
     DeliverSubcallResult,
     DispatchCommand,
     FinishCallPhase,
+    ReplaceExecutor,
     RevokeCalls,
     RunCalls,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "ExecutorJoined",
     "ExecutorLeft",
     "FinishCallPhase",
+    "ReplaceExecutor",
     "RevokeCalls",
     "RunCalls",
     "Step",

@@ -60,4 +60,15 @@ class FinishCallPhase:
     outcome: CallPhaseOutcome
 
 
-DispatchCommand = RunCalls | CancelCalls | RevokeCalls | DeliverSubcallResult | FinishCallPhase
+@attrs.frozen(kw_only=True)
+class ReplaceExecutor:
+    """`executor_id` has not stopped a cancelled call within the cancel grace: end its
+    process and start another (its `ExecutorLeft` follows)."""
+
+    executor_id: str
+    why: str
+
+
+DispatchCommand = (
+    RunCalls | CancelCalls | RevokeCalls | DeliverSubcallResult | FinishCallPhase | ReplaceExecutor
+)

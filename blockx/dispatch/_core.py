@@ -29,8 +29,12 @@ queued on them at once, which keeps their pipe full.
    window, so calls waiting on subcalls never starve the subcalls they wait
    for, however deep the chain.
 5. Cancellation: a cancelled or finished task's running calls are cancelled on
-   their executors and still occupy that room until the executor answers or
-   leaves; nothing of that task is ever dispatched again. A call whose
+   their executors; nothing of that task is ever dispatched again. An
+   executor holding a cancelled call (a zombie: no answer yet) gets no new
+   call of any task, and the calls queued on it are taken back at once
+   (rule 7's revocation), so no task waits behind a call that should stop.
+   One that still holds it `cancel_grace_ms` later is replaced
+   (`ReplaceExecutor`): its calls then fail as its leaving says. A call whose
    executor leaves or whose deadline passes fails retryably, and its
    outstanding subcalls are abandoned.
 6. Pure: no clock, no randomness, no IO. Time and draws come in on events.
@@ -70,6 +74,7 @@ from blockx.dispatch._commands import (
     DeliverSubcallResult,
     DispatchCommand,
     FinishCallPhase,
+    ReplaceExecutor,
     RevokeCalls,
     RunCalls,
 )
@@ -141,22 +146,29 @@ class _Executor:
     # Cancelled (call id, attempt) pairs whose answer has not been seen: they
     # still occupy the executor until it answers or leaves.
     zombies: set[tuple[str, int]] = attrs.Factory(set)
+    zombie_since_ms: int | None = None  # since when it has had a zombie without a break
+    replacing: bool = False  # ReplaceExecutor was sent: it is on its way out
     waiting: int = 0  # outstanding subcalls of its running calls
     leaving: bool = False
 
     def room(self) -> int:
-        """Room for fresh calls and retries."""
-        return self.capacity - len(self.running) - len(self.zombies)
+        """Room for fresh calls and retries: none while it holds a cancelled call (rule 5)."""
+        if self.zombies or self.replacing:
+            return 0
+        return self.capacity - len(self.running)
 
     def subcall_room(self) -> int:
         """Room for subcalls: one more unit per subcall its calls wait for."""
+        if self.zombies or self.replacing:
+            return 0
         return self.room() + self.waiting
 
 
 class DispatchCore:
     """Runs the calls of many tasks on many executors. See the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cancel_grace_ms: int = 2_000) -> None:
+        self._cancel_grace_ms = cancel_grace_ms
         self._tasks: dict[str, _Task] = {}
         self._executors: dict[str, _Executor] = {}
         self._ring: collections.deque[_Task] = collections.deque()
@@ -191,6 +203,11 @@ class DispatchCore:
         while self._deadlines and not self._deadline_current(self._deadlines[0]):
             heapq.heappop(self._deadlines)
         dues = [heap[0][0] for heap in (self._backoffs, self._deadlines) if heap]
+        dues.extend(
+            since + self._cancel_grace_ms
+            for executor in self._executors.values()
+            if (since := executor.zombie_since_ms) is not None and not executor.replacing
+        )
         return min(dues, default=None)
 
     # ---------------------------------------------------------------- mutator
@@ -230,6 +247,7 @@ class DispatchCore:
                 assert_never(event)
         self._pump(event.now_ms, commands)
         self._steal(commands)
+        self._watch_zombies(event.now_ms, commands)
         return CoreStep(commands=tuple(commands))
 
     # ----------------------------------------------------------------- events
@@ -668,6 +686,42 @@ class DispatchCore:
                     attempts=tuple((call.spec.call_id, call.attempts) for call in taken),
                 )
             )
+
+    def _watch_zombies(self, now_ms: int, commands: list[DispatchCommand]) -> None:
+        """Executors holding cancelled calls (rule 5): take back what is queued on them at
+        once; replace one that has held a cancelled call for `cancel_grace_ms`."""
+        for executor in self._executors.values():
+            if not executor.zombies:
+                executor.zombie_since_ms = None
+                continue
+            if executor.zombie_since_ms is None:
+                executor.zombie_since_ms = now_ms
+            queued = [
+                c
+                for c in executor.running.values()
+                if c.parent is None and not c.revoking and not c.waiting_on
+            ]
+            if queued and not executor.replacing:
+                for call in queued:
+                    call.revoking = True
+                commands.append(
+                    RevokeCalls(
+                        executor_id=executor.executor_id,
+                        attempts=tuple((c.spec.call_id, c.attempts) for c in queued),
+                    )
+                )
+            if (
+                not executor.replacing
+                and now_ms >= executor.zombie_since_ms + self._cancel_grace_ms
+            ):
+                executor.replacing = True
+                commands.append(
+                    ReplaceExecutor(
+                        executor_id=executor.executor_id,
+                        why=f"it held a cancelled call for {now_ms - executor.zombie_since_ms} ms "
+                        f"(the cancel grace is {self._cancel_grace_ms} ms)",
+                    )
+                )
 
     @staticmethod
     def _stealable(executor: _Executor) -> list[_Call]:

@@ -119,6 +119,11 @@ class ExecutorTransport(Protocol):
         sent together with others."""
         ...
 
+    def replace(self, executor_id: str, why: str) -> None:
+        """End `executor_id`'s process now and start another (it is reported down as
+        wedged, `why` in the log); nothing if it is not up."""
+        ...
+
     def snapshot(self) -> tuple[ExecutorView, ...]:
         """Every executor as it is now."""
         ...

@@ -240,6 +240,21 @@ class ExecutorPoolManager:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ExecutorUnavailable(executor_id=executor_id, state=executor.state.value) from None
 
+    def replace(self, executor_id: str, why: str) -> None:
+        executor = self._executors.get(executor_id)
+        incarnation = None if executor is None else executor.incarnation
+        if executor is None or incarnation is None or incarnation.down_reason is not None:
+            return
+        incarnation.going_down(DownReason.WEDGED)
+        executor.state = ExecutorState.WEDGED
+        logger.warning(
+            "executor %s (pid %d) did not stop a cancelled call: %s; killing it",
+            executor_id,
+            incarnation.process.pid,
+            why,
+        )
+        incarnation.process.kill()
+
     def snapshot(self) -> tuple[ExecutorView, ...]:
         return tuple(
             ExecutorView(

@@ -104,6 +104,14 @@ _KEPT_EPOCHS: Final = 4
 _NO_CALLABLE = (UnknownModule, UnknownFunction, NotCallable, NotPublic, InvalidFunctionRef)
 
 
+class _Interrupted(BaseException):
+    """Raised in a running call's code by `Executor._on_interrupt`."""
+
+
+INTERRUPT_SIGNAL: Final = signal.SIGUSR1
+"""Sent by the executor's reader thread to its main thread to stop a cancelled call."""
+
+
 class FunctionResolver(Protocol):
     """Turns `"module.function"` of a code epoch into the callable to run."""
 
@@ -214,6 +222,12 @@ class Executor:
         # (call id, attempt) of the running calls; the innermost (nested) call is last.
         self._running: list[_Attempt] = []
         self._cancelled: set[_Attempt] = set()  # running attempts the worker cancelled
+        # The attempt whose function code the main thread runs right now (None in the
+        # executor's own code and while a call waits on a subcall): written by the main
+        # thread only. `_interrupt` is the attempt the worker cancelled while it ran.
+        self._interruptible: _Attempt | None = None
+        self._interrupt: _Attempt | None = None
+        self._main_thread = threading.get_ident()  # `serve` runs on the main thread
         self._pending_subcalls: set[str] = set()
         self._subcall_results: dict[str, SubcallResult] = {}
         self._pending_code: set[str] = set()
@@ -230,6 +244,8 @@ class Executor:
     def serve(self) -> NoReturn:
         """Run on the main thread until Shutdown or end of file."""
         bind_subcall_port(self)
+        self._main_thread = threading.get_ident()
+        signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
         for target, name in ((self._read_loop, "reader"), (self._tick_loop, "ticker")):
             threading.Thread(target=self._guarded, args=(target,), name=name, daemon=True).start()
         while True:
@@ -342,13 +358,31 @@ class Executor:
     def _cancel(self, attempt: _Attempt) -> None:
         with self._cond:
             if not self._drop_queued(attempt):
-                if attempt in self._running:
+                if attempt in self._running and attempt not in self._cancelled:
                     self._cancelled.add(attempt)  # seen when it next waits on a subcall
                     self._cond.notify()
+                    # And interrupted now, if its own code runs (`_on_interrupt`).
+                    self._interrupt = attempt
+                    signal.pthread_kill(self._main_thread, INTERRUPT_SIGNAL)
                 return  # running, finished or unknown: its own result will tell
         self._unstarted(
             attempt, FailureCode.CALL_CANCELLED, "cancelled by the worker before it started"
         )
+
+    def _on_interrupt(self, signum: int, frame: object) -> None:
+        """The signal handler (main thread): stop the running call the worker cancelled.
+
+        Python runs it between two bytecodes of the main thread, or when a blocking
+        system call there (a sleep, a socket read) is interrupted, so a call spinning
+        in Python or waiting in a system call stops at once. It raises only inside
+        that call's own code (`_interruptible`), and once per cancel. Code that holds
+        the interpreter in C for long does not stop: the worker replaces the executor
+        after its cancel grace.
+        """
+        target = self._interrupt
+        if target is not None and target == self._interruptible:
+            self._interrupt = None
+            raise _Interrupted
 
     # --- the main loop ------------------------------------------------------------
 
@@ -438,8 +472,16 @@ class Executor:
             args, kwargs = decode_args(request.args)
         except InvalidArguments as exc:
             return failed(FailureCode.INVALID_ARGS, str(exc))
+        attempt = (request.call_id, request.attempt)
         try:
-            value = function(*args, **kwargs)
+            try:
+                self._interruptible = attempt
+                value = function(*args, **kwargs)
+            finally:
+                self._interruptible = None
+        except _Interrupted:
+            self._interruptible = None  # the handler may have run before the finally did
+            return failed(FailureCode.CALL_CANCELLED, "cancelled by the worker while it ran")
         except RetryableError as exc:
             return failed(FailureCode.CALL_RAISED_RETRYABLE, _describe(exc), retryable=True)
         except SubcallFailed as exc:
@@ -494,6 +536,15 @@ class Executor:
                 retryable=False,
             ) from exc
         subcall_id = f"{self._executor_id}.s{next(self._ids)}"
+        outer, self._interruptible = self._interruptible, None  # the wait is the executor's
+        try:
+            return self._await_subcall(subcall_id, caller, function, payload)
+        finally:
+            self._interruptible = outer
+
+    def _await_subcall(
+        self, subcall_id: str, caller: _Attempt, function: str, payload: bytes
+    ) -> Any:
         with self._cond:
             self._pending_subcalls.add(subcall_id)
         self._connection.send(
@@ -521,7 +572,15 @@ class Executor:
         )
 
     def _fetch_code(self, epoch: str, module: str) -> str:
-        """The `fetch` of the loader: a CodeRequest round trip."""
+        """The `fetch` of the loader: a CodeRequest round trip (not interrupted: a call
+        importing a module mid-run stops when its own code runs again)."""
+        outer, self._interruptible = self._interruptible, None
+        try:
+            return self._request_code(epoch, module)
+        finally:
+            self._interruptible = outer
+
+    def _request_code(self, epoch: str, module: str) -> str:
         request_id = f"{self._executor_id}.c{next(self._ids)}"
         with self._cond:
             self._pending_code.add(request_id)

@@ -50,8 +50,10 @@ class FakeExecutors:
     """One executor that runs calls in-process, implementing `ExecutorTransport`.
 
     `demo.add(a, b)` returns the sum, `demo.fail()` raises, `demo.hang()` never
-    answers until it is cancelled. `started` lists the task id of each run of a
-    task's calls, `cancelled` the task ids whose hanging call was cancelled.
+    answers until it is cancelled (then it answers CALL_CANCELLED, as an interrupted
+    call does). `started` lists the task id of each run of a task's calls,
+    `cancelled` the task ids whose hanging call was cancelled, `replaced` why each
+    replacement was asked for.
     Made with `healthy=False`, it comes up only when `become_healthy` is called.
     """
 
@@ -68,6 +70,7 @@ class FakeExecutors:
         self.first_healthy = trio.Event()
         self.started: list[str] = []
         self.cancelled: list[str] = []
+        self.replaced: list[str] = []
         self.hanging = trio.Event()
         self._runs: set[str] = set()
         self._hung: dict[tuple[str, int], str] = {}  # (call id, attempt) -> task id
@@ -103,6 +106,9 @@ class FakeExecutors:
             ),
         )
 
+    def replace(self, executor_id: str, why: str) -> None:
+        self.replaced.append(why)
+
     def send_frame(self, executor_id: str, frame: bytes, *, at_once: bool = False) -> None:
         message = decode_payload(frame[4:])
         assert isinstance(message, RunCalls)
@@ -113,8 +119,16 @@ class FakeExecutors:
     def send(self, executor_id: str, message: ToExecutor) -> None:
         if isinstance(message, CancelCall):
             task_id = self._hung.pop((message.call_id, message.attempt), None)
-            if task_id is not None:
+            if task_id is not None:  # interrupted, as a real executor interrupts it
                 self.cancelled.append(task_id)
+                stopped = CallOutcome.failure(
+                    call_id=message.call_id,
+                    attempt=message.attempt,
+                    error_code=FailureCode.CALL_CANCELLED,
+                    error_message="cancelled by the worker while it ran",
+                    retryable=False,
+                )
+                self._answer((stopped,))
 
     def _run(self, call: CallRequest) -> CallOutcome | None:
         run = call.call_id.partition(":")[0]

@@ -458,6 +458,7 @@ POSITIVE_SETTINGS = [
     "io.postgresConnections",
     "streamBuild.pendingCalls",
     "dispatcher.callWindow",
+    "dispatcher.cancelGraceMs",
     "dispatcher.callDeadlineMs",
     "dispatcher.executorCapacity",
     "functionCode.refreshMs",

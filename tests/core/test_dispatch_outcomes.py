@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from blockx.calls import CallFailure, CallPhaseOutcome, CallStats, FailureCode
-from blockx.dispatch import DispatchCore, FinishCallPhase
+from blockx.dispatch import DispatchCore, FinishCallPhase, ReplaceExecutor
 from tests.core.dispatch_helpers import (
     added,
     arrived,
@@ -17,10 +17,12 @@ from tests.core.dispatch_helpers import (
     dispatch,
     failed,
     joined,
+    left,
     observe,
     ok,
     retryable_failure,
     revoke,
+    revoked,
     run,
     start,
     ticked,
@@ -60,26 +62,58 @@ def test_fail_fast_ends_the_phase_at_the_first_final_failure(core: DispatchCore)
     assert core.running_calls("e1") == ()
 
 
-def test_cancelled_calls_hold_their_room_until_their_late_answers(core: DispatchCore) -> None:
+def test_an_executor_holding_a_cancelled_call_gets_no_new_calls_until_it_answers(
+    core: DispatchCore,
+) -> None:
     core.handle(joined("e0", capacity=2, now_ms=0))
     core.handle(joined("e1", capacity=2, now_ms=0))
     start(core, "t1", "c0", "c1", "c2", "c3", "c4", "c5", now_ms=0)
     core.handle(arrived("e0", failed("c0"), now_ms=10))
 
-    # Zombies: c2 on e0 (room 1), c1 and c3 on e1 (room 0).
-    assert start(core, "t2", "b0", "b1", "b2", now_ms=15) == (
-        run("e0", dispatch("b0", at_ms=15, task_id="t2")),
+    # Zombies: c2 on e0, c1 and c3 on e1: neither takes t2's calls while it holds one.
+    assert start(core, "t2", "b0", "b1", "b2", now_ms=15) == ()
+    # A late answer is ignored but ends the zombie; t1's queued c4 and c5 never run.
+    assert core.handle(arrived("e0", ok("c2"), now_ms=16)).commands == (
+        run("e0", dispatch("b0", at_ms=16, task_id="t2"), dispatch("b1", at_ms=16, task_id="t2")),
     )
-    # A late answer is ignored, but frees its room; t1's queued c4 and c5 never run.
-    assert core.handle(arrived("e1", ok("c1"), now_ms=20)).commands == (
-        run("e1", dispatch("b1", at_ms=20, task_id="t2")),
-    )
+    assert core.handle(arrived("e1", ok("c1"), now_ms=20)).commands == ()  # c3 still held
     assert core.handle(arrived("e1", failed("c3"), now_ms=21)).commands == (
         run("e1", dispatch("b2", at_ms=21, task_id="t2")),
     )
-    assert core.handle(arrived("e0", ok("c2"), now_ms=22)).commands == ()
-    assert core.running_calls("e0") == ("b0",)
-    assert core.running_calls("e1") == ("b1", "b2")
+    assert core.running_calls("e0") == ("b0", "b1")
+    assert core.running_calls("e1") == ("b2",)
+
+
+def test_calls_queued_behind_a_cancelled_call_are_taken_back_and_a_deaf_executor_replaced(
+    core: DispatchCore,
+) -> None:
+    """A cancelled call that will not stop (in C code, say): nothing waits behind it, and
+    its executor is replaced once the cancel grace (2 s here) has passed."""
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    start(core, "t1", "c0", now_ms=0)
+    assert start(core, "t2", "b0", "b1", now_ms=1) == (
+        run("e0", dispatch("b0", at_ms=1, task_id="t2"), dispatch("b1", at_ms=1, task_id="t2")),
+    )
+    assert core.handle(cancelled("t1", now_ms=10)).commands == (
+        cancel("e0", ("c0", 1)),
+        revoke("e0", ("b0", 1), ("b1", 1)),
+    )
+    # Given back; they wait for an executor that holds no cancelled call.
+    assert core.handle(arrived("e0", revoked("b0"), revoked("b1"), now_ms=11)).commands == ()
+    assert core.next_deadline_ms() == 2_010
+    [replace] = core.handle(ticked(2_010)).commands
+    assert replace == ReplaceExecutor(
+        executor_id="e0", why="it held a cancelled call for 2000 ms (the cancel grace is 2000 ms)"
+    )
+    assert core.handle(ticked(3_000)).commands == ()  # asked once
+    core.handle(left("e0", now_ms=3_100))
+    assert core.handle(joined("e1", capacity=4, now_ms=3_500)).commands == (
+        run(
+            "e1",
+            dispatch("b1", at_ms=3_500, task_id="t2", attempt=2),
+            dispatch("b0", at_ms=3_500, task_id="t2", attempt=2),
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -320,7 +354,7 @@ def test_a_cancelled_task_has_its_calls_cancelled_and_no_finish(core: DispatchCo
         cancel("e1", ("c1", 1), ("c3", 1)),
     )
     assert core.task_ids() == ()
-    assert core.next_deadline_ms() is None
+    assert core.next_deadline_ms() == 2_010  # the cancel grace of the executors holding them
 
     # Room frees as the cancelled calls answer, but nothing of t1 runs again.
     assert core.handle(arrived("e0", ok("c0"), failed("c2"), now_ms=20)).commands == ()

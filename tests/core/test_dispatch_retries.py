@@ -294,8 +294,8 @@ def test_a_call_past_its_deadline_is_retried_on_another_executor(core: DispatchC
 def test_answers_of_a_cancelled_attempt_are_told_apart_from_its_retry(
     core: DispatchCore,
 ) -> None:
-    # The timed-out attempt 1 of c0 still occupies e0 when attempt 2 lands on
-    # e0 beside it: the executor's answers name the attempt they belong to.
+    # The timed-out attempt 1 of c0 holds e0 until it answers, so attempt 2 goes to e1;
+    # once it answers, e0 takes calls again. Answers name the attempt they belong to.
     core.handle(joined("e0", capacity=2, now_ms=0))
     core.handle(joined("e1", capacity=1, now_ms=0))
     policy = call_policy(call_deadline_ms=1_000, base_backoff_ms=0, max_attempts=2)
@@ -303,17 +303,16 @@ def test_answers_of_a_cancelled_attempt_are_told_apart_from_its_retry(
         run("e0", dispatch("c0", at_ms=0, deadline_after_ms=1_000)),
     )
 
-    # Rooms (e0, e1) after the cancel: (1, 1); e0 comes first on a tie.
     assert core.handle(ticked(1_001)).commands == (
         cancel("e0", ("c0", 1)),
-        run("e0", dispatch("c0", at_ms=1_001, attempt=2, deadline_after_ms=1_000)),
+        run("e1", dispatch("c0", at_ms=1_001, attempt=2, deadline_after_ms=1_000)),
     )
-    assert core.running_calls("e0") == ("c0",)
+    assert core.running_calls("e1") == ("c0",)
 
     # The late failure of attempt 1 is dropped and attempt 2 keeps running.
     assert core.handle(arrived("e0", failed("c0", attempt=1), now_ms=1_100)).commands == ()
-    assert core.running_calls("e0") == ("c0",)
-    assert core.handle(arrived("e0", ok("c0", attempt=2), now_ms=1_200)).commands == (
+    assert core.running_calls("e1") == ("c0",)
+    assert core.handle(arrived("e1", ok("c0", attempt=2), now_ms=1_200)).commands == (
         _succeeded("t1", "c0", retried=1),
     )
 
@@ -353,7 +352,7 @@ def test_a_call_past_its_last_deadline_fails_the_task_retryably(core: DispatchCo
             ),
         ),
     )
-    assert core.next_deadline_ms() is None
+    assert core.next_deadline_ms() == 3_500  # e0's cancel grace, unless c0 stops before
 
 
 def test_next_deadline_reports_the_earliest_and_skips_stale_ones(core: DispatchCore) -> None:
@@ -380,6 +379,8 @@ def test_next_deadline_reports_the_earliest_and_skips_stale_ones(core: DispatchC
     assert core.next_deadline_ms() == 1_510
 
     assert core.handle(cancelled("t1", now_ms=600)).commands == (cancel("e0", ("c1", 2)),)
+    assert core.next_deadline_ms() == 2_600  # e0's cancel grace
+    assert core.handle(arrived("e0", ok("c1", attempt=2), now_ms=700)).commands == ()
     assert core.next_deadline_ms() is None
 
 

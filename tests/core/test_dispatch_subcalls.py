@@ -290,12 +290,12 @@ def test_a_parent_lost_with_its_executor_abandons_its_subcalls(core: DispatchCor
         run("e1", dispatch("s1", at_ms=10)),
     )
 
-    assert core.handle(left("e0", now_ms=50)).commands == (
-        cancel("e1", ("s1", 1)),
-        run("e1", dispatch("c0", at_ms=50, attempt=2)),
+    # The retry waits while e1 holds the abandoned subcall (it is being stopped).
+    assert core.handle(left("e0", now_ms=50)).commands == (cancel("e1", ("s1", 1)),)
+    # The abandoned subcall's late answer is dropped, and e1 takes the retry.
+    assert core.handle(arrived("e1", ok("s1"), now_ms=60)).commands == (
+        run("e1", dispatch("c0", at_ms=60, attempt=2)),
     )
-    # The abandoned subcall's late answer is dropped.
-    assert core.handle(arrived("e1", ok("s1"), now_ms=60)).commands == ()
     assert core.handle(arrived("e1", ok("c0", attempt=2), now_ms=70)).commands == (
         _succeeded("t1", "c0", subcalls=1, retried=1),
     )

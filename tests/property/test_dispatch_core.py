@@ -430,6 +430,8 @@ class DispatchTable(RuleBasedStateMachine):
     def request_subcall(self, data: st.DataObject) -> None:
         parent = data.draw(st.sampled_from(sorted(self.running)), label="parent")
         running = self.running[parent]
+        # It runs, so it has started: a revoke of it can no longer give it back.
+        self.revoking.pop((parent, running.attempt), None)
         subcall_id = f"s{next(self.ids)}"
         self.subcall_ids.add(subcall_id)
         self.call_task[subcall_id] = running.task_id

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
+import trio
 
 from blockx.calls import decode_args
-from blockx.phases.builders import BuilderFailed, DbscanBuilder
+from blockx.io import IOSystem
+from blockx.phases.builders import BuilderFailed, BuildRequest, DbscanBuilder
 from blockx.phases.builders._rows import RowCalls
-from tests.plugin_runs import run_stream
+from blockx.slots import FunctionCall
+from tests.plugin_runs import LIMITS, run_stream
 
 
 def args_of(batches: list[list[Any]]) -> list[list[Any]]:
@@ -175,3 +179,30 @@ async def test_a_json_lines_file_is_scanned_too(tmp_path: Path) -> None:
     assert args_of(await run_stream(DbscanBuilder(), config)) == [
         [{"kind": ["click", "view"], "n": [3, 7]}]
     ]
+
+
+async def test_a_cancelled_scan_stops_its_query_and_frees_the_connection() -> None:
+    """An abandoned scan thread would run its query for minutes and hold the connection:
+    DuckDB is told to interrupt it, so the connection answers again at once."""
+    scope = IOSystem(LIMITS).open_scope("t1")
+    config = {"query": "SELECT sum(range) FROM range(100000000000)", "function": "m.f"}
+    request = BuildRequest(
+        task_id="t1",
+        function_call=FunctionCall(type="dbscan", config_json=json.dumps(config)),
+        payload=b"",
+        task_code_epoch="e1",
+        io=scope,
+    )
+    try:
+        with trio.move_on_after(0.3) as waited:  # the task's deadline, say
+            async for _batch in DbscanBuilder().stream(request):
+                raise AssertionError("the query cannot have ended yet")
+        assert waited.cancelled_caught
+        connection = await scope.connect("duckdb", ":memory:")
+        with trio.fail_after(10):  # busy until the query ends, unless it was interrupted
+            answer = await trio.to_thread.run_sync(
+                lambda: connection.execute("SELECT 42").fetchall(), abandon_on_cancel=True
+            )
+        assert answer == [(42,)]
+    finally:
+        await scope.aclose()

@@ -9,17 +9,18 @@ only, each under its name) or over `database` (a DuckDB file; a private
 in-memory one by default). No payload. The connection comes from the task's
 IO scope; the query and every read of its rows run on a worker thread,
 abandoned (not waited for) when the task is cancelled or the phase IO
-timeout passes. The SQLite and PostgreSQL scanners are loaded from their
-Python packages, never downloaded.
+timeout passes, and DuckDB is told to interrupt the query then. The SQLite
+and PostgreSQL scanners are loaded from their Python packages, never
+downloaded.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -35,6 +36,7 @@ NAME: Final = "dbscan"
 CONFIG_KEYS: Final = ("query", "parameters", "database", "attach", *ROW_KEYS)
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _SCANNERS: Final = {"sqlite": "sqlite_scanner", "postgres": "postgres_scanner"}
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True)
@@ -196,10 +198,19 @@ class DbscanBuilder:
             connection = await request.io.connect("duckdb", scan.database)
         except IOScopeError as error:
             raise BuilderFailed(message=f"{NAME}: {error.message}", retryable=True) from error
-        reader = await trio.to_thread.run_sync(_start, connection, scan, abandon_on_cancel=True)
+        reader = await _interruptible(connection, _start, connection, scan)
         first = 0
-        while calls := await trio.to_thread.run_sync(
-            _read, reader, scan, first, abandon_on_cancel=True
-        ):
+        while calls := await _interruptible(connection, _read, reader, scan, first):
             first += len(calls)
             yield calls
+
+
+async def _interruptible(connection: Any, work: Callable[..., T], *args: Any) -> T:
+    """`work` on a worker thread; cancelled (the task ended, the phase IO timeout), the
+    thread is left to end and DuckDB is told to stop the query it runs, so an abandoned
+    scan neither burns a CPU nor keeps the connection busy."""
+    try:
+        return await trio.to_thread.run_sync(work, *args, abandon_on_cancel=True)
+    except trio.Cancelled:
+        connection.interrupt()
+        raise

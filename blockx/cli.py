@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import functools
 import json
+import os
 import re
 import sys
 import textwrap
@@ -40,6 +41,7 @@ from tqdm import tqdm
 
 from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.auth import TOKEN_FILE_ENV, bearer_token
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
     InvalidOutputs,
@@ -359,10 +361,13 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) -> int:
-    """`action` with a client of `address`, in its own `trio.run` on trio-asyncio's loop."""
+    """`action` with a client of `address`, in its own `trio.run` on trio-asyncio's loop;
+    with the worker's bearer token when WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE
+    gives one (`blockx.auth`), as the worker reads them."""
+    token = bearer_token(os.environ.get(TOKEN_FILE_ENV, ""))
 
     async def in_loop() -> int:
-        async with trio_asyncio.open_loop(), WorkerClient.connect(address) as client:
+        async with trio_asyncio.open_loop(), WorkerClient.connect(address, token=token) as client:
             return await action(client)
 
     with lone_errors():

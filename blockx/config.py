@@ -471,6 +471,9 @@ class GrpcSection:
     """"thread": the server on uvloop in a thread of its own (faster); "trio-asyncio": on
     trio-asyncio's loop in the worker's one thread (see `blockx.api._bridge`)."""
     pin_loop_threads: bool = _setting(True, "pinLoopThreads", "WORKER_PIN_LOOP_THREADS", _BOOL)
+    auth_token_file: str = _setting("", "grpcAuthTokenFile", "WORKER_AUTH_TOKEN_FILE", _STR)
+    """A file holding the bearer token every RPC but health must carry (`blockx.auth`;
+    the token may also come from WORKER_AUTH_TOKEN). "" and no variable: no token."""
     """With `loop` "thread": keep Trio's and the server's loop threads on one CPU (they take
     turns holding the GIL; see `blockx._affinity`). Other threads and the executors keep
     every CPU the worker was given."""

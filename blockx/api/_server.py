@@ -42,6 +42,7 @@ from blockx._proto.google_proto_descriptor_pool import default_google_proto_desc
 from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
 from blockx.api._service import WorkerService
+from blockx.auth import bearer_token, check_bearer
 from blockx.config import GrpcSection
 
 logger = logging.getLogger("blockx.api")
@@ -219,6 +220,7 @@ class GrpcFrontEnd:
     ) -> None:
         self.service = service
         self._on_rpc = on_rpc
+        self._token = bearer_token(settings.auth_token_file)
         self.health_status = ServiceStatus()
         self.health_status.set(False)
         self._max_message_bytes = settings.max_message_bytes
@@ -272,6 +274,8 @@ class GrpcFrontEnd:
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
         )
+        if self._token is not None:
+            listen(self._server, RecvRequest, check_bearer(self._token))
         if self._on_rpc is not None:
             listen(self._server, RecvRequest, functools.partial(_observe_call, self._on_rpc))
         await self._server.start(sock=listener)

@@ -42,12 +42,14 @@ import trio
 import trio_asyncio
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
+from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import ProtocolError as H2ProtocolError
 
 from blockx._channels import asyncio_loop, open_channels, split_host_port
 from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.auth import send_bearer
 from blockx.client._errors import (
     InvalidWorkerAddress,
     WatchEndedEarly,
@@ -93,15 +95,20 @@ class WorkerClient:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, address: str) -> AsyncIterator[WorkerClient]:
+    async def connect(
+        cls, address: str, *, token: str | None = None
+    ) -> AsyncIterator[WorkerClient]:
         """A client of the worker at `address` ("host:port"); the channel closes on exit.
 
+        `token`: the worker's bearer token, sent with every call (`blockx.auth`).
         Must be entered inside `async with trio_asyncio.open_loop():`. Connecting
         is lazy: an unreachable worker fails the first call, not this.
         """
         host, port = parse_worker_address(address)
         loop = asyncio_loop("WorkerClient.connect")
         async with open_channels(loop, [(host, port)]) as (channel,):
+            if token is not None:
+                listen(channel, SendRequest, send_bearer(token))
             yield cls(address=address, channel=channel, loop=loop)
 
     # --- unary calls -----------------------------------------------------------------------

@@ -39,6 +39,7 @@ from blockx.dispatch import (
     ExecutorJoined,
     ExecutorLeft,
     FinishCallPhase,
+    ReplaceExecutor,
     RevokeCalls,
     RunCalls,
     SubcallRequested,
@@ -87,6 +88,7 @@ class DispatchTable(RuleBasedStateMachine):
         self.revoked: collections.Counter[str] = collections.Counter()  # attempts given back
         self.succeeded: set[str] = set()
         self.may_have_run: set[str] = set()  # attempts lost or cancelled while running
+        self.replacing: set[str] = set()  # executors the core asked to replace
 
     # ---------------------------------------------------------------- driving
 
@@ -106,7 +108,8 @@ class DispatchTable(RuleBasedStateMachine):
                     for call in calls:
                         self._check_room_for(executor_id, call.call_id)
                         self._started(executor_id, call.call_id, call.task_id, call.attempt)
-                        per_task[call.task_id] += 1
+                        if call.call_id not in self.subcall_ids:  # subcalls go first (rule 4)
+                            per_task[call.task_id] += 1
                 case RevokeCalls(executor_id=executor_id, attempts=attempts):
                     assert attempts, "empty RevokeCalls"
                     for call_id, attempt in attempts:
@@ -126,6 +129,10 @@ class DispatchTable(RuleBasedStateMachine):
                 case DeliverSubcallResult(parent_call_id=parent, parent_attempt=attempt):
                     if parent in self.running and self.running[parent].attempt == attempt:
                         self.waiting[parent] -= 1
+                case ReplaceExecutor(executor_id=executor_id):
+                    assert executor_id in self.capacity
+                    assert any(e == executor_id for e in self.zombies.values())
+                    self.replacing.add(executor_id)
                 case FinishCallPhase(task_id=task_id, outcome=outcome):
                     record = self.tasks[task_id]
                     assert not record.ended, f"{task_id} finished twice"
@@ -281,6 +288,17 @@ class DispatchTable(RuleBasedStateMachine):
     )
     def lose_executor(self, data: st.DataObject, code: FailureCode, draw: float) -> None:
         executor_id = data.draw(st.sampled_from(sorted(self.capacity)), label="executor_id")
+        self._lose(executor_id, code, draw)
+
+    @precondition(lambda self: self.replacing)
+    @rule(data=st.data())
+    def replace_executor(self, data: st.DataObject) -> None:
+        """The pool carries out a ReplaceExecutor: the process is killed and leaves."""
+        executor_id = data.draw(st.sampled_from(sorted(self.replacing)), label="executor_id")
+        self._lose(executor_id, FailureCode.EXECUTOR_WEDGED, 0.0)
+
+    def _lose(self, executor_id: str, code: FailureCode, draw: float) -> None:
+        self.replacing.discard(executor_id)
         del self.capacity[executor_id]
         for call_id in [c for c, r in self.running.items() if r.executor_id == executor_id]:
             self.may_have_run.add(call_id)
@@ -508,8 +526,12 @@ class DispatchTable(RuleBasedStateMachine):
             pending = [t for t, r in self.tasks.items() if not r.ended]
             if not pending:
                 break
+            if not self.capacity:  # the last one was replaced
+                self.join_executor("e0", 2)
             if completable := self._completable():
                 self._succeed_all_on(self.running[completable[0]].executor_id)
+            elif self.replacing:
+                self._lose(min(self.replacing), FailureCode.EXECUTOR_WEDGED, 0.0)
             elif self.zombies:
                 self._answer_zombie(next(iter(self.zombies)))
             else:

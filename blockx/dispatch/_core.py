@@ -53,6 +53,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+from collections.abc import Iterable
 from typing import TypeAlias, assert_never
 
 import attrs
@@ -677,15 +678,8 @@ class DispatchCore:
             if not queued:
                 return
             taken = queued[len(queued) // 2 :][-executor.capacity :]
-            for call in taken:
-                call.revoking = True
             assert taken[0].executor_id is not None
-            commands.append(
-                RevokeCalls(
-                    executor_id=taken[0].executor_id,
-                    attempts=tuple((call.spec.call_id, call.attempts) for call in taken),
-                )
-            )
+            self._revoke(taken[0].executor_id, taken, commands)
 
     def _watch_zombies(self, now_ms: int, commands: list[DispatchCommand]) -> None:
         """Executors holding cancelled calls (rule 5): take back what is queued on them at
@@ -696,20 +690,9 @@ class DispatchCore:
                 continue
             if executor.zombie_since_ms is None:
                 executor.zombie_since_ms = now_ms
-            queued = [
-                c
-                for c in executor.running.values()
-                if c.parent is None and not c.revoking and not c.waiting_on
-            ]
+            queued = self._revocable(executor.running.values())
             if queued and not executor.replacing:
-                for call in queued:
-                    call.revoking = True
-                commands.append(
-                    RevokeCalls(
-                        executor_id=executor.executor_id,
-                        attempts=tuple((c.spec.call_id, c.attempts) for c in queued),
-                    )
-                )
+                self._revoke(executor.executor_id, queued, commands)
             if (
                 not executor.replacing
                 and now_ms >= executor.zombie_since_ms + self._cancel_grace_ms
@@ -727,8 +710,25 @@ class DispatchCore:
     def _stealable(executor: _Executor) -> list[_Call]:
         """Its top-level calls that may still be queued, oldest first: all but its oldest
         (which it runs, or has run), neither waiting on subcalls nor being revoked."""
-        calls = list(executor.running.values())[1:]
+        return DispatchCore._revocable(list(executor.running.values())[1:])
+
+    @staticmethod
+    def _revocable(calls: Iterable[_Call]) -> list[_Call]:
+        """Those of `calls` an executor may give back: top-level, not waiting on subcalls
+        (so not started), not being revoked already."""
         return [c for c in calls if c.parent is None and not c.revoking and not c.waiting_on]
+
+    @staticmethod
+    def _revoke(executor_id: str, calls: list[_Call], commands: list[DispatchCommand]) -> None:
+        """Ask `executor_id` to give `calls` back (those it has not started)."""
+        for call in calls:
+            call.revoking = True
+        commands.append(
+            RevokeCalls(
+                executor_id=executor_id,
+                attempts=tuple((call.spec.call_id, call.attempts) for call in calls),
+            )
+        )
 
     def _start(
         self,

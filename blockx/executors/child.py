@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn, Protocol
 
 from blockx._process import rss_bytes, tune_gc
@@ -244,7 +244,6 @@ class Executor:
     def serve(self) -> NoReturn:
         """Run on the main thread until Shutdown or end of file."""
         bind_subcall_port(self)
-        self._main_thread = threading.get_ident()
         signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
         for target, name in ((self._read_loop, "reader"), (self._tick_loop, "ticker")):
             threading.Thread(target=self._guarded, args=(target,), name=name, daemon=True).start()
@@ -383,6 +382,16 @@ class Executor:
         if target is not None and target == self._interruptible:
             self._interrupt = None
             raise _Interrupted
+
+    @contextlib.contextmanager
+    def _not_interruptible(self) -> Iterator[None]:
+        """While the running call waits in the executor's own code (a subcall, a code
+        fetch): no interrupt lands there; the call's own code is interruptible after."""
+        outer, self._interruptible = self._interruptible, None
+        try:
+            yield
+        finally:
+            self._interruptible = outer
 
     # --- the main loop ------------------------------------------------------------
 
@@ -536,11 +545,8 @@ class Executor:
                 retryable=False,
             ) from exc
         subcall_id = f"{self._executor_id}.s{next(self._ids)}"
-        outer, self._interruptible = self._interruptible, None  # the wait is the executor's
-        try:
+        with self._not_interruptible():  # the wait is the executor's own code
             return self._await_subcall(subcall_id, caller, function, payload)
-        finally:
-            self._interruptible = outer
 
     def _await_subcall(
         self, subcall_id: str, caller: _Attempt, function: str, payload: bytes
@@ -574,11 +580,8 @@ class Executor:
     def _fetch_code(self, epoch: str, module: str) -> str:
         """The `fetch` of the loader: a CodeRequest round trip (not interrupted: a call
         importing a module mid-run stops when its own code runs again)."""
-        outer, self._interruptible = self._interruptible, None
-        try:
+        with self._not_interruptible():
             return self._request_code(epoch, module)
-        finally:
-            self._interruptible = outer
 
     def _request_code(self, epoch: str, module: str) -> str:
         request_id = f"{self._executor_id}.c{next(self._ids)}"

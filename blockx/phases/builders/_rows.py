@@ -98,8 +98,6 @@ class RowCalls:
                 shaped = [dict(zip(names, row, strict=True)) for row in piece]
             elif self.shape == "columns":
                 shaped = dict(zip(names, map(list, zip(*piece, strict=True)), strict=True))
-                if not piece:
-                    shaped = {name: [] for name in names}
             else:
                 shaped = piece
             try:

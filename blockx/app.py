@@ -114,7 +114,7 @@ class Serving:
         return cls(
             port=int(listener.getsockname()[1]),
             worker_addr=actors.probe.identity.worker_addr,
-            ready=actors.transport.first_healthy,
+            ready=front_end.first_serving,
             slot_table=actors.inboxes.slot_table,
             front_end=front_end,
             metrics_port=metrics_port,
@@ -171,9 +171,7 @@ async def serve(
                         system, config, metrics, metrics_socket, actors.probe
                     )
                     registrar = _registrar(config, actors.probe)
-                    system.start_soon(
-                        _announce_ready, actors, front_end, profile, config, registrar
-                    )
+                    system.start_soon(_announce_ready, actors, front_end, config, registrar, stop)
                     started.set()
                     task_status.started(Serving.of(listener, actors, front_end, metrics_port))
                     await stop.wait()
@@ -314,7 +312,7 @@ async def _serve_rpcs(
         slot_table=actors.inboxes.slot_table,
         identity=actors.probe.identity,
         executors=actors.transport.snapshot,
-        ready=actors.transport.first_healthy.is_set,
+        ready=lambda: actors.readiness.ready,
         shadow=shadow.offer if shadow is not None else None,
     )
     on_rpc = metrics.rpc_finished if metrics is not None else None
@@ -390,25 +388,47 @@ def _registrar(config: WorkerConfig, probe: ActorProbe) -> Registrar | None:
 async def _announce_ready(
     actors: WorkerActors,
     front_end: GrpcFrontEnd,
-    profile: Profile,
     config: WorkerConfig,
     registrar: Registrar | None,
+    stop: trio.Event,
 ) -> None:
-    await actors.transport.first_healthy.wait()
-    if front_end.service.closing:
+    await actors.readiness.wait_until(True)
+    if stop.is_set():
         return
     front_end.set_serving(True)
     logger.info(
         "worker ready on %s (listening %s; profile %s, %d slots, %d executors)",
         actors.probe.identity.worker_addr,
         config.listen_addr,
-        profile.deployment,
+        actors.probe.identity.deployment,
         config.worker.task_slots,
         config.executor.count,
     )
     flush_logs()  # what process managers and scripts wait for: never held
-    if registrar is not None:
-        await registrar.run()  # until the drain deregisters
+    async with trio.open_nursery() as nursery:
+        if registrar is not None:
+            nursery.start_soon(registrar.run)  # until the drain deregisters
+        await _follow_readiness(actors, front_end, stop)
+
+
+async def _follow_readiness(
+    actors: WorkerActors, front_end: GrpcFrontEnd, stop: trio.Event
+) -> None:
+    """Health follows the executors: NOT_SERVING while none is up (every one crashed and
+    the pool backs off before restarting them), SERVING again once one is; the slot
+    table refuses new work meanwhile. Ends when the worker stops."""
+    readiness = actors.readiness
+    while True:
+        await readiness.wait_until(False)
+        if stop.is_set():
+            return
+        front_end.set_serving(False)
+        logger.warning("no executor is up: the worker admits no new work until one restarts")
+        await readiness.wait_until(True)
+        if stop.is_set():
+            return
+        front_end.set_serving(True)
+        logger.info("an executor is up again: the worker admits work")
 
 
 async def _stop_serving(actors: WorkerActors, front_end: GrpcFrontEnd) -> None:

@@ -29,6 +29,7 @@ from blockx.actors._messages import (
     SlotTableMessage,
     WorkerStatus,
 )
+from blockx.actors._readiness import Readiness
 from blockx.actors._slot_table import SlotTableActor
 from blockx.actors._task import Admission, TaskRuntime
 from blockx.actors._watch import WatchHub
@@ -78,6 +79,8 @@ class WorkerActors:
     probe: ActorProbe
     drained: trio.Event
     """Set once draining started and no task is live any more."""
+    readiness: Readiness
+    """Whether some executor is up: the worker admits work only then."""
 
 
 @attrs.frozen(kw_only=True)
@@ -129,6 +132,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
     hub = WatchHub(slot_table=inboxes.slot_table)
     transport = parts.executors(config.pool_config(), inboxes.executor_events(), parts.clock)
     await nursery.start(transport.run)
+    executors_up, readiness = Readiness(), Readiness()
     dispatcher = DispatcherActor(
         inbox=inboxes.dispatcher,
         transport=transport,
@@ -136,6 +140,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
         settings=config.dispatcher,
         clock=parts.clock,
         stimuli=stimuli,
+        readiness=executors_up,
     )
     await nursery.start(dispatcher.run)
     runtime = _task_runtime(parts)
@@ -155,7 +160,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 on_finished=parts.on_finished,
             )
             await nursery.start(slot_table.run)
-            nursery.start_soon(_mark_ready, transport, inboxes.slot_table)
+            nursery.start_soon(_follow_readiness, executors_up, inboxes.slot_table, readiness)
             probe = ActorProbe(
                 slot_table=inboxes.slot_table,
                 hub=hub,
@@ -169,6 +174,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 hub=hub,
                 probe=probe,
                 drained=slot_table.drained,
+                readiness=readiness,
             )
     finally:
         with trio.CancelScope(shield=True):
@@ -176,10 +182,17 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
             await transport.stop()
 
 
-async def _mark_ready(transport: ExecutorTransport, slot_table: Inbox[SlotTableMessage]) -> None:
-    """Readiness lives in the slot table: it admits work once an executor is healthy."""
-    await transport.first_healthy.wait()
-    slot_table.post(MarkReady())
+async def _follow_readiness(
+    executors_up: Readiness, slot_table: Inbox[SlotTableMessage], readiness: Readiness
+) -> None:
+    """The slot table admits work only while some executor is up: tell it each change,
+    then `readiness`, which the rest of the worker follows (so whatever it sends after
+    seeing a change reaches the slot table after the change did)."""
+    while True:
+        ready = not readiness.ready
+        await executors_up.wait_until(ready)
+        slot_table.post(MarkReady(ready=ready))
+        readiness.set(ready)
 
 
 def _task_runtime(parts: ActorParts) -> TaskRuntime:

@@ -38,6 +38,7 @@ from blockx.actors._messages import (
     SlotTableMessage,
     StreamFailed,
 )
+from blockx.actors._readiness import Readiness
 from blockx.calls import CallPhaseOutcome, CallSpec, FailureCode, StimulusIds
 from blockx.config import DispatcherSection
 from blockx.dispatch import (
@@ -96,6 +97,7 @@ class DispatcherActor:
         clock: WorkerClock,
         stimuli: StimulusIds,
         rng: random.Random | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self._receive = inbox.receive
         self._transport = transport
@@ -104,6 +106,7 @@ class DispatcherActor:
         self._clock = clock
         self._stimuli = stimuli
         self._rng = rng or random.Random()
+        self._readiness = readiness or Readiness()
         self._core = DispatchCore(cancel_grace_ms=settings.cancel_grace_ms)
         self._ids = CallIds()
         self._code: dict[str, FunctionSnapshot] = {}  # task id -> its pinned code
@@ -159,6 +162,7 @@ class DispatcherActor:
                         stimulus_id=stimulus_id,
                     )
                 )
+                self._readiness.set(True)
             case ExecutorDown(executor_id=executor_id, reason=reason):
                 self._ids.forget_executor(executor_id, self._pids.pop(executor_id, 0))
                 now_ms, stimulus_id = self._stamp("down")
@@ -171,6 +175,7 @@ class DispatcherActor:
                         draw=self._rng.random(),
                     )
                 )
+                self._readiness.set(bool(self._pids))
             case ExecutorMessage():
                 self._on_executor_message(message)
 

@@ -117,7 +117,9 @@ class CodeLoaded:
 
 @attrs.frozen(kw_only=True)
 class MarkReady:
-    """The first executor is healthy: admit work from now on."""
+    """Some executor is healthy (`ready`), or none is any more: admit work only while one is."""
+
+    ready: bool = True
 
 
 @attrs.frozen(kw_only=True)

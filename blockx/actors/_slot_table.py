@@ -234,9 +234,9 @@ class SlotTableActor:
                     self._code.observe(snapshot, self._clock.now_ms())
                 except FunctionCodeError as error:
                     logger.warning("function code epoch %s refused: %s", snapshot.epoch, error)
-            case MarkReady():
+            case MarkReady(ready=ready):
                 now_ms, stimulus_id = self._stamp("ready")
-                self._apply(WorkerReady(now_ms=now_ms, stimulus_id=stimulus_id))
+                self._apply(WorkerReady(now_ms=now_ms, stimulus_id=stimulus_id, ready=ready))
             case StartDrain():
                 self._slot_freed = True  # held submits are refused now
                 now_ms, stimulus_id = self._stamp("drain")

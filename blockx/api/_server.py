@@ -223,6 +223,8 @@ class GrpcFrontEnd:
         self._token = bearer_token(settings.auth_token_file)
         self.health_status = ServiceStatus()
         self.health_status.set(False)
+        self.first_serving = trio.Event()
+        """Set the first time health turns SERVING: the worker announced it is ready."""
         self._max_message_bytes = settings.max_message_bytes
         self._config = Configuration(
             _keepalive_time=settings.keepalive_time_ms / 1000,
@@ -282,6 +284,8 @@ class GrpcFrontEnd:
 
     def set_serving(self, serving: bool) -> None:
         self.service.bridge.to_loop(self.health_status.set, serving)
+        if serving:
+            self.first_serving.set()
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new requests, stop listening, wait up to `grace_s` for open calls."""

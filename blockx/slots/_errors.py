@@ -51,7 +51,7 @@ class Unavailable(WorkerError):
     def __init__(self, *, task_id: str, ready: bool = True) -> None:
         self.task_id = task_id
         self.ready = ready
-        why = "draining" if ready else "not ready (no executor is healthy yet)"
+        why = "draining" if ready else "not ready (no executor is healthy)"
         super().__init__(f"worker is {why} and admits no new work (task {task_id!r})")
 
 

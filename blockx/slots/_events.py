@@ -129,10 +129,12 @@ class TimerFired:
 
 @attrs.frozen(kw_only=True)
 class WorkerReady:
-    """An executor became healthy for the first time: the worker admits work from now on."""
+    """Whether any executor is healthy changed: the worker admits work only while one is
+    (`ready`), and not before the first is up."""
 
     now_ms: int
     stimulus_id: str
+    ready: bool = True
 
 
 @attrs.frozen(kw_only=True)

@@ -21,7 +21,8 @@ Rules:
 2. Idempotency by task id wins over everything else: a known live task
    answers its snapshot, a retained one its terminal snapshot. Only then do
    readiness, draining, capacity and slot checks apply: nothing is admitted
-   before `WorkerReady` (the first healthy executor) or after `DrainStarted`.
+   while no executor is healthy (`WorkerReady`, before the first and whenever
+   all are down) or after `DrainStarted`.
 3. Phases go PREPARING → BUILDER → CALLS → PLUGIN → TERMINAL. A report for a
    phase the task is not in (late, duplicated, or for a finished task) is
    ignored. Once submitted, every failure ends as a terminal `TaskResult`.
@@ -292,6 +293,7 @@ class SlotMachine:
             free_slots=len(self._slots) - reserved - running,
             active_tasks=self.active_task_count(),
             draining=self._draining,
+            ready=self._ready,
         )
 
     def get_result(self, task_id: str) -> TaskSnapshot:
@@ -346,8 +348,8 @@ class SlotMachine:
                 return self._on_watch_disconnected(event)
             case TimerFired():
                 return self._on_timer_fired(event)
-            case WorkerReady():
-                self._ready = True
+            case WorkerReady(ready=ready):
+                self._ready = ready
                 return CoreStep()
             case DrainStarted():
                 self._draining = True

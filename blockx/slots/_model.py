@@ -242,6 +242,8 @@ class Heartbeat:
     free_slots: int
     active_tasks: int
     draining: bool
+    ready: bool
+    """An executor is healthy: the worker admits work (unless draining)."""
 
 
 @attrs.frozen(kw_only=True, order=False)

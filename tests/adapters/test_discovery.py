@@ -178,6 +178,7 @@ def test_the_heartbeat_is_derived_from_the_slot_table_and_the_healthy_executors(
         free_slots=3,
         active_tasks=3,
         draining=True,
+        ready=True,
     )
     views = [
         ExecutorView(

@@ -78,6 +78,7 @@ def test_slots_are_numbered_from_zero_and_start_free(machine: SlotMachine) -> No
         free_slots=3,
         active_tasks=0,
         draining=False,
+        ready=True,
     )
 
 
@@ -197,6 +198,7 @@ def test_free_capacity_and_heartbeat_count_allocated_and_running_slots(
         free_slots=1,
         active_tasks=2,
         draining=False,
+        ready=True,
     )
 
     fail_builder(machine, "t3", now_ms=400)
@@ -210,6 +212,7 @@ def test_free_capacity_and_heartbeat_count_allocated_and_running_slots(
         free_slots=2,
         active_tasks=1,
         draining=False,
+        ready=True,
     )
 
 
@@ -523,6 +526,7 @@ def test_inline_submit_reserves_with_the_default_ttl_and_prepares_activation(
         free_slots=2,
         active_tasks=1,
         draining=False,
+        ready=True,
     )
 
 
@@ -713,6 +717,28 @@ def test_nothing_is_admitted_before_the_worker_is_ready() -> None:
     assert readiness == [False, True]
     machine.handle(requested("t1", now_ms=10))
     step = machine.handle(submitted("t2", now_ms=10))
+    assert [type(command) for command in step.commands] == [PrepareTaskActivation]
+    machine.check_invariants()
+
+
+def test_readiness_follows_the_executors_and_leaves_live_tasks_alone(machine: SlotMachine) -> None:
+    machine.handle(requested("t1", now_ms=0, ttl_ms=10_000))
+    start_task(machine, "t2", now_ms=0)
+
+    assert machine.handle(WorkerReady(now_ms=10, stimulus_id="down", ready=False)) == Step()
+    before = observe(machine, "t1", "t2")
+
+    assert machine.ready is False
+    assert machine.heartbeat(10).ready is False
+    for event in (requested("t3", now_ms=20), submitted("t1", now_ms=20, slot_id="slot-0")):
+        with pytest.raises(Unavailable) as exc:
+            machine.handle(event)
+        assert exc.value.ready is False
+        assert "not ready (no executor is healthy)" in str(exc.value)
+    assert observe(machine, "t1", "t2") == before  # the reservation and the task stand
+
+    machine.handle(WorkerReady(now_ms=30, stimulus_id="up"))
+    step = machine.handle(submitted("t1", now_ms=40, slot_id="slot-0"))
     assert [type(command) for command in step.commands] == [PrepareTaskActivation]
     machine.check_invariants()
 

@@ -142,6 +142,7 @@ def test_activation_prepared_runs_the_slot_and_starts_the_builder(machine: SlotM
         free_slots=2,
         active_tasks=1,
         draining=False,
+        ready=True,
     )
 
 
@@ -815,6 +816,7 @@ def test_drain_deadline_ends_every_live_task(make_machine: MachineFactory) -> No
         free_slots=4,
         active_tasks=0,
         draining=True,
+        ready=True,
     )
     with pytest.raises(NotFound):
         machine.get_result("t1")

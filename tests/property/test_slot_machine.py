@@ -387,11 +387,12 @@ class SlotTable(RuleBasedStateMachine):
             event = event_type(task_id=task_id, now_ms=self.now, stimulus_id=self._stimulus())
             self._apply(event, Prediction())
 
-    @precondition(lambda self: not self.model.ready)
     @rule()
-    def become_ready(self) -> None:
-        self.model.ready = True
-        self._apply(WorkerReady(now_ms=self.now, stimulus_id=self._stimulus()), Prediction())
+    def readiness_changes(self) -> None:
+        """Executors come and go: readiness flips (the first flip is the first executor)."""
+        self.model.ready = not self.model.ready
+        event = WorkerReady(now_ms=self.now, stimulus_id=self._stimulus(), ready=self.model.ready)
+        self._apply(event, Prediction())
 
     @rule()
     def start_drain(self) -> None:

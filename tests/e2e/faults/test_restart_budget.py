@@ -131,9 +131,7 @@ async def test_spent_restart_budgets_make_the_worker_not_ready_until_the_back_of
                 await wait_exited(pid)
 
     assert len(results) >= 2
-    assert {(r.state, r.failure_code) for r in results} == {
-        (pb.TaskState.FAILED, "EXECUTOR_LOST")
-    }
+    assert {(r.state, r.failure_code) for r in results} == {(pb.TaskState.FAILED, "EXECUTOR_LOST")}
     assert down_health == HealthCheckResponse.NOT_SERVING
     assert isinstance(down_status, pb.GetWorkerStatusResponse)
     assert down_status.ready is False

@@ -169,6 +169,7 @@ def snapshot_json(snapshot: WorkerSnapshot, metrics: WorkerMetrics) -> dict[str,
             "version": identity.version,
             "started_at_ms": identity.started_at_ms,
         },
+        "ready": snapshot.heartbeat.ready,
         "draining": snapshot.heartbeat.draining,
         "totals": _totals(snapshot, metrics),
         "slots": [

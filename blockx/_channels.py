@@ -3,17 +3,25 @@
 Both call gRPC servers with grpclib on trio-asyncio's loop. grpclib binds its
 objects to the loop that runs when they are made, so a channel is made and
 closed on that loop, through `aio_as_trio`; closing is shielded, so a
-cancelled caller never leaks a channel.
+cancelled caller never leaks a channel. A channel speaks TLS when given an
+`ssl.SSLContext` (see `blockx.tls.ClientTls`), and notes whether its server
+has sent anything yet (`closed_unheard`): a gRPC server starts each connection
+with its HTTP/2 settings, so a connection closed before that was refused,
+most often for speaking plain text to TLS or lacking an accepted client
+certificate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Sequence
 
 import trio
 import trio_asyncio
 from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.protocol import H2Protocol
 
 from blockx.errors import Misuse
 
@@ -51,8 +59,35 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
-async def _open(host: str, port: int) -> Channel:
-    return Channel(host, port)
+class _Channel(Channel):
+    """grpclib's channel, noting whether its current connection has heard the server."""
+
+    heard = False
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self.heard = False
+        received = protocol.data_received
+
+        def data_received(data: bytes) -> None:
+            self.heard = True
+            received(data)
+
+        protocol.data_received = data_received  # type: ignore[method-assign]
+        return protocol
+
+
+def closed_unheard(channel: Channel) -> bool:
+    """Whether `channel`'s last connection ended before its server sent a byte (see the
+    module docstring)."""
+    return isinstance(channel, _Channel) and not channel.heard
+
+
+async def _open(host: str, port: int, tls: ssl.SSLContext | None, server_name: str) -> Channel:
+    if tls is None:
+        return _Channel(host, port)
+    config = Configuration(ssl_target_name_override=server_name or None)
+    return _Channel(host, port, ssl=tls, config=config)
 
 
 async def _close(channel: Channel) -> None:
@@ -61,13 +96,21 @@ async def _close(channel: Channel) -> None:
 
 @contextlib.asynccontextmanager
 async def open_channels(
-    loop: object, addresses: Sequence[tuple[str, int]]
+    loop: object,
+    addresses: Sequence[tuple[str, int]],
+    *,
+    tls: ssl.SSLContext | None = None,
+    server_name: str = "",
 ) -> AsyncIterator[tuple[Channel, ...]]:
-    """A channel per (host, port) on the asyncio `loop`, closed on exit. Connecting is lazy."""
+    """A channel per (host, port) on the asyncio `loop`, closed on exit. Connecting is lazy.
+
+    With `tls`, over TLS; the server's certificate must name `server_name`, or ("") the
+    host dialled."""
     channels: list[Channel] = []
     try:
         for host, port in addresses:
-            channels.append(await trio_asyncio.aio_as_trio(_open, loop=loop)(host, port))
+            opened = await trio_asyncio.aio_as_trio(_open, loop=loop)(host, port, tls, server_name)
+            channels.append(opened)
         yield tuple(channels)
     finally:
         with trio.CancelScope(shield=True):

@@ -1,8 +1,9 @@
 """The worker application: the one place that orders start and stop, read top down.
 
-Start: check that a function-code directory can be read -> bind the gRPC
-port (the worker's address, and with it its identity) and the metrics port
-(either of these failing is a one-line StartupError, before anything runs) ->
+Start: check that a function-code directory and the TLS files can be read ->
+bind the gRPC port (the worker's address, and with it its identity) and the
+metrics port (either of these failing is a one-line StartupError, before
+anything runs) ->
 tracing -> function code (first epoch loaded) -> actors (watch hub,
 executors, dispatcher, slot table) -> gRPC serve (and the shadow sender) ->
 status page on the metrics port (unless `metricsListenAddr` is "none") and
@@ -33,6 +34,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Mapping
 
@@ -83,6 +85,7 @@ from blockx.observability.metrics import WorkerMetrics, log_memory_diagnostics
 from blockx.observability.status_page import StatusServer
 from blockx.observability.tracing import TaskTracing, open_tracing
 from blockx.profiles import Profile
+from blockx.tls import server_context
 
 logger = logging.getLogger("blockx.app")
 
@@ -133,12 +136,10 @@ async def serve(
 ) -> None:
     """Run one worker until `stop` is set, then shut it down in order; `stop` set during
     start-up abandons it. `source`, `executors` and `tracer` stand in for the configured
-    code, executor processes and tracer (tests). What cannot start raises StartupError
-    before anything runs."""
+    ones (tests). What cannot start raises StartupError or ConfigError before anything runs."""
     profile.check(config)
     clock = WorkerClock()
-    _check_executor_python(config)
-    source, first = _code_source(config, source)
+    source, first, tls = _check_start(config, source)
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
@@ -165,7 +166,9 @@ async def serve(
                 async with run_actors(system, parts) as actors:
                     if shadow is not None:
                         await system.start(shadow.run)
-                    front_end = await _serve_rpcs(config, actors, listener, metrics, shadow)
+                    front_end = await _serve_rpcs(
+                        config, actors, listener, metrics, shadow, tls=tls
+                    )
                     held.callback(front_end.unpin)
                     metrics_port = await _start_observing(
                         system, config, metrics, metrics_socket, actors.probe
@@ -212,6 +215,17 @@ def _bind(addr: str, *, hint: str = "") -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
 
 
+def _check_start(
+    config: WorkerConfig, given: FunctionSource | None
+) -> tuple[FunctionSource, FunctionSnapshot | None, ssl.SSLContext | None]:
+    """What would fail only later, checked before anything starts: the executors'
+    interpreter, the function code (`_code_source`) and the TLS files (`_server_tls`).
+    Returns the code source, its first snapshot if read, and the gRPC port's TLS context."""
+    _check_executor_python(config)
+    source, first = _code_source(config, given)
+    return source, first, _server_tls(config)
+
+
 def _check_executor_python(config: WorkerConfig) -> None:
     """An `executorPython` that cannot be run stops the start at once: executors would
     only fail to spawn, again and again."""
@@ -241,6 +255,23 @@ def _code_source(
                 "FUNCTIONS_DIR; a relative path is from the current directory)"
             ) from None
     return source, None
+
+
+def _server_tls(config: WorkerConfig) -> ssl.SSLContext | None:
+    """The gRPC port's TLS context, or None for plain text. A file that cannot be read or
+    holds the wrong thing stops the start at once (a ConfigError naming its setting)."""
+    context = server_context(config.grpc)
+    if context is not None:
+        grpc = config.grpc
+        clients = (
+            f"required, signed by a CA of {grpc.tls_client_ca_file} (mutual TLS)"
+            if grpc.tls_client_ca_file
+            else "not asked for"
+        )
+        logger.info(
+            "gRPC port serves TLS with %s; client certificates %s", grpc.tls_cert_file, clients
+        )
+    return context
 
 
 def _tracing(
@@ -306,8 +337,11 @@ async def _serve_rpcs(
     listener: socket.socket,
     metrics: WorkerMetrics | None,
     shadow: ShadowForwarder | None,
+    *,
+    tls: ssl.SSLContext | None,
 ) -> GrpcFrontEnd:
-    """The gRPC server on `listener`; accepted submits feed `shadow`, if any."""
+    """The gRPC server on `listener`, over TLS with `tls`; accepted submits feed `shadow`,
+    if any."""
     service = WorkerService(
         slot_table=actors.inboxes.slot_table,
         identity=actors.probe.identity,
@@ -316,7 +350,7 @@ async def _serve_rpcs(
         shadow=shadow.offer if shadow is not None else None,
     )
     on_rpc = metrics.rpc_finished if metrics is not None else None
-    front_end = GrpcFrontEnd(service, config.grpc, on_rpc=on_rpc)
+    front_end = GrpcFrontEnd(service, config.grpc, on_rpc=on_rpc, tls=tls)
     await front_end.start(listener)
     return front_end
 

@@ -9,7 +9,9 @@ Subcommands:
 * `serve` runs a worker (`blockx.app.run`) with the profile and the flags as
   configuration overrides; `--print-config` prints the effective configuration.
 * `submit`, `watch`, `result` and `status` talk to a running worker through
-  `blockx.client`, each in its own `trio.run` with trio-asyncio's loop.
+  `blockx.client`, each in its own `trio.run` with trio-asyncio's loop, with
+  the bearer token (`blockx.auth`) and the TLS settings (`blockx.tls`) that
+  the environment gives.
   `submit --etcd` places the task through the etcd registry instead
   (`PlacementClient`), and `workers --etcd` lists the registered fleet.
   `submit --file TASKS.jsonl` runs a batch on one `RunTasks` stream (spread
@@ -66,6 +68,7 @@ from blockx.phases import spelled
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
 from blockx.profiles import BLOCK, PROFILES
+from blockx.tls import ClientTls
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -360,14 +363,23 @@ def _publish(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ client commands
 
 
+def _worker_credentials() -> tuple[str | None, ClientTls | None]:
+    """The bearer token WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE gives (`blockx.auth`),
+    as the worker reads them, and the TLS settings of the client's WORKER_TLS_* variables
+    (`blockx.tls.ClientTls.from_env`); None for each that is not set."""
+    return bearer_token(os.environ.get(TOKEN_FILE_ENV, "")), ClientTls.from_env()
+
+
 def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) -> int:
-    """`action` with a client of `address`, in its own `trio.run` on trio-asyncio's loop;
-    with the worker's bearer token when WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE
-    gives one (`blockx.auth`), as the worker reads them."""
-    token = bearer_token(os.environ.get(TOKEN_FILE_ENV, ""))
+    """`action` with a client of `address`, in its own `trio.run` on trio-asyncio's loop,
+    with the token and TLS settings of `_worker_credentials`."""
+    token, tls = _worker_credentials()
 
     async def in_loop() -> int:
-        async with trio_asyncio.open_loop(), WorkerClient.connect(address, token=token) as client:
+        async with (
+            trio_asyncio.open_loop(),
+            WorkerClient.connect(address, token=token, tls=tls) as client,
+        ):
             return await action(client)
 
     with lone_errors():
@@ -587,12 +599,14 @@ def _add_workers(commands: _Commands) -> None:
 def _run_placement(
     args: argparse.Namespace, action: Callable[[PlacementClient], Awaitable[int]]
 ) -> int:
-    """`action` with a placement client of the fleet, in its own `trio.run`."""
+    """`action` with a placement client of the fleet, in its own `trio.run`; workers are
+    called with the token and TLS settings of `_worker_credentials`."""
+    token, tls = _worker_credentials()
 
     async def in_loop() -> int:
         async with (
             trio_asyncio.open_loop(),
-            PlacementClient.connect(args.etcd, args.prefix) as placement,
+            PlacementClient.connect(args.etcd, args.prefix, token=token, tls=tls) as placement,
         ):
             return await action(placement)
 

@@ -471,12 +471,24 @@ class GrpcSection:
     """"thread": the server on uvloop in a thread of its own (faster); "trio-asyncio": on
     trio-asyncio's loop in the worker's one thread (see `blockx.api._bridge`)."""
     pin_loop_threads: bool = _setting(True, "pinLoopThreads", "WORKER_PIN_LOOP_THREADS", _BOOL)
-    auth_token_file: str = _setting("", "grpcAuthTokenFile", "WORKER_AUTH_TOKEN_FILE", _STR)
-    """A file holding the bearer token every RPC but health must carry (`blockx.auth`;
-    the token may also come from WORKER_AUTH_TOKEN). "" and no variable: no token."""
     """With `loop` "thread": keep Trio's and the server's loop threads on one CPU (they take
     turns holding the GIL; see `blockx._affinity`). Other threads and the executors keep
     every CPU the worker was given."""
+    auth_token_file: str = _setting("", "grpcAuthTokenFile", "WORKER_AUTH_TOKEN_FILE", _STR)
+    """A file holding the bearer token every RPC but health must carry (`blockx.auth`;
+    the token may also come from WORKER_AUTH_TOKEN). "" and no variable: no token."""
+    tls_cert_file: str = _setting("", "grpcTlsCertFile", "WORKER_TLS_CERT_FILE", _STR)
+    """The PEM certificate (chain) the port serves TLS with (`blockx.tls`); set with
+    `tls_key_file`, or neither (plain text)."""
+    tls_key_file: str = _setting("", "grpcTlsKeyFile", "WORKER_TLS_KEY_FILE", _STR)
+    """The certificate's unencrypted PEM private key."""
+    tls_client_ca_file: str = _setting("", "grpcTlsClientCaFile", "WORKER_TLS_CLIENT_CA_FILE", _STR)
+    """PEM CA certificates a client's certificate must be signed by (mutual TLS); "" asks
+    clients for no certificate. Only with `tls_cert_file`."""
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_cert_file)
 
 
 @attrs.frozen(kw_only=True)
@@ -571,6 +583,7 @@ class WorkerConfig:
             )
         self._check_addresses()
         self._check_choices()
+        self._check_tls()
         # The lower-level configs own the rest of the rules (slot table, pool,
         # code retention); building them here keeps one copy of each rule.
         self._check_stall_timeout()
@@ -610,6 +623,19 @@ class WorkerConfig:
                 parse_listen_addr(addr)
             except ValueError as error:
                 raise ConfigError(field=field, value=addr, allowed=str(error)) from error
+
+    def _check_tls(self) -> None:
+        """The TLS files go together: certificate and key, and a client CA only with them.
+        What they hold is checked when the worker starts (`blockx.tls`)."""
+        grpc = self.grpc
+        check_paired((grpc.tls_cert_file, "grpcTlsCertFile"), (grpc.tls_key_file, "grpcTlsKeyFile"))
+        ConfigError.check(
+            grpc.tls_enabled or not grpc.tls_client_ca_file,
+            field="grpcTlsClientCaFile",
+            value=grpc.tls_client_ca_file,
+            allowed="needs grpcTlsCertFile and grpcTlsKeyFile: clients are asked for "
+            "certificates over TLS only",
+        )
 
     def _check_choices(self) -> None:
         check = ConfigError.check
@@ -688,6 +714,18 @@ class WorkerConfig:
                 target = target.setdefault(group, {})
             target[name] = setting.kind.to_json(setting.get(self))
         return rendered
+
+
+def check_paired(first: tuple[str, str], second: tuple[str, str]) -> None:
+    """Two settings, each (value, name), that are set both or neither (a certificate and
+    its key); ConfigError naming the one that is set alone."""
+    for (given, field), (_, other) in ((first, second), (second, first)):
+        ConfigError.check(
+            bool(first[0]) == bool(second[0]) or not given,
+            field=field,
+            value=given,
+            allowed=f"needs {other} too: set both or neither",
+        )
 
 
 def default_config() -> WorkerConfig:
@@ -920,6 +958,7 @@ __all__ = [
     "StreamBuildSection",
     "WorkerConfig",
     "WorkerSection",
+    "check_paired",
     "default_config",
     "load_config",
     "outbound_ipv4",

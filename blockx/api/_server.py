@@ -3,7 +3,8 @@ inside the worker's `trio.run` (`grpcLoop`; see `_bridge` for both and why).
 
 One TCP port serves `WorkerService`, the standard health service and server
 reflection in both its versions (v1, and v1alpha: the official Python
-reflection client and many GUI clients speak only v1alpha). Health answers
+reflection client and many GUI clients speak only v1alpha), in plain text or,
+given a context (`blockx.tls.server_context`), all of them over TLS. Health answers
 SERVING for the worker's service (and for "") only while the worker is ready
 (an executor is healthy) and not draining.
 The maximum message size is enforced by the codec, both ways, with
@@ -16,6 +17,7 @@ import asyncio
 import functools
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -217,8 +219,11 @@ class GrpcFrontEnd:
         settings: GrpcSection,
         *,
         on_rpc: RpcObserver | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """`tls`: serve TLS with this context (see `blockx.tls`); None, plain text."""
         self.service = service
+        self._tls = tls
         self._on_rpc = on_rpc
         self._token = bearer_token(settings.auth_token_file)
         self.health_status = ServiceStatus()
@@ -280,7 +285,7 @@ class GrpcFrontEnd:
             listen(self._server, RecvRequest, check_bearer(self._token))
         if self._on_rpc is not None:
             listen(self._server, RecvRequest, functools.partial(_observe_call, self._on_rpc))
-        await self._server.start(sock=listener)
+        await self._server.start(sock=listener, ssl=self._tls)
 
     def set_serving(self, serving: bool) -> None:
         self.service.bridge.to_loop(self.health_status.set, serving)

@@ -34,6 +34,7 @@ from blockx.client._worker import WorkerClient, outcomes_of
 from blockx.config import default_config
 from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
 from blockx.errors import BlockxError
+from blockx.tls import ClientTls
 
 logger = logging.getLogger("blockx.client")
 
@@ -101,30 +102,54 @@ class PlacementClient:
     reserving, is passed over for the next-best one. A submit whose connection
     breaks is not retried elsewhere: the task may have started there.
     `PlacementClient.over(directory)` is the same without etcd (a fixed view).
+    Every worker is called with the same bearer token and TLS settings, if any.
     """
 
     def __init__(
-        self, *, directory: WorkerDirectory, workers: contextlib.AsyncExitStack, slot_ttl_ms: int
+        self,
+        *,
+        directory: WorkerDirectory,
+        workers: contextlib.AsyncExitStack,
+        slot_ttl_ms: int,
+        token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.directory = directory
         self._workers = workers
         self._slot_ttl_ms = slot_ttl_ms
+        self._token = token
+        self._tls = tls
         self._clients: dict[str, WorkerClient] = {}
         self._changed = trio.Event()
 
     @classmethod
     @contextlib.asynccontextmanager
     async def over(
-        cls, directory: WorkerDirectory, *, slot_ttl_ms: int = 0
+        cls,
+        directory: WorkerDirectory,
+        *,
+        slot_ttl_ms: int = 0,
+        token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> AsyncIterator[PlacementClient]:
         """A placement client of the workers in `directory`, which the caller keeps current.
 
         Worker channels are opened on first use and closed on exit. `slot_ttl_ms`
-        is the reservation lease (0 = each worker's default).
+        is the reservation lease (0 = each worker's default). `token` and `tls` are
+        `WorkerClient.connect`'s, for every worker; the TLS files are read now, so a
+        bad one fails here rather than at the first worker.
         """
         asyncio_loop("PlacementClient")
+        if tls is not None:
+            tls.context()
         async with contextlib.AsyncExitStack() as workers:
-            yield cls(directory=directory, workers=workers, slot_ttl_ms=slot_ttl_ms)
+            yield cls(
+                directory=directory,
+                workers=workers,
+                slot_ttl_ms=slot_ttl_ms,
+                token=token,
+                tls=tls,
+            )
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -134,18 +159,21 @@ class PlacementClient:
         prefix: str = DEFAULT_REGISTRY_PREFIX,
         *,
         slot_ttl_ms: int = 0,
+        token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> AsyncIterator[PlacementClient]:
         """A placement client of the fleet under `prefix` in the etcd at `etcd_endpoints`.
 
         `etcd_endpoints` is "host:port[,host:port...]" or a sequence of them.
         Entering reads the registry once; an unreachable etcd raises
-        EtcdUnavailable here. Must run inside `trio_asyncio.open_loop()`.
+        EtcdUnavailable here. Must run inside `trio_asyncio.open_loop()`. `token`
+        and `tls` are for the workers (see `over`), not for etcd.
         """
         if isinstance(etcd_endpoints, str):
             etcd_endpoints = [part.strip() for part in etcd_endpoints.split(",") if part.strip()]
         directory = WorkerDirectory(prefix=prefix)
         async with (
-            cls.over(directory, slot_ttl_ms=slot_ttl_ms) as placement,
+            cls.over(directory, slot_ttl_ms=slot_ttl_ms, token=token, tls=tls) as placement,
             EtcdClient.connect(etcd_endpoints) as etcd,
             trio.open_nursery() as nursery,
         ):
@@ -283,7 +311,8 @@ class PlacementClient:
     async def _client(self, address: str) -> WorkerClient:
         client = self._clients.get(address)
         if client is None:
-            client = await self._workers.enter_async_context(WorkerClient.connect(address))
+            connecting = WorkerClient.connect(address, token=self._token, tls=self._tls)
+            client = await self._workers.enter_async_context(connecting)
             self._clients[address] = client
         return client
 

@@ -14,6 +14,12 @@ Theory of operation:
   loop, so a client cannot drift onto another loop.
 * The channel connects lazily: an unreachable worker shows on the first call,
   as `WorkerUnreachable`. A gRPC status other than OK is `WorkerCallError`.
+* With `tls` (`blockx.tls.ClientTls`) the channel speaks TLS; its files are read
+  when `connect` is entered. A failed handshake is `WorkerUnreachable` on the
+  first call: the client's own check of the worker's certificate says why;
+  a worker that refuses the client (plain text to a TLS port, no accepted
+  client certificate) just closes the connection, and the error says what
+  that most likely means.
 * `watch` is an async generator. Its stream is closed under a shielded cancel
   scope with a short deadline, so cancelling the consumer resets the stream
   instead of leaking it. A consumer that stops early should close it with
@@ -46,7 +52,7 @@ from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import ProtocolError as H2ProtocolError
 
-from blockx._channels import asyncio_loop, open_channels, split_host_port
+from blockx._channels import asyncio_loop, closed_unheard, open_channels, split_host_port
 from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.auth import send_bearer
@@ -58,9 +64,20 @@ from blockx.client._errors import (
 )
 from blockx.client._outcomes import RUN_TASKS_RPC, RunTasksLedger, TaskOutcome
 from blockx.errors import Misuse
+from blockx.tls import CA_FILE_ENV, CLIENT_CERT_FILE_ENV, ClientTls
 
 STREAM_CLOSE_GRACE_S = 5.0
 """How long closing a watch stream may take before it is abandoned."""
+
+CLOSED_UNHEARD = {
+    False: "a worker serving TLS does that to a plain-text client (give the client TLS "
+    f"settings: {CA_FILE_ENV})",
+    True: "a worker asking for client certificates does that to a client without one it "
+    f"accepts ({CLIENT_CERT_FILE_ENV})",
+}
+"""What a connection closed before the worker said anything most likely means, for a
+client without and with TLS (see `blockx._channels.closed_unheard`)."""
+PLAIN_TEXT_ANSWER = "a worker serving plain text answers a TLS client so"
 
 _WATCH_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/WatchTasks"
 _RUN_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/RunTasks"
@@ -87,8 +104,11 @@ def parse_worker_address(address: str) -> tuple[str, int]:
 class WorkerClient:
     """One channel to one worker. Make it with `async with WorkerClient.connect(addr)`."""
 
-    def __init__(self, *, address: str, channel: Channel, loop: object) -> None:
+    def __init__(
+        self, *, address: str, channel: Channel, loop: object, over_tls: bool = False
+    ) -> None:
         self.address = address
+        self.over_tls = over_tls
         self._channel = channel
         self._stub = pb.WorkerServiceStub(channel)
         self._loop = loop
@@ -96,20 +116,24 @@ class WorkerClient:
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(
-        cls, address: str, *, token: str | None = None
+        cls, address: str, *, token: str | None = None, tls: ClientTls | None = None
     ) -> AsyncIterator[WorkerClient]:
         """A client of the worker at `address` ("host:port"); the channel closes on exit.
 
         `token`: the worker's bearer token, sent with every call (`blockx.auth`).
+        `tls`: speak TLS, trusting and presenting what it names (`blockx.tls`); its
+        files are read now (ConfigError naming the one at fault).
         Must be entered inside `async with trio_asyncio.open_loop():`. Connecting
         is lazy: an unreachable worker fails the first call, not this.
         """
         host, port = parse_worker_address(address)
         loop = asyncio_loop("WorkerClient.connect")
-        async with open_channels(loop, [(host, port)]) as (channel,):
+        context, server_name = (None, "") if tls is None else (tls.context(), tls.server_name)
+        opening = open_channels(loop, [(host, port)], tls=context, server_name=server_name)
+        async with opening as (channel,):
             if token is not None:
                 listen(channel, SendRequest, send_bearer(token))
-            yield cls(address=address, channel=channel, loop=loop)
+            yield cls(address=address, channel=channel, loop=loop, over_tls=tls is not None)
 
     # --- unary calls -----------------------------------------------------------------------
 
@@ -287,9 +311,16 @@ class WorkerClient:
             ) from error
         except StreamTerminatedError as error:
             reason = f"the connection was lost during {rpc} ({error})"
+            if closed_unheard(self._channel):
+                reason = (
+                    f"the worker closed the connection before answering {rpc}: "
+                    + CLOSED_UNHEARD[self.over_tls]
+                )
             raise WorkerUnreachable(address=self.address, reason=reason) from error
         except OSError as error:
             reason = str(error) or type(error).__name__
+            if getattr(error, "reason", None) == "WRONG_VERSION_NUMBER":  # ssl.SSLError's
+                reason += f" ({PLAIN_TEXT_ANSWER})"
             raise WorkerUnreachable(address=self.address, reason=reason) from error
 
 

@@ -830,3 +830,53 @@ def test_bad_fleet_and_observability_settings_name_the_field(
     with pytest.raises(ConfigError) as raised:
         load_config(env=env)
     assert named in str(raised.value)
+
+
+# --- TLS files -------------------------------------------------------------------------------
+
+
+def test_tls_files_come_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    file_name = write_config(
+        tmp_path, {"grpcTlsCertFile": "/etc/w/cert.pem", "grpcTlsKeyFile": "/etc/w/key.pem"}
+    )
+    config = load_config(
+        env={"WORKER_CONFIG": file_name, "WORKER_TLS_CLIENT_CA_FILE": "/etc/w/ca.pem"}
+    )
+    grpc = config.grpc
+    assert (grpc.tls_cert_file, grpc.tls_key_file, grpc.tls_client_ca_file) == (
+        "/etc/w/cert.pem",
+        "/etc/w/key.pem",
+        "/etc/w/ca.pem",
+    )
+    assert grpc.tls_enabled
+    assert not default_config().grpc.tls_enabled
+    by_env = load_config(
+        env={"WORKER_TLS_CERT_FILE": "/etc/w/cert.pem", "WORKER_TLS_KEY_FILE": "/etc/w/key.pem"}
+    )
+    assert attrs.evolve(by_env.grpc, tls_client_ca_file="/etc/w/ca.pem") == grpc
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"WORKER_TLS_CERT_FILE": "/c.pem"},
+            "grpcTlsCertFile = '/c.pem' (from env WORKER_TLS_CERT_FILE): "
+            "needs grpcTlsKeyFile too: set both or neither",
+        ),
+        (
+            {"WORKER_TLS_KEY_FILE": "/k.pem"},
+            "grpcTlsKeyFile = '/k.pem' (from env WORKER_TLS_KEY_FILE): "
+            "needs grpcTlsCertFile too: set both or neither",
+        ),
+        (
+            {"WORKER_TLS_CLIENT_CA_FILE": "/ca.pem"},
+            "grpcTlsClientCaFile = '/ca.pem' (from env WORKER_TLS_CLIENT_CA_FILE): needs "
+            "grpcTlsCertFile and grpcTlsKeyFile: clients are asked for certificates over TLS only",
+        ),
+    ],
+)
+def test_tls_files_that_go_together_are_refused_alone(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(env=env)
+    assert str(raised.value) == message

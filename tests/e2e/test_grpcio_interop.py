@@ -1,5 +1,6 @@
 """A client made from the same `.proto` with the official gRPC stack (grpcio) runs a task,
-through the unary RPCs and WatchTasks, then on a RunTasks bidi stream."""
+through the unary RPCs and WatchTasks, then on a RunTasks bidi stream; in plain text, and
+over mutual TLS with certificates made at test time."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from types import ModuleType
 from typing import Any
 
 import grpc
+import pytest
 import trio
 from grpc_tools import protoc
 
+from tests.adapters.certificates import make_pki
 from tests.e2e.serve_process import REPO, serve_process
 
 PROTOS = REPO / "protos"
@@ -47,8 +50,18 @@ def generate(out: Path) -> tuple[ModuleType, ModuleType]:
     return messages, services
 
 
-def run_with_grpcio(port: int, messages: ModuleType, services: ModuleType) -> list[object]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+def run_with_grpcio(
+    port: int,
+    messages: ModuleType,
+    services: ModuleType,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> list[object]:
+    target = f"127.0.0.1:{port}"
+    if credentials is None:
+        opened = grpc.insecure_channel(target)
+    else:
+        opened = grpc.secure_channel(target, credentials)
+    with opened as channel:
         stub = services.WorkerServiceStub(channel)
         slot = stub.RequestTaskSlot(messages.RequestTaskSlotRequest(task_id="grpcio-1"))
         payload = {"calls": [{"function": "demo.add", "args": [40, 2]}]}
@@ -81,11 +94,24 @@ def run_tasks_with_grpcio(stub: object, messages: ModuleType) -> list[object]:
     return list(stub.RunTasks(requests, timeout=30))  # type: ignore[attr-defined]
 
 
-async def test_a_grpcio_client_runs_a_task_end_to_end(tmp_path: Path) -> None:
+def mutual_tls(directory: Path) -> tuple[dict[str, str], grpc.ChannelCredentials]:
+    """The worker's variables for mutual TLS, and grpcio credentials that it accepts."""
+    pki = make_pki(directory)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(pki.ca_file).read_bytes(),
+        private_key=Path(pki.client_key_file).read_bytes(),
+        certificate_chain=Path(pki.client_cert_file).read_bytes(),
+    )
+    return pki.server_env(mutual=True), credentials
+
+
+@pytest.mark.parametrize("transport", ["plain text", "mutual TLS"])
+async def test_a_grpcio_client_runs_a_task_end_to_end(tmp_path: Path, transport: str) -> None:
     messages, services = generate(tmp_path)
-    async with serve_process("--executors", "1") as worker:
+    env, credentials = mutual_tls(tmp_path / "pki") if transport == "mutual TLS" else ({}, None)
+    async with serve_process("--executors", "1", env=env) as worker:
         slot, updates, result, missing, streamed = await trio.to_thread.run_sync(
-            run_with_grpcio, worker.port, messages, services
+            run_with_grpcio, worker.port, messages, services, credentials
         )
     assert slot.state == messages.TASK_STATE_ALLOCATED  # type: ignore[attr-defined]
     assert updates[-1].is_terminal  # type: ignore[index]

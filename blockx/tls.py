@@ -1,0 +1,179 @@
+"""TLS on the gRPC port: the worker's server context and its clients' contexts, from files.
+
+The worker serves TLS when `grpcTlsCertFile` and `grpcTlsKeyFile` are set
+(`WORKER_TLS_CERT_FILE`, `WORKER_TLS_KEY_FILE`), and mutual TLS when
+`grpcTlsClientCaFile` (`WORKER_TLS_CLIENT_CA_FILE`) is set too: then a client
+must present a certificate signed by a CA of that file, and no other CA is
+trusted for it. A client (`ClientTls`; the command line reads it from
+`WORKER_TLS_CA_FILE`, `WORKER_TLS_CLIENT_CERT_FILE`, `WORKER_TLS_CLIENT_KEY_FILE`
+and `WORKER_TLS_SERVER_NAME`) trusts the CAs of its CA file, or the system's
+when it names none, and presents its own certificate if it has one.
+
+Both sides speak TLS 1.2 or later and offer only HTTP/2 by ALPN (`h2`), which
+gRPC clients such as grpcio require. A file that cannot be read or is not what
+its setting needs is a ConfigError naming the setting, raised when the context
+is made (at the worker's start; when a client connects). Must never log a
+file's contents, nor put them into an error: errors carry paths.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from typing import Final
+
+import attrs
+
+from blockx.config import ConfigError, GrpcSection, check_paired
+
+CA_FILE_ENV: Final = "WORKER_TLS_CA_FILE"
+CLIENT_CERT_FILE_ENV: Final = "WORKER_TLS_CLIENT_CERT_FILE"
+CLIENT_KEY_FILE_ENV: Final = "WORKER_TLS_CLIENT_KEY_FILE"
+SERVER_NAME_ENV: Final = "WORKER_TLS_SERVER_NAME"
+CLIENT_ENVS: Final = (CA_FILE_ENV, CLIENT_CERT_FILE_ENV, CLIENT_KEY_FILE_ENV, SERVER_NAME_ENV)
+"""A client's settings; any of them set turns TLS on for the command line."""
+
+ALPN_PROTOCOLS: Final = ["h2"]
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
+"""The TLS 1.2 suites HTTP/2 allows (RFC 7540, 9.2.2) that grpclib's own client offers;
+TLS 1.3 suites are not affected by this list."""
+
+
+def server_context(settings: GrpcSection) -> ssl.SSLContext | None:
+    """The worker's TLS context, or None when it serves plain text. ConfigError naming the
+    setting whose file cannot be read or holds the wrong thing."""
+    if not settings.tls_enabled:
+        return None
+    context = _context(ssl.PROTOCOL_TLS_SERVER)
+    _load_identity(
+        context,
+        (settings.tls_cert_file, "grpcTlsCertFile"),
+        (settings.tls_key_file, "grpcTlsKeyFile"),
+    )
+    if settings.tls_client_ca_file:
+        # Only this file's CAs: a server context trusts nothing else for client certificates.
+        _load_cas(context, settings.tls_client_ca_file, "grpcTlsClientCaFile")
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+@attrs.frozen(kw_only=True)
+class ClientTls:
+    """How a client reaches a worker over TLS. Errors name each field by its variable:
+
+    `ca_file` (`WORKER_TLS_CA_FILE`): PEM CA certificates to trust for the worker's
+    certificate; "" trusts the system's CAs. `cert_file` and `key_file`
+    (`WORKER_TLS_CLIENT_CERT_FILE`, `WORKER_TLS_CLIENT_KEY_FILE`): the certificate
+    (chain) and key to present to a worker that asks for one, both or neither.
+    `server_name` (`WORKER_TLS_SERVER_NAME`): the name the worker's certificate must
+    carry, when it is not the host dialled (an IP address, a load balancer's name).
+    """
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        check_paired((self.cert_file, CLIENT_CERT_FILE_ENV), (self.key_file, CLIENT_KEY_FILE_ENV))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientTls | None:
+        """The settings the variables give, or None (plain text) when none is set."""
+        env = os.environ if env is None else env
+        if not any(env.get(name) for name in CLIENT_ENVS):
+            return None
+        return cls(
+            ca_file=env.get(CA_FILE_ENV, ""),
+            cert_file=env.get(CLIENT_CERT_FILE_ENV, ""),
+            key_file=env.get(CLIENT_KEY_FILE_ENV, ""),
+            server_name=env.get(SERVER_NAME_ENV, ""),
+        )
+
+    def context(self) -> ssl.SSLContext:
+        """A context checking the worker's certificate and name, with the files read now."""
+        context = _context(ssl.PROTOCOL_TLS_CLIENT)  # verifies the certificate and its name
+        if self.ca_file:
+            _load_cas(context, self.ca_file, CA_FILE_ENV)
+        else:
+            context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        if self.cert_file:
+            _load_identity(
+                context,
+                (self.cert_file, CLIENT_CERT_FILE_ENV),
+                (self.key_file, CLIENT_KEY_FILE_ENV),
+            )
+        return context
+
+
+def _context(protocol: int) -> ssl.SSLContext:
+    context = ssl.SSLContext(protocol)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(TLS12_CIPHERS)
+    context.set_alpn_protocols(ALPN_PROTOCOLS)
+    return context
+
+
+def _check_readable(path: str, field: str) -> None:
+    """ConfigError naming `field` unless `path` can be read: OpenSSL's own error would not
+    say which file it could not open."""
+    try:
+        with open(path, "rb") as file:
+            file.read(1)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(
+            field=field, value=path, allowed=f"must be a readable file ({reason})"
+        ) from error
+
+
+def _load_cas(context: ssl.SSLContext, path: str, field: str) -> None:
+    _check_readable(path, field)
+    try:
+        context.load_verify_locations(cafile=path)
+    except ssl.SSLError as error:
+        raise ConfigError(
+            field=field, value=path, allowed="must hold PEM CA certificates"
+        ) from error
+
+
+class _EncryptedKey(Exception):
+    """The key file asked for a password (OpenSSL would otherwise prompt on the terminal)."""
+
+
+def _no_password() -> str:
+    raise _EncryptedKey
+
+
+def _load_identity(context: ssl.SSLContext, cert: tuple[str, str], key: tuple[str, str]) -> None:
+    """Load the certificate (chain) and its key, each (path, setting), naming the setting
+    at fault: the certificate is checked on its own first, so a failure of the pair after
+    that is the key's."""
+    (cert_path, cert_field), (key_path, key_field) = cert, key
+    _check_readable(cert_path, cert_field)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert_path)
+    except ssl.SSLError as error:
+        raise ConfigError(
+            field=cert_field, value=cert_path, allowed="must hold a PEM certificate (chain)"
+        ) from error
+    _check_readable(key_path, key_field)
+    try:
+        context.load_cert_chain(cert_path, key_path, password=_no_password)
+    except _EncryptedKey as error:
+        raise ConfigError(
+            field=key_field, value=key_path, allowed="must hold an unencrypted PEM private key"
+        ) from error
+    except ssl.SSLError as error:
+        allowed = (
+            f"must hold the private key of the certificate in {cert_field}"
+            if error.reason == "KEY_VALUES_MISMATCH"
+            else "must hold a PEM private key"
+        )
+        raise ConfigError(field=key_field, value=key_path, allowed=allowed) from error
+    except OSError as error:  # a file went away since it was checked
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(
+            field=key_field, value=key_path, allowed=f"must be a readable file ({reason})"
+        ) from error

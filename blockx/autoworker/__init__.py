@@ -1,0 +1,47 @@
+"""The automatic worker runtime: run task handlers against the hub (seed 002).
+
+    worker = Worker(HubClient(url, credential), WorkerOptions(
+        queue_id="images",
+        handlers=[WorkerHandler(capability=Capability(...), handle=resize)],
+    ))
+    await worker.run()   # until the surrounding scope is cancelled; then it drains
+
+`WorkerCore` holds the rules (pure, tested by events); `Worker` runs it on Trio.
+"""
+
+from blockx.autoworker._client import HubClient, HubRequestFailed
+from blockx.autoworker._core import WorkerCore
+from blockx.autoworker._options import (
+    InvalidOption,
+    WorkerExecution,
+    WorkerHandler,
+    WorkerOptions,
+)
+from blockx.autoworker._outcome import WorkerFailure
+from blockx.autoworker._runtime import (
+    Worker,
+    WorkerAlreadyRun,
+    WorkerEvent,
+    WorkerRunError,
+    WorkerShutdownTimeout,
+    WorkerStats,
+)
+from blockx.hub.protocol import Capability
+
+__all__ = [
+    "Capability",
+    "HubClient",
+    "HubRequestFailed",
+    "InvalidOption",
+    "Worker",
+    "WorkerAlreadyRun",
+    "WorkerCore",
+    "WorkerEvent",
+    "WorkerExecution",
+    "WorkerFailure",
+    "WorkerHandler",
+    "WorkerOptions",
+    "WorkerRunError",
+    "WorkerShutdownTimeout",
+    "WorkerStats",
+]

@@ -1,0 +1,140 @@
+"""Where the hub is and who this program is to it: its URL and a credential.
+
+`HubClient` opens the connections an automatic worker runs over and makes the
+producers' HTTP requests (submit a task, read one) that examples, benches and
+tests need. A test may subclass it to reach a hub some other way (in memory,
+or through a proxy that injects faults) by overriding `open_stream`.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.parse
+from typing import Any
+
+import attrs
+import h11
+import trio
+
+from blockx.errors import BlockxError, InvalidValue
+from blockx.hub.protocol import Capability
+
+_DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+class HubRequestFailed(BlockxError):
+    """The hub answered a producer request with an error status."""
+
+    def __init__(self, *, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"the hub answered {status}: {body}")
+
+
+def _parse(url: str) -> tuple[str, int, bool]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    InvalidValue.check(
+        scheme in _DEFAULT_PORTS and bool(parts.hostname),
+        field="url",
+        value=url,
+        allowed="the hub's address, e.g. http://127.0.0.1:8090 (http, https, ws or wss)",
+    )
+    assert parts.hostname is not None
+    try:
+        port = parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError as error:
+        raise InvalidValue(field="url", value=url, allowed=f"a valid port ({error})") from None
+    return parts.hostname, port, scheme in ("https", "wss")
+
+
+@attrs.frozen(kw_only=True)
+class HubClient:
+    """The hub at `url`, reached with `credential` (a `bxc_...` token).
+
+    The credential is sent in each connection's hello and each producer request's
+    `Authorization` header; it is never logged or shown (`repr` leaves it out).
+    """
+
+    url: str
+    credential: str = attrs.field(repr=False)
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, repr=False)
+    """For https/wss: the context to verify the hub with (default: the system's CAs)."""
+    host: str = attrs.field(init=False)
+    port: int = attrs.field(init=False)
+    tls: bool = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        host, port, tls = _parse(self.url)
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "port", port)
+        object.__setattr__(self, "tls", tls)
+
+    async def open_stream(self) -> trio.abc.Stream:
+        """A fresh byte stream to the hub."""
+        if self.tls:
+            context = self.ssl_context or ssl.create_default_context()
+            return await trio.open_ssl_over_tcp_stream(
+                self.host, self.port, ssl_context=context, https_compatible=True
+            )
+        return await trio.open_tcp_stream(self.host, self.port)
+
+    # ------------------------------------------------------------------ producers' API
+
+    async def submit(
+        self, queue_id: str, capability: Capability, payload: Any, **fields: Any
+    ) -> dict[str, Any]:
+        """Queue a task (`fields`: idempotency, max_attempts, task_id, ...); the task."""
+        document = {
+            "handler": capability.handler,
+            "handler_version": capability.handler_version,
+            "payload_version": capability.payload_version,
+            "payload": payload,
+            **fields,
+        }
+        quoted = urllib.parse.quote(queue_id, safe="")
+        task: dict[str, Any] = await self.request("POST", f"/v1/queues/{quoted}/tasks", document)
+        return task
+
+    async def task(self, task_id: str) -> dict[str, Any]:
+        """A task as the hub has it now, with its attempts and history."""
+        quoted = urllib.parse.quote(task_id, safe="")
+        task: dict[str, Any] = await self.request("GET", f"/v1/tasks/{quoted}")
+        return task
+
+    async def request(self, method: str, target: str, body: Any = None) -> Any:
+        """One producer request; its JSON answer, or `HubRequestFailed`."""
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = [
+            ("host", f"{self.host}:{self.port}"),
+            ("authorization", f"Bearer {self.credential}"),
+            ("content-type", "application/json"),
+            ("content-length", str(len(data))),
+            ("connection", "close"),
+        ]
+        connection = h11.Connection(h11.CLIENT)
+        status, content = 0, bytearray()
+        async with await self.open_stream() as stream:
+            await stream.send_all(
+                connection.send(h11.Request(method=method, target=target, headers=headers))
+                + connection.send(h11.Data(data=data))
+                + connection.send(h11.EndOfMessage())
+            )
+            while True:
+                event = connection.next_event()
+                if event is h11.NEED_DATA:
+                    connection.receive_data(bytes(await stream.receive_some()))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    content += event.data
+                    if len(content) > MAX_RESPONSE_BYTES:
+                        raise HubRequestFailed(status=status, body="answer too large")
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+        answer = json.loads(content) if content else None
+        if status >= 300:
+            raise HubRequestFailed(status=status, body=answer)
+        return answer

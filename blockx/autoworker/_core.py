@@ -1,0 +1,712 @@
+"""The automatic worker's rules, as a pure machine: events in, commands out.
+
+`WorkerCore.handle(event)` takes what happened (a connection made or lost, a
+message from the hub, a handler returned, time passed) with the time it
+happened, and returns the commands that follow: messages to send, handlers to
+start or cancel, leases to set, notices to emit. It does no IO and reads no
+clock, so every rule below is tested by feeding it events.
+
+Rules:
+
+1. A handler runs only under a granted Start that is still valid, and an
+   attempt's handler starts at most once. A lease that ran out (locally, by the
+   hub's refusal, or as `Resume` finds it) cancels the handler; no later grant
+   revives it.
+2. Every control message (start, renew, finish, resume, drain) gets a message id
+   once and keeps it: unanswered ones are sent again, with the same id, after a
+   reconnect, so the hub's receipts make the repeat harmless.
+3. After a reconnect the session opens with capacity 0 if any attempt is known,
+   `Resume` asks about every known attempt, and only then is capacity offered.
+4. Heartbeats go every third of the session TTL (at most `MAX_HEARTBEAT_MS`);
+   a renew is due a third of the way through the remaining lease (at least
+   `MIN_RENEW_MS` away); a lease the hub shortens is taken as it is.
+5. Capacity: a handler slot is taken from Start until the handler returns (a
+   handler that ignores its cancellation keeps it). The capacity declared to the
+   hub leaves out slots the hub does not count: handlers still running after
+   their lease was lost, and results not confirmed across a reconnect. Offers
+   are kept up to `2 * capacity` known attempts; others are left to lapse.
+6. Drain: no new starts; what runs is renewed and its result confirmed. The
+   machine is `drained()` once the hub acknowledged the drain and nothing is left.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import Final, TypeAlias
+
+import attrs
+
+from blockx.errors import Misuse
+from blockx.hub.protocol import (
+    AttemptRef,
+    AttemptStatus,
+    Capability,
+    ControlMessage,
+    Disposition,
+    Drain,
+    DrainAck,
+    Finish,
+    Granted,
+    Heartbeat,
+    HeartbeatAck,
+    Offer,
+    OpenSession,
+    Outcome,
+    Recorded,
+    RefusalCode,
+    Refused,
+    Renew,
+    Resume,
+    Resumed,
+    SessionOpened,
+    Start,
+    ToHub,
+    Unknown,
+)
+
+MAX_HEARTBEAT_MS: Final = 5_000
+MIN_RENEW_MS: Final = 20
+INVALID_HANDLER_RESULT: Final = "INVALID_HANDLER_RESULT"
+
+
+class Phase(enum.Enum):
+    """Where an attempt is, as this worker sees it."""
+
+    OFFERED = "OFFERED"
+    """Offered, not started (no slot free yet, or draining)."""
+    STARTING = "STARTING"
+    """Start sent, no answer yet."""
+    RUNNING = "RUNNING"
+    """Granted: its handler runs."""
+    LOST = "LOST"
+    """Its lease ended; its handler was cancelled and has not returned yet."""
+    FINISHING = "FINISHING"
+    """The handler returned; Finish sent, not yet answered."""
+
+
+class Link(enum.Enum):
+    DOWN = "DOWN"
+    OPENING = "OPENING"
+    RESUMING = "RESUMING"
+    OPEN = "OPEN"
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Connected:
+    """A connection is up and its hello was welcomed."""
+
+    now_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class Disconnected:
+    now_ms: int
+
+
+FromHub: TypeAlias = (
+    SessionOpened | HeartbeatAck | Offer | Granted | Refused | Recorded | Resumed | DrainAck
+)
+"""What the hub sends after its welcome, but `Error` (which ends the connection)."""
+
+
+@attrs.frozen(kw_only=True)
+class Received:
+    now_ms: int
+    message: FromHub
+
+
+@attrs.frozen(kw_only=True)
+class HandlerReturned:
+    """The attempt's handler ended with `outcome` (LEASE_LOST if its lease ended first)."""
+
+    now_ms: int
+    attempt_id: str
+    outcome: Outcome
+
+
+@attrs.frozen(kw_only=True)
+class TimePassed:
+    now_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class DrainRequested:
+    now_ms: int
+
+
+Event: TypeAlias = (
+    Connected | Disconnected | Received | HandlerReturned | TimePassed | DrainRequested
+)
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Send:
+    """Send these messages, in order, on the current connection."""
+
+    messages: tuple[ToHub, ...]
+
+
+@attrs.frozen(kw_only=True)
+class RunHandler:
+    offer: Offer
+    lease_deadline_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class SetLease:
+    """The attempt's handler may run until `lease_deadline_ms`, no longer."""
+
+    attempt_id: str
+    lease_deadline_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class CancelHandler:
+    attempt_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Notice:
+    """A local notice for `Worker.events()`: a type, ids and a stable class only."""
+
+    type: str
+    task_id: str = ""
+    attempt_id: str = ""
+    detail: str = ""
+
+
+Command: TypeAlias = Send | RunHandler | SetLease | CancelHandler | Notice
+
+
+@attrs.define(kw_only=True)
+class _Attempt:
+    offer: Offer
+    phase: Phase = Phase.OFFERED
+    lease_deadline_ms: int = 0
+    renew_due_ms: int | None = None
+    confirmed_link: int = 0
+    """The connection on which the hub last confirmed this attempt is held (0: never)."""
+
+    @property
+    def attempt_id(self) -> str:
+        return self.offer.attempt_id
+
+    @property
+    def holds_slot(self) -> bool:
+        return self.phase in (Phase.STARTING, Phase.RUNNING, Phase.LOST)
+
+
+@attrs.define
+class Counters:
+    started: int = 0
+    renewals_confirmed: int = 0
+    reports_confirmed: int = 0
+    evidence_confirmed: int = 0
+    reconnects: int = 0
+
+
+class WorkerCore:
+    """The worker's state; see the module docstring. `handle` is the only mutator."""
+
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        queue_id: str,
+        capabilities: tuple[Capability, ...],
+        capacity: int,
+    ) -> None:
+        self.instance_id = instance_id
+        self._queue_id = queue_id
+        self._capabilities = capabilities
+        self.capacity = capacity
+        self.counters = Counters()
+        self._attempts: dict[str, _Attempt] = {}
+        self._pending: dict[str, ControlMessage] = {}
+        """Control messages sent (or to send) and not answered, by message id, in order."""
+        self._ids = itertools.count(1)
+        self._link = Link.DOWN
+        self._links = 0
+        self._opening_id = ""
+        self._resume_id = ""
+        self._heartbeat_every_ms = MAX_HEARTBEAT_MS
+        self._heartbeat_due_ms: int | None = None
+        self._declared = -1
+        self._draining = False
+        self._drain_id = ""
+        self._drain_acked = False
+        self._stale_results: set[str] = set()
+        """Finishes sent on an earlier connection, still unanswered: the hub may not count
+        their attempts any more, yet they are not settled."""
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def link(self) -> Link:
+        return self._link
+
+    @property
+    def running(self) -> int:
+        """Handlers started and not returned."""
+        return sum(1 for a in self._attempts.values() if a.phase in (Phase.RUNNING, Phase.LOST))
+
+    @property
+    def unconfirmed(self) -> int:
+        """Results sent and not yet answered."""
+        return sum(1 for a in self._attempts.values() if a.phase is Phase.FINISHING)
+
+    @property
+    def known(self) -> int:
+        return len(self._attempts)
+
+    def drained(self) -> bool:
+        return self._draining and self._drain_acked and not self._attempts
+
+    def phase_of(self, attempt_id: str) -> Phase | None:
+        attempt = self._attempts.get(attempt_id)
+        return None if attempt is None else attempt.phase
+
+    def lease_of(self, attempt_id: str) -> int | None:
+        attempt = self._attempts.get(attempt_id)
+        return None if attempt is None else attempt.lease_deadline_ms
+
+    def declared_capacity(self) -> int:
+        """What the hub is told it may hold of this worker (see rule 5)."""
+        if self._draining:
+            return 0
+        zombies = sum(1 for a in self._attempts.values() if a.phase is Phase.LOST)
+        return max(0, self.capacity - zombies - len(self._stale_results))
+
+    def next_deadline_ms(self) -> int | None:
+        """When `TimePassed` should come next, if nothing else happens before."""
+        dues: list[int] = []
+        if self._heartbeat_due_ms is not None:
+            dues.append(self._heartbeat_due_ms)
+        for attempt in self._attempts.values():
+            if attempt.phase is Phase.OFFERED:
+                dues.append(attempt.offer.offer_deadline_ms)
+            elif attempt.phase is Phase.RUNNING:
+                dues.append(attempt.lease_deadline_ms)
+                if attempt.renew_due_ms is not None:
+                    dues.append(attempt.renew_due_ms)
+        return min(dues, default=None)
+
+    # ------------------------------------------------------------------ the mutator
+
+    def handle(self, event: Event) -> list[Command]:
+        commands: list[Command] = []
+        match event:
+            case Connected(now_ms=now_ms):
+                self._on_connected(now_ms, commands)
+            case Disconnected():
+                self._on_disconnected(commands)
+            case Received(now_ms=now_ms, message=message):
+                self._on_message(now_ms, message, commands)
+            case HandlerReturned(now_ms=now_ms, attempt_id=attempt_id, outcome=outcome):
+                self._on_returned(now_ms, attempt_id, outcome, commands)
+            case TimePassed(now_ms=now_ms):
+                self._on_time(now_ms, commands)
+            case DrainRequested(now_ms=now_ms):
+                self._on_drain(now_ms, commands)
+        self._start_what_fits(event.now_ms, commands)
+        self._declare(commands)
+        return _merged(commands)
+
+    # ------------------------------------------------------------------ connection
+
+    def _next_id(self) -> str:
+        return f"m{next(self._ids)}"
+
+    def _on_connected(self, now_ms: int, commands: list[Command]) -> None:
+        if self._link is not Link.DOWN:
+            raise Misuse(what="Connected while a connection is up")
+        self._links += 1
+        if self._links > 1:
+            self.counters.reconnects += 1
+        self._link = Link.OPENING
+        self._opening_id = self._next_id()
+        capacity = 0 if self._attempts else self.declared_capacity()
+        opening = OpenSession(
+            message_id=self._opening_id,
+            instance_id=self.instance_id,
+            queue_id=self._queue_id,
+            capabilities=self._capabilities,
+            capacity=capacity,
+        )
+        self._declared = capacity
+        commands.append(Send(messages=(opening,)))
+
+    def _on_disconnected(self, commands: list[Command]) -> None:
+        if self._link is Link.DOWN:
+            return
+        self._link = Link.DOWN
+        self._heartbeat_due_ms = None
+        for message in self._pending.values():
+            if isinstance(message, Finish):
+                self._stale_results.add(message.attempt_id)
+        commands.append(Notice(type="disconnected"))
+
+    def _send(self, message: ControlMessage, commands: list[Command]) -> None:
+        """Record `message` as pending; send it now if the session is open."""
+        self._pending[message.message_id] = message
+        if self._link is Link.OPEN:
+            commands.append(Send(messages=(message,)))
+
+    def _on_session_opened(
+        self, now_ms: int, message: SessionOpened, commands: list[Command]
+    ) -> None:
+        if self._link is not Link.OPENING or message.reply_to != self._opening_id:
+            return
+        self._set_ttl(now_ms, message.session_ttl_ms)
+        if self._attempts:
+            self._link = Link.RESUMING
+            self._resume_id = self._next_id()
+            refs = tuple(
+                AttemptRef(attempt_id=a.attempt_id, epoch=a.offer.epoch)
+                for a in self._attempts.values()
+            )
+            commands.append(Send(messages=(Resume(message_id=self._resume_id, attempts=refs),)))
+        else:
+            self._open(commands)
+
+    def _open(self, commands: list[Command]) -> None:
+        """The session may carry control messages now: what waited goes out, in order."""
+        self._link = Link.OPEN
+        if self._draining and not self._drain_id:
+            self._drain_id = self._next_id()
+            self._pending[self._drain_id] = Drain(message_id=self._drain_id)
+        if self._pending:
+            commands.append(Send(messages=tuple(self._pending.values())))
+        if self._links > 1:
+            commands.append(Notice(type="reconnected"))
+
+    def _set_ttl(self, now_ms: int, ttl_ms: int) -> None:
+        self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
+        self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
+
+    def _declare(self, commands: list[Command]) -> None:
+        """A heartbeat at once when the capacity to declare changed (rule 5)."""
+        if self._link is not Link.OPEN:
+            return
+        capacity = self.declared_capacity()
+        if capacity != self._declared:
+            self._declared = capacity
+            commands.append(Send(messages=(Heartbeat(capacity=capacity),)))
+
+    # ------------------------------------------------------------------ messages
+
+    def _on_message(self, now_ms: int, message: FromHub, commands: list[Command]) -> None:
+        match message:
+            case SessionOpened():
+                self._on_session_opened(now_ms, message, commands)
+            case HeartbeatAck(session_ttl_ms=ttl_ms):
+                if self._link is Link.OPEN:
+                    self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
+            case Offer():
+                self._on_offer(message, commands)
+            case Resumed():
+                self._on_resumed(now_ms, message, commands)
+            case Granted():
+                self._on_granted(now_ms, message, commands)
+            case Refused():
+                self._on_refused(message, commands)
+            case Recorded():
+                self._on_recorded(message, commands)
+            case DrainAck(reply_to=reply_to):
+                self._on_drain_ack(reply_to, commands)
+
+    def _on_offer(self, offer: Offer, commands: list[Command]) -> None:
+        if offer.attempt_id in self._attempts or self._draining:
+            return
+        if len(self._attempts) >= 2 * self.capacity:
+            commands.append(
+                Notice(
+                    type="offer_ignored",
+                    task_id=offer.task_id,
+                    attempt_id=offer.attempt_id,
+                    detail="full",
+                )
+            )
+            return
+        if offer.capability not in self._capabilities:
+            commands.append(
+                Notice(
+                    type="offer_ignored",
+                    task_id=offer.task_id,
+                    attempt_id=offer.attempt_id,
+                    detail="capability",
+                )
+            )
+            return
+        self._attempts[offer.attempt_id] = _Attempt(offer=offer)
+
+    def _on_resumed(self, now_ms: int, message: Resumed, commands: list[Command]) -> None:
+        if self._link is not Link.RESUMING or message.reply_to != self._resume_id:
+            return
+        for found in message.attempts:
+            attempt = self._attempts.get(found.attempt_id)
+            if attempt is None or attempt.offer.epoch != found.epoch:
+                continue
+            match found.status:
+                case AttemptStatus.RUNNING if attempt.phase is Phase.STARTING:
+                    # Granted, the answer lost: run under the lease as the hub has it now.
+                    for message_id, message_ in list(self._pending.items()):
+                        if isinstance(message_, Start) and message_.attempt_id == found.attempt_id:
+                            del self._pending[message_id]
+                    self._grant(now_ms, attempt, found.lease_deadline_ms, commands)
+                case AttemptStatus.RUNNING:
+                    if attempt.phase is Phase.RUNNING:
+                        self._adopt_lease(now_ms, attempt, found.lease_deadline_ms, commands)
+                case AttemptStatus.LOST:
+                    self._lose(attempt, commands)
+                case AttemptStatus.OFFERED:
+                    pass  # a start still pending is sent again; an offer waits for a slot
+        self._open(commands)
+
+    def _pending_kind(self, reply_to: str) -> ControlMessage | None:
+        return self._pending.pop(reply_to, None)
+
+    def _on_granted(self, now_ms: int, message: Granted, commands: list[Command]) -> None:
+        request = self._pending_kind(message.reply_to)
+        attempt = self._attempts.get(message.attempt_id)
+        if request is None or attempt is None:
+            return
+        if isinstance(request, Start) and attempt.phase is Phase.STARTING:
+            self._grant(now_ms, attempt, message.lease_deadline_ms, commands)
+        elif isinstance(request, Renew):
+            self.counters.renewals_confirmed += 1
+            if attempt.phase is Phase.RUNNING:  # a lost lease is never revived
+                self._adopt_lease(now_ms, attempt, message.lease_deadline_ms, commands)
+
+    def _grant(
+        self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: list[Command]
+    ) -> None:
+        """A granted start: the handler runs, unless the lease is over already."""
+        if deadline_ms <= now_ms:
+            del self._attempts[attempt.attempt_id]  # never ran; the hub ends it as expired
+            return
+        attempt.phase = Phase.RUNNING
+        attempt.lease_deadline_ms = deadline_ms
+        attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
+        self.counters.started += 1
+        commands.append(RunHandler(offer=attempt.offer, lease_deadline_ms=deadline_ms))
+        commands.append(
+            Notice(type="started", task_id=attempt.offer.task_id, attempt_id=attempt.attempt_id)
+        )
+
+    def _adopt_lease(
+        self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: list[Command]
+    ) -> None:
+        """Take the hub's deadline as it is, shorter or longer (rule 4)."""
+        if deadline_ms <= now_ms:
+            self._lose(attempt, commands)
+            return
+        attempt.lease_deadline_ms = deadline_ms
+        attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
+        commands.append(SetLease(attempt_id=attempt.attempt_id, lease_deadline_ms=deadline_ms))
+
+    def _on_refused(self, message: Refused, commands: list[Command]) -> None:
+        request = self._pending_kind(message.reply_to)
+        attempt = self._attempts.get(message.attempt_id)
+        if request is None or attempt is None:
+            return
+        match request:
+            case Start():
+                if attempt.phase is Phase.STARTING:
+                    del self._attempts[attempt.attempt_id]  # never ran: nothing to report
+                    commands.append(
+                        Notice(
+                            type="start_refused",
+                            task_id=attempt.offer.task_id,
+                            attempt_id=attempt.attempt_id,
+                            detail=message.code.value,
+                        )
+                    )
+            case Renew():
+                if message.code is not RefusalCode.NOT_STARTED:
+                    self._lose(attempt, commands)
+            case Finish():
+                self._on_finish_refused(attempt, request, message, commands)
+
+    def _on_finish_refused(
+        self, attempt: _Attempt, finish: Finish, message: Refused, commands: list[Command]
+    ) -> None:
+        self._stale_results.discard(attempt.attempt_id)
+        if message.code in (RefusalCode.TOO_LARGE, RefusalCode.INVALID_REPORT) and not (
+            isinstance(finish.outcome, Unknown) and finish.outcome.code == INVALID_HANDLER_RESULT
+        ):
+            # Checked before sending, so this is a hub with other limits: report that.
+            self._finish(attempt, Unknown(code=INVALID_HANDLER_RESULT), commands)
+            return
+        del self._attempts[attempt.attempt_id]  # the attempt is over at the hub
+        commands.append(
+            Notice(
+                type="report_refused",
+                task_id=attempt.offer.task_id,
+                attempt_id=attempt.attempt_id,
+                detail=message.code.value,
+            )
+        )
+
+    def _on_recorded(self, message: Recorded, commands: list[Command]) -> None:
+        request = self._pending_kind(message.reply_to)
+        attempt = self._attempts.get(message.attempt_id)
+        if not isinstance(request, Finish) or attempt is None:
+            return
+        self._stale_results.discard(attempt.attempt_id)
+        del self._attempts[attempt.attempt_id]
+        self.counters.reports_confirmed += 1
+        if message.disposition is Disposition.EVIDENCE_ONLY:
+            self.counters.evidence_confirmed += 1
+        commands.append(
+            Notice(
+                type="confirmed",
+                task_id=attempt.offer.task_id,
+                attempt_id=attempt.attempt_id,
+                detail=message.disposition.value,
+            )
+        )
+
+    def _on_drain_ack(self, reply_to: str, commands: list[Command]) -> None:
+        if self._pending.pop(reply_to, None) is None:
+            return
+        self._drain_acked = True
+        for attempt in list(self._attempts.values()):
+            if attempt.phase is Phase.OFFERED:
+                del self._attempts[attempt.attempt_id]  # left to lapse: never started
+        commands.append(Notice(type="drain_acknowledged"))
+
+    # ------------------------------------------------------------------ handlers
+
+    def _on_returned(
+        self, now_ms: int, attempt_id: str, outcome: Outcome, commands: list[Command]
+    ) -> None:
+        attempt = self._attempts.get(attempt_id)
+        if attempt is None or attempt.phase not in (Phase.RUNNING, Phase.LOST):
+            raise Misuse(what=f"attempt {attempt_id!r} returned without running")
+        if attempt.phase is Phase.LOST and isinstance(outcome, Unknown):
+            outcome = Unknown(code="LEASE_LOST")
+        self._finish(attempt, outcome, commands)
+        kind = type(outcome).__name__.upper()
+        code = getattr(outcome, "code", "")
+        commands.append(
+            Notice(
+                type="returned",
+                task_id=attempt.offer.task_id,
+                attempt_id=attempt_id,
+                detail=f"{kind}/{code}" if code else kind,
+            )
+        )
+
+    def _finish(self, attempt: _Attempt, outcome: Outcome, commands: list[Command]) -> None:
+        attempt.phase = Phase.FINISHING
+        attempt.renew_due_ms = None
+        for message_id, message in list(self._pending.items()):
+            if isinstance(message, Renew | Finish) and message.attempt_id == attempt.attempt_id:
+                del self._pending[message_id]  # the report supersedes them
+        finish = Finish(
+            message_id=self._next_id(),
+            attempt_id=attempt.attempt_id,
+            epoch=attempt.offer.epoch,
+            outcome=outcome,
+        )
+        self._send(finish, commands)
+
+    def _lose(self, attempt: _Attempt, commands: list[Command]) -> None:
+        """The attempt's lease is gone: stop its handler, or forget it if none runs."""
+        match attempt.phase:
+            case Phase.RUNNING:
+                attempt.phase = Phase.LOST
+                attempt.renew_due_ms = None
+                commands.append(CancelHandler(attempt_id=attempt.attempt_id))
+                commands.append(
+                    Notice(
+                        type="lease_lost",
+                        task_id=attempt.offer.task_id,
+                        attempt_id=attempt.attempt_id,
+                    )
+                )
+            case Phase.OFFERED | Phase.STARTING:
+                del self._attempts[attempt.attempt_id]
+            case Phase.LOST | Phase.FINISHING:
+                pass
+
+    def _start_what_fits(self, now_ms: int, commands: list[Command]) -> None:
+        if self._draining or self._link is not Link.OPEN:
+            return
+        in_use = sum(1 for a in self._attempts.values() if a.holds_slot)
+        for attempt in self._attempts.values():
+            if in_use >= self.capacity:
+                return
+            if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms:
+                attempt.phase = Phase.STARTING
+                in_use += 1
+                start = Start(
+                    message_id=self._next_id(),
+                    attempt_id=attempt.attempt_id,
+                    epoch=attempt.offer.epoch,
+                )
+                self._send(start, commands)
+
+    # ------------------------------------------------------------------ time, drain
+
+    def _on_time(self, now_ms: int, commands: list[Command]) -> None:
+        for attempt in list(self._attempts.values()):
+            if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms <= now_ms:
+                del self._attempts[attempt.attempt_id]
+            elif attempt.phase is Phase.RUNNING:
+                if attempt.lease_deadline_ms <= now_ms:
+                    self._lose(attempt, commands)
+                elif attempt.renew_due_ms is not None and attempt.renew_due_ms <= now_ms:
+                    attempt.renew_due_ms = None  # the next is set by the answer
+                    if not any(
+                        isinstance(m, Renew) and m.attempt_id == attempt.attempt_id
+                        for m in self._pending.values()
+                    ):
+                        renew = Renew(
+                            message_id=self._next_id(),
+                            attempt_id=attempt.attempt_id,
+                            epoch=attempt.offer.epoch,
+                        )
+                        self._send(renew, commands)
+        if self._heartbeat_due_ms is not None and self._heartbeat_due_ms <= now_ms:
+            self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
+            if self._link is Link.OPEN:  # resuming takes one round trip: the next one is due
+                self._declared = self.declared_capacity()
+                commands.append(Send(messages=(Heartbeat(capacity=self._declared),)))
+
+    def _on_drain(self, now_ms: int, commands: list[Command]) -> None:
+        if self._draining:
+            return
+        self._draining = True
+        for attempt in list(self._attempts.values()):
+            if attempt.phase is Phase.OFFERED:
+                del self._attempts[attempt.attempt_id]
+        if self._link is Link.OPEN:
+            self._drain_id = self._next_id()
+            self._send(Drain(message_id=self._drain_id), commands)
+        commands.append(Notice(type="draining"))
+
+
+def _renew_due(now_ms: int, deadline_ms: int) -> int:
+    return now_ms + max(MIN_RENEW_MS, (deadline_ms - now_ms) // 3)
+
+
+def _merged(commands: list[Command]) -> list[Command]:
+    """Consecutive sends become one, so one step's messages share a frame."""
+    merged: list[Command] = []
+    for command in commands:
+        if isinstance(command, Send) and merged and isinstance(merged[-1], Send):
+            previous = merged.pop()
+            assert isinstance(previous, Send)
+            merged.append(Send(messages=previous.messages + command.messages))
+        else:
+            merged.append(command)
+    return merged

@@ -7,7 +7,7 @@ a valid configuration; a bad value raises `InvalidOption` naming the option.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final
 
 import attrs
@@ -107,6 +107,10 @@ def _check_handlers(handlers: Sequence[WorkerHandler]) -> None:
         seen.add(capability)
 
 
+def _as_tuple(handlers: Iterable[WorkerHandler]) -> tuple[WorkerHandler, ...]:
+    return tuple(handlers)
+
+
 def _in_range(field: str, value: object, low: int, high: int, unit: str = "") -> None:
     InvalidOption.check(
         isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
@@ -121,7 +125,7 @@ class WorkerOptions:
     """An automatic worker's settings; see the README's "Automatic workers"."""
 
     queue_id: str
-    handlers: tuple[WorkerHandler, ...] = attrs.field(converter=tuple)
+    handlers: tuple[WorkerHandler, ...] = attrs.field(converter=_as_tuple)
     capacity: int = DEFAULT_CAPACITY
     """Handlers that may run at once (one that ignores cancellation still holds its slot)."""
     shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS

@@ -425,16 +425,6 @@ class WorkerCore:
     def _on_offer(self, offer: Offer, commands: list[Command]) -> None:
         if offer.attempt_id in self._attempts or self._draining:
             return
-        if len(self._attempts) >= 2 * self.capacity:
-            commands.append(
-                Notice(
-                    type="offer_ignored",
-                    task_id=offer.task_id,
-                    attempt_id=offer.attempt_id,
-                    detail="full",
-                )
-            )
-            return
         if offer.capability not in self._capabilities:
             commands.append(
                 Notice(
@@ -442,6 +432,16 @@ class WorkerCore:
                     task_id=offer.task_id,
                     attempt_id=offer.attempt_id,
                     detail="capability",
+                )
+            )
+            return
+        if len(self._attempts) >= 2 * self.capacity:
+            commands.append(
+                Notice(
+                    type="offer_ignored",
+                    task_id=offer.task_id,
+                    attempt_id=offer.attempt_id,
+                    detail="full",
                 )
             )
             return

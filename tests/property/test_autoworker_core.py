@@ -14,6 +14,7 @@ it; the declared capacity stays within bounds.
 from __future__ import annotations
 
 import itertools
+import types
 
 import hypothesis.strategies as st
 from hypothesis import note
@@ -126,7 +127,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             assert message.capacity == 0, "capacity offered before the resume"
         self.outstanding[message.message_id] = message
 
-    def _answer(self, kind: type) -> list[ControlMessage]:
+    def _answer(self, kind: type | types.UnionType) -> list[ControlMessage]:
         return [m for m in self.outstanding.values() if isinstance(m, kind)]
 
     # ------------------------------------------------------------------ connection

@@ -173,6 +173,7 @@ class Worker:
         self._timer = trio.CancelScope()
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._sockets: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ what callers read
 
@@ -240,13 +241,18 @@ class Worker:
         """Everything the worker does, shielded: only the drain or its timeout ends it."""
         try:
             with trio.CancelScope(shield=True):
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    nursery.start_soon(self._tick)
-                    error = await self._connections()
-                    if error is not None:
-                        failure.append(error)
-                    nursery.cancel_scope.cancel()
+                # The sockets' own tasks outlive the work, so a connection cancelled by the
+                # shutdown timeout still closes at once.
+                async with trio.open_nursery() as sockets:
+                    self._sockets = sockets
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        nursery.start_soon(self._tick)
+                        error = await self._connections()
+                        if error is not None:
+                            failure.append(error)
+                        nursery.cancel_scope.cancel()
+                    sockets.cancel_scope.cancel()
         finally:
             finished.set()
 
@@ -385,12 +391,12 @@ class Worker:
 
     async def _connect(self) -> trio_websocket.WebSocketConnection:
         """A WebSocket whose hello was welcomed."""
-        assert self._nursery is not None
+        assert self._sockets is not None
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             stream = await self._client.open_stream()
             try:
                 socket = await trio_websocket.wrap_client_stream(
-                    self._nursery,
+                    self._sockets,
                     stream,  # type: ignore[arg-type]  # any Stream serves; annotated narrower
                     self._client.host,
                     WORKER_PATH,

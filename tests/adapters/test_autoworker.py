@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
-from blockx.autoworker import WorkerExecution, WorkerFailure
+from blockx.autoworker import (
+    WorkerAlreadyRun,
+    WorkerExecution,
+    WorkerFailure,
+    WorkerRunError,
+    WorkerShutdownTimeout,
+)
 from tests.adapters.autoworker_rig import SQLITE, options, state_of, worker
 from tests.adapters.hub_harness import running_hub
 
@@ -72,3 +79,117 @@ async def test_each_outcome_is_reported_as_the_seed_classifies_it(
     assert reported["nan"]["code"] == "INVALID_HANDLER_RESULT"
     assert reported["none"]["code"] == "INVALID_HANDLER_RESULT"
     assert "secret text" not in repr(ended)
+
+
+@SQLITE
+async def test_run_is_once_per_worker_and_a_bad_credential_ends_it(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        refused = worker(rig, "bxc_nobody.secret")
+        with pytest.raises(WorkerRunError) as ended:
+            await refused.run()
+        with pytest.raises(WorkerAlreadyRun):
+            await refused.run()
+        stats = refused.stats()
+        good = worker(rig, token)
+        with trio.move_on_after(1):
+            await good.run()
+        with pytest.raises(WorkerAlreadyRun):
+            await good.run()
+    assert ended.value.code == "AUTH_FAILED"
+    assert "bxc_nobody.secret" not in str(ended.value)
+    assert stats.reconnects == 0  # not retried: a credential does not get better
+
+
+@SQLITE
+async def test_a_drain_waits_for_running_work_and_confirms_it(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        task = await rig.submit(token, payload={"n": 1})
+        began = trio.Event()
+
+        async def slow(execution: WorkerExecution) -> Any:
+            began.set()
+            await trio.sleep(12)  # past the first lease (10 s): renewed meanwhile
+            return execution.payload
+
+        auto = worker(rig, token, options(slow))
+        with trio.move_on_after(3600) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(auto.run)
+                await began.wait()
+                cancelled_at = trio.current_time()
+                nursery.cancel_scope.cancel()
+        returned_after = trio.current_time() - cancelled_at
+        ended = await rig.task(token, task["task_id"])
+    assert not scope.cancelled_caught
+    assert ended["state"] == "SUCCEEDED"  # finished during the drain, and confirmed
+    assert 12 <= returned_after < 13
+    stats = auto.stats()
+    assert (stats.running, stats.reports_confirmed) == (0, 1)
+    assert stats.renewals_confirmed >= 1
+
+
+@SQLITE
+async def test_a_drain_past_the_shutdown_timeout_cancels_and_says_what_was_left(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        await rig.submit(token, payload={"n": 1})
+        began = trio.Event()
+        cancelled = []
+
+        async def stuck(execution: WorkerExecution) -> Any:
+            began.set()
+            try:
+                await trio.sleep(3600)
+            except trio.Cancelled:
+                cancelled.append(execution.task_id)
+                raise
+
+        auto = worker(rig, token, options(stuck, shutdown_timeout_ms=2_000))
+        raised: list[WorkerShutdownTimeout] = []
+
+        async def run() -> None:
+            try:
+                await auto.run()
+            except WorkerShutdownTimeout as error:
+                raised.append(error)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await began.wait()
+            cancelled_at = trio.current_time()
+            nursery.cancel_scope.cancel()
+        returned_after = trio.current_time() - cancelled_at
+    [timed_out] = raised
+    assert (timed_out.running, timed_out.unconfirmed) == (1, 0)
+    assert returned_after == pytest.approx(2.0, abs=0.01)
+    assert len(cancelled) == 1
+
+
+@SQLITE
+async def test_events_are_kept_up_to_128_then_dropped_and_counted(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        tasks = [await rig.submit(token, payload={"secret": f"v{i}"}) for i in range(50)]
+        auto = worker(rig, token, options(capacity=8))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(auto.run)
+            for task in tasks:
+                await state_of(rig, token, task["task_id"], "SUCCEEDED")
+            nursery.cancel_scope.cancel()
+        events = [event async for event in auto.events()]  # ends: closed when run returned
+    stats = auto.stats()
+    assert len(events) == 128
+    assert stats.dropped_events > 0
+    kinds = {event.type for event in events}
+    assert {"started", "returned", "confirmed"} <= kinds
+    assert not any("v1" in repr(event) for event in events)  # never a payload or result

@@ -31,6 +31,7 @@ Rules:
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 from typing import Final, TypeAlias
@@ -66,6 +67,8 @@ from blockx.hub.protocol import (
 )
 
 MAX_HEARTBEAT_MS: Final = 5_000
+SETTLED_REMEMBERED: Final = 10_000
+"""How many settled attempt ids are remembered, so a repeated offer never runs one twice."""
 MIN_RENEW_MS: Final = 20
 INVALID_HANDLER_RESULT: Final = "INVALID_HANDLER_RESULT"
 
@@ -242,6 +245,8 @@ class WorkerCore:
         self._draining = False
         self._drain_id = ""
         self._drain_acked = False
+        self._settled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Attempts this process ended (recorded or refused), newest last."""
         self._stale_results: set[str] = set()
         """Finishes sent on an earlier connection, still unanswered: the hub may not count
         their attempts any more, yet they are not settled."""
@@ -423,7 +428,8 @@ class WorkerCore:
                 self._on_drain_ack(reply_to, commands)
 
     def _on_offer(self, offer: Offer, commands: list[Command]) -> None:
-        if offer.attempt_id in self._attempts or self._draining:
+        known = offer.attempt_id in self._attempts or offer.attempt_id in self._settled
+        if known or self._draining:
             return
         if offer.capability not in self._capabilities:
             commands.append(
@@ -545,7 +551,7 @@ class WorkerCore:
             # Checked before sending, so this is a hub with other limits: report that.
             self._finish(attempt, Unknown(code=INVALID_HANDLER_RESULT), commands)
             return
-        del self._attempts[attempt.attempt_id]  # the attempt is over at the hub
+        self._settle(attempt)  # the attempt is over at the hub
         commands.append(
             Notice(
                 type="report_refused",
@@ -560,8 +566,7 @@ class WorkerCore:
         attempt = self._attempts.get(message.attempt_id)
         if not isinstance(request, Finish) or attempt is None:
             return
-        self._stale_results.discard(attempt.attempt_id)
-        del self._attempts[attempt.attempt_id]
+        self._settle(attempt)
         self.counters.reports_confirmed += 1
         if message.disposition is Disposition.EVIDENCE_ONLY:
             self.counters.evidence_confirmed += 1
@@ -618,6 +623,14 @@ class WorkerCore:
             outcome=outcome,
         )
         self._send(finish, commands)
+
+    def _settle(self, attempt: _Attempt) -> None:
+        """The attempt is over for good: forget it, but not that it ran."""
+        del self._attempts[attempt.attempt_id]
+        self._stale_results.discard(attempt.attempt_id)
+        self._settled[attempt.attempt_id] = None
+        if len(self._settled) > SETTLED_REMEMBERED:
+            self._settled.popitem(last=False)
 
     def _lose(self, attempt: _Attempt, commands: list[Command]) -> None:
         """The attempt's lease is gone: stop its handler, or forget it if none runs."""

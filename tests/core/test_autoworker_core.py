@@ -358,3 +358,18 @@ def test_misuse_is_refused() -> None:
         machine.handle(Connected(now_ms=1))
     with pytest.raises(Misuse):
         machine.handle(HandlerReturned(now_ms=1, attempt_id="nope", outcome=Succeeded(result="1")))
+
+
+def test_an_attempt_settled_here_is_never_run_again_if_offered_again() -> None:
+    machine = core()
+    opened(machine)
+    started(machine, 1)
+    [finish] = sent(
+        machine.handle(HandlerReturned(now_ms=5, attempt_id="a1", outcome=Succeeded(result="1")))
+    )
+    recorded = Recorded(
+        reply_to=finish.message_id, attempt_id="a1", disposition=Disposition.ACCEPTED
+    )
+    machine.handle(Received(now_ms=6, message=recorded))
+    assert machine.handle(Received(now_ms=7, message=offer(1))) == []
+    assert machine.phase_of("a1") is None

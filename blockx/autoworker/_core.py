@@ -476,11 +476,8 @@ class WorkerCore:
                     pass  # a start still pending is sent again; an offer waits for a slot
         self._open(commands)
 
-    def _pending_kind(self, reply_to: str) -> ControlMessage | None:
-        return self._pending.pop(reply_to, None)
-
     def _on_granted(self, now_ms: int, message: Granted, commands: list[Command]) -> None:
-        request = self._pending_kind(message.reply_to)
+        request = self._pending.pop(message.reply_to, None)
         attempt = self._attempts.get(message.attempt_id)
         if request is None or attempt is None:
             return
@@ -519,7 +516,7 @@ class WorkerCore:
         commands.append(SetLease(attempt_id=attempt.attempt_id, lease_deadline_ms=deadline_ms))
 
     def _on_refused(self, message: Refused, commands: list[Command]) -> None:
-        request = self._pending_kind(message.reply_to)
+        request = self._pending.pop(message.reply_to, None)
         attempt = self._attempts.get(message.attempt_id)
         if request is None or attempt is None:
             return
@@ -562,7 +559,7 @@ class WorkerCore:
         )
 
     def _on_recorded(self, message: Recorded, commands: list[Command]) -> None:
-        request = self._pending_kind(message.reply_to)
+        request = self._pending.pop(message.reply_to, None)
         attempt = self._attempts.get(message.attempt_id)
         if not isinstance(request, Finish) or attempt is None:
             return

@@ -360,13 +360,15 @@ class Worker:
         delay_ms = options.reconnect_min_delay_ms
         while not self._core.drained():
             try:
-                socket = await self._connect()
+                stream, socket = await self._connect()
                 delay_ms = options.reconnect_min_delay_ms
                 try:
                     await self._serve(socket)
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
                         await socket.aclose()
+                    # trio-websocket leaves the stream open when the hub went away first.
+                    await trio.aclose_forcefully(stream)
             except _Fatal as fatal:
                 return WorkerRunError(
                     f"the hub ended the worker's session: {fatal}",
@@ -383,8 +385,8 @@ class Worker:
             await trio.sleep(sleep_ms / 1000)
         return None
 
-    async def _connect(self) -> trio_websocket.WebSocketConnection:
-        """A WebSocket whose hello was welcomed."""
+    async def _connect(self) -> tuple[trio.abc.Stream, trio_websocket.WebSocketConnection]:
+        """A WebSocket whose hello was welcomed, and the stream it runs on."""
         assert self._nursery is not None
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             stream = await self._client.open_stream()
@@ -411,8 +413,9 @@ class Worker:
             except BaseException:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     await socket.aclose()
+                await trio.aclose_forcefully(stream)
                 raise
-        return socket
+        return stream, socket
 
     async def _serve(self, socket: trio_websocket.WebSocketConnection) -> None:
         """One connection's life: what comes in goes to the core, what the core says

@@ -256,6 +256,7 @@ async def test_reconnects_back_off_exponentially_and_never_count_as_attempts(
     assert done["state"] == "SUCCEEDED"
     assert (done["started_attempts"], len(done["attempts"])) == (1, 1)
     assert stats.reconnects == 1
+    assert tap.taps[0].closed  # the connection the hub dropped was closed on this side too
 
 
 @SQLITE

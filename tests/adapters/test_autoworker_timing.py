@@ -74,6 +74,9 @@ class TapClient:
     """When the worker tried to connect, refused tries included."""
     taps: list[Tap] = attrs.Factory(list)
     down: bool = False
+    closing: bool = False
+    """While `down`, connections are taken and closed at once (as by a proxy with no hub
+    behind it), not refused."""
     _hub_ends: list[trio.abc.Stream] = attrs.Factory(list)
     _tried: trio.Event = attrs.Factory(trio.Event)
 
@@ -81,9 +84,12 @@ class TapClient:
         self.tries.append(trio.current_time())
         self._tried.set()
         self._tried = trio.Event()
+        worker_end, hub_end = trio.testing.memory_stream_pair()
+        if self.down and self.closing:
+            await hub_end.aclose()
+            return worker_end
         if self.down:
             raise OSError("connection refused (the test's hub is down)")
-        worker_end, hub_end = trio.testing.memory_stream_pair()
         self.rig.nursery.start_soon(self.rig.hub.serve_connection, hub_end)
         self._hub_ends.append(hub_end)
         tap = Tap(inner=worker_end, heard=self.heard)
@@ -276,3 +282,23 @@ async def test_reconnect_delays_are_drawn_between_the_minimum_and_a_doubling_cap
     caps_ms = [min(MIN_DELAY_MS << n, MAX_DELAY_MS) for n in range(len(gaps_ms))]
     assert all(MIN_DELAY_MS <= gap <= cap for gap, cap in zip(gaps_ms, caps_ms, strict=True))
     assert len(set(gaps_ms[4:])) > 1  # at the maximum, still spread out
+
+
+@SQLITE
+async def test_a_connection_closed_before_its_handshake_is_tried_again_after_the_back_off(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """As through a proxy with no hub behind it: each connection is taken and closed at
+    once. The worker tries again after its back-off, not after the 10 s a handshake may
+    take."""
+    opts = options(reconnect_min_delay_ms=MIN_DELAY_MS, reconnect_max_delay_ms=MAX_DELAY_MS)
+    async with running_hub(hub_url) as rig:
+        tap = TapClient(rig=rig, down=True, closing=True)
+        worker = tapped_worker(tap, rig.credential(), opts, Lowest())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            await tap.wait_for_tries(4)
+            tap.down = False  # the fifth try gets through
+            await tap.wait_for_tries(5)
+            nursery.cancel_scope.cancel()
+    assert [ms(at) for at in tap.tries] == [0, 200, 400, 600, 800]

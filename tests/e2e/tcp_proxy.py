@@ -129,12 +129,13 @@ class TcpProxy:
             if h.direction == direction and isinstance(h.message, kind)
         ]
 
-    async def wait_for(self, direction: str, kind: type[M], count: int = 1) -> M:
-        """The `count`-th `kind` message going `direction`, once it went through."""
+    async def wait_for(self, direction: str, kind: type[M], count: int = 1, *, since: int = 0) -> M:
+        """The `count`-th `kind` message going `direction` that went through, once it did;
+        `since` leaves out the first so many of `heard`."""
         while True:
             seen = [
                 h.message
-                for h in self.heard
+                for h in self.heard[since:]
                 if h.direction == direction and isinstance(h.message, kind) and not h.eaten
             ]
             if len(seen) >= count:

@@ -8,7 +8,7 @@
   in between, never counted as task attempts.
 
 The worker runs against the in-process hub (tests/adapters/autoworker_rig.py)
-through a `TapClient`, which notes when each message left the worker and can
+through a `TappedLine`, which notes when each message left the worker and can
 cut the connection or refuse new ones, all on Trio's virtual clock.
 """
 
@@ -24,9 +24,9 @@ import trio
 import trio.testing
 
 from blockx._clock import WorkerClock
-from blockx.autoworker import Worker, WorkerEvent, WorkerExecution, WorkerOptions
+from blockx.autoworker import HubClient, Worker, WorkerEvent, WorkerExecution, WorkerOptions
 from blockx.hub.protocol import Heartbeat, Message, Renew, Start
-from tests.adapters.autoworker_rig import SQLITE, options, rig_client, state_of
+from tests.adapters.autoworker_rig import SQLITE, options, state_of
 from tests.adapters.hub_harness import EPOCH_MS, TEST_CONFIG, HubRig, running_hub
 from tests.adapters.ws_wire import WireReader
 
@@ -65,7 +65,7 @@ class Tap(trio.abc.Stream):
 
 
 @attrs.define(eq=False)
-class TapClient:
+class TappedLine:
     """Connections from a worker to `rig`'s hub, tapped; `down` refuses new ones."""
 
     rig: HubRig
@@ -92,9 +92,9 @@ class TapClient:
             raise OSError("connection refused (the test's hub is down)")
         self.rig.nursery.start_soon(self.rig.hub.serve_connection, hub_end)
         self._hub_ends.append(hub_end)
-        tap = Tap(inner=worker_end, heard=self.heard)
-        self.taps.append(tap)
-        return tap
+        line = Tap(inner=worker_end, heard=self.heard)
+        self.taps.append(line)
+        return line
 
     async def cut(self) -> None:
         """The hub's end of the open connection goes away."""
@@ -109,11 +109,20 @@ class TapClient:
         return [ms(at) for at, message in self.heard if isinstance(message, kind)]
 
 
+@attrs.frozen(kw_only=True)
+class TappedClient(HubClient):
+    """A `HubClient` whose connections are made by `line`."""
+
+    line: TappedLine = attrs.field(repr=False)
+
+    async def open_stream(self) -> trio.abc.Stream:
+        return await self.line.open_stream()
+
+
 def tapped_worker(
-    tap: TapClient, token: str, opts: WorkerOptions, rng: random.Random | None = None
+    line: TappedLine, token: str, opts: WorkerOptions, rng: random.Random | None = None
 ) -> Worker:
-    client = rig_client(tap.rig, token)
-    object.__setattr__(client, "endpoint", tap)  # the rig client connects through the tap
+    client = TappedClient(url="http://hub.test:80", credential=token, line=line)
     return Worker(client, opts, clock=WorkerClock(epoch_ms=EPOCH_MS), rng=rng)
 
 
@@ -137,16 +146,16 @@ async def test_heartbeats_go_every_third_of_the_session_ttl_at_most_every_five_s
 ) -> None:
     config = attrs.evolve(TEST_CONFIG, session_ttl_ms=session_ttl_ms)
     async with running_hub(hub_url, config) as rig:
-        tap = TapClient(rig=rig)
-        worker = tapped_worker(tap, rig.credential(), options())
+        line = TappedLine(rig=rig)
+        worker = tapped_worker(line, rig.credential(), options())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
             await trio.sleep((4 * every_ms + every_ms // 2) / 1000)
             stopped_ms = ms(trio.current_time())
             nursery.cancel_scope.cancel()
-    beats = [at for at in tap.sent(Heartbeat) if at < stopped_ms]
+    beats = [at for at in line.sent(Heartbeat) if at < stopped_ms]
     assert beats == [every_ms, 2 * every_ms, 3 * every_ms, 4 * every_ms]
-    assert len(tap.tries) == 1  # the session stayed up throughout
+    assert len(line.tries) == 1  # the session stayed up throughout
 
 
 # ---------------------------------------------------------------------------- renewals
@@ -171,15 +180,15 @@ async def test_renewals_come_a_third_of_the_remaining_lease_apart_never_under_20
     async with running_hub(hub_url, config) as rig:
         token = rig.credential()
         task = await rig.submit(token, attempt_timeout_ms=4_000, idempotency="NON_IDEMPOTENT")
-        tap = TapClient(rig=rig)
-        worker = tapped_worker(tap, token, options(handle))
+        line = TappedLine(rig=rig)
+        worker = tapped_worker(line, token, options(handle))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
             confirmed = await notice(worker, "confirmed")
             ended = await state_of(rig, token, task["task_id"], "NEEDS_REVIEW")
             nursery.cancel_scope.cancel()
-    [started_ms] = tap.sent(Start)
-    renewals = [at - started_ms for at in tap.sent(Renew)]
+    [started_ms] = line.sent(Start)
+    renewals = [at - started_ms for at in line.sent(Renew)]
     # deadline 3000 at first, 4000 from the first renewal on; each gap max(20, left // 3)
     assert renewals == [
         1_000,  # 3000 // 3
@@ -241,28 +250,27 @@ async def test_reconnects_back_off_exponentially_and_never_count_as_attempts(
     async with running_hub(hub_url) as rig:
         token = rig.credential()
         task = await rig.submit(token, idempotency="NON_IDEMPOTENT")
-        tap = TapClient(rig=rig)
-        worker = tapped_worker(tap, token, opts, rng)
+        line = TappedLine(rig=rig)
+        worker = tapped_worker(line, token, opts, rng)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
             await trio.sleep(1)
-            tap.down = True
-            await tap.cut()
-            await tap.wait_for_tries(1 + 5)
-            tap.down = False
-            await tap.wait_for_tries(1 + 6)
+            line.down = True
+            await line.cut()
+            await line.wait_for_tries(1 + 5)
+            line.down = False
+            await line.wait_for_tries(1 + 6)
             release.set()
             done = await state_of(rig, token, task["task_id"], "SUCCEEDED", "NEEDS_REVIEW")
             nursery.cancel_scope.cancel()
         stats = worker.stats()
-    tries_ms = [ms(at) for at in tap.tries]
-    assert tries_ms[0] == 0
-    assert [b - a for a, b in itertools.pairwise(tries_ms[1:])] == gaps_ms[1:]
-    assert tries_ms[1] - 1_000 == gaps_ms[0]
+    first_ms, *again_ms = [ms(at) for at in line.tries]
+    assert first_ms == 0
+    assert [b - a for a, b in itertools.pairwise([1_000, *again_ms])] == gaps_ms  # from the cut
     assert done["state"] == "SUCCEEDED"
     assert (done["started_attempts"], len(done["attempts"])) == (1, 1)
     assert stats.reconnects == 1
-    assert tap.taps[0].closed  # the connection the hub dropped was closed on this side too
+    assert line.taps[0].closed  # the connection the hub dropped was closed on this side too
 
 
 @SQLITE
@@ -271,14 +279,14 @@ async def test_reconnect_delays_are_drawn_between_the_minimum_and_a_doubling_cap
 ) -> None:
     opts = options(reconnect_min_delay_ms=MIN_DELAY_MS, reconnect_max_delay_ms=MAX_DELAY_MS)
     async with running_hub(hub_url) as rig:
-        tap = TapClient(rig=rig, down=True)
-        worker = tapped_worker(tap, rig.credential(), opts, random.Random(2))
+        line = TappedLine(rig=rig, down=True)
+        worker = tapped_worker(line, rig.credential(), opts, random.Random(2))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
-            await tap.wait_for_tries(12)
-            tap.down = False  # the drain is acknowledged by the hub
+            await line.wait_for_tries(12)
+            line.down = False  # the drain is acknowledged by the hub
             nursery.cancel_scope.cancel()
-    gaps_ms = [ms(b - a) for a, b in itertools.pairwise(tap.tries[:12])]
+    gaps_ms = [ms(b - a) for a, b in itertools.pairwise(line.tries[:12])]
     caps_ms = [min(MIN_DELAY_MS << n, MAX_DELAY_MS) for n in range(len(gaps_ms))]
     assert all(MIN_DELAY_MS <= gap <= cap for gap, cap in zip(gaps_ms, caps_ms, strict=True))
     assert len(set(gaps_ms[4:])) > 1  # at the maximum, still spread out
@@ -293,12 +301,12 @@ async def test_a_connection_closed_before_its_handshake_is_tried_again_after_the
     take."""
     opts = options(reconnect_min_delay_ms=MIN_DELAY_MS, reconnect_max_delay_ms=MAX_DELAY_MS)
     async with running_hub(hub_url) as rig:
-        tap = TapClient(rig=rig, down=True, closing=True)
-        worker = tapped_worker(tap, rig.credential(), opts, Lowest())
+        line = TappedLine(rig=rig, down=True, closing=True)
+        worker = tapped_worker(line, rig.credential(), opts, Lowest())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
-            await tap.wait_for_tries(4)
-            tap.down = False  # the fifth try gets through
-            await tap.wait_for_tries(5)
+            await line.wait_for_tries(4)
+            line.down = False  # the fifth try gets through
+            await line.wait_for_tries(5)
             nursery.cancel_scope.cancel()
-    assert [ms(at) for at in tap.tries] == [0, 200, 400, 600, 800]
+    assert [ms(at) for at in line.tries] == [0, 200, 400, 600, 800]

@@ -593,6 +593,9 @@ class WorkerCore:
         attempt = self._attempts.get(attempt_id)
         if attempt is None or attempt.phase not in (Phase.RUNNING, Phase.LOST):
             raise Misuse(what=f"attempt {attempt_id!r} returned without running")
+        if attempt.phase is Phase.RUNNING and attempt.lease_deadline_ms <= now_ms:
+            # The lease monitor cancelled it before this machine's own timer came due.
+            self._lose(attempt, commands)
         if attempt.phase is Phase.LOST and isinstance(outcome, Unknown):
             outcome = Unknown(code="LEASE_LOST")
         self._finish(attempt, outcome, commands)

@@ -366,13 +366,15 @@ class Worker:
         delay_ms = options.reconnect_min_delay_ms
         while not self._core.drained():
             try:
-                socket = await self._connect()
+                stream, socket = await self._connect()
                 delay_ms = options.reconnect_min_delay_ms
                 try:
                     await self._serve(socket)
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
                         await socket.aclose()
+                    # trio-websocket leaves the stream open when the hub went away first.
+                    await trio.aclose_forcefully(stream)
             except _Fatal as fatal:
                 return WorkerRunError(
                     f"the hub ended the worker's session: {fatal}",
@@ -389,20 +391,12 @@ class Worker:
             await trio.sleep(sleep_ms / 1000)
         return None
 
-    async def _connect(self) -> trio_websocket.WebSocketConnection:
-        """A WebSocket whose hello was welcomed."""
-        assert self._sockets is not None
+    async def _connect(self) -> tuple[trio.abc.Stream, trio_websocket.WebSocketConnection]:
+        """A WebSocket whose hello was welcomed, and the stream it runs on."""
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-            stream = await self._client.open_stream()
+            stream = _Watched(await self._client.open_stream())
             try:
-                socket = await trio_websocket.wrap_client_stream(
-                    self._sockets,
-                    stream,  # type: ignore[arg-type]  # any Stream serves; annotated narrower
-                    self._client.host,
-                    WORKER_PATH,
-                    max_message_size=MAX_FRAME_BYTES,
-                    receive_buffer_size=RECEIVE_BUFFER_BYTES,
-                )
+                socket = await self._open_websocket(stream)
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise
@@ -417,8 +411,42 @@ class Worker:
             except BaseException:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     await socket.aclose()
+                await trio.aclose_forcefully(stream)
                 raise
-        return socket
+        return stream, socket
+
+    async def _open_websocket(self, stream: _Watched) -> trio_websocket.WebSocketConnection:
+        """The WebSocket's opening handshake on `stream`; `trio.BrokenResourceError` if the
+        connection ends first (trio-websocket would wait for the handshake regardless)."""
+        assert self._sockets is not None
+        nursery = self._sockets
+        ended: list[trio_websocket.WebSocketConnection | Exception] = []
+        async with trio.open_nursery() as race:
+
+            async def handshake() -> None:
+                try:
+                    socket = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,  # type: ignore[arg-type]  # any Stream serves; annotated narrower
+                        self._client.host,
+                        WORKER_PATH,
+                        max_message_size=MAX_FRAME_BYTES,
+                        receive_buffer_size=RECEIVE_BUFFER_BYTES,
+                    )
+                except Exception as error:  # raised below, not as a group of one
+                    ended.append(error)
+                else:
+                    ended.append(socket)
+                race.cancel_scope.cancel()
+
+            race.start_soon(handshake)
+            await stream.ended.wait()
+            race.cancel_scope.cancel()
+        if not ended:
+            raise trio.BrokenResourceError("the connection ended during the WebSocket handshake")
+        if isinstance(ended[0], Exception):
+            raise ended[0]
+        return ended[0]
 
     async def _serve(self, socket: trio_websocket.WebSocketConnection) -> None:
         """One connection's life: what comes in goes to the core, what the core says
@@ -462,6 +490,38 @@ class Worker:
 
 class _Closed(Exception):
     """The hub closed the connection with an error worth reconnecting after."""
+
+
+@attrs.define(eq=False)
+class _Watched(trio.abc.Stream):
+    """A connection's stream that tells when it ended (closed, reset, or at its end)."""
+
+    inner: trio.abc.Stream
+    ended: trio.Event = attrs.Factory(trio.Event)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            await self.inner.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.ended.set()
+            raise
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        try:
+            data = await self.inner.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.ended.set()
+            raise
+        if not data:
+            self.ended.set()
+        return data
+
+    async def aclose(self) -> None:
+        self.ended.set()
+        await self.inner.aclose()
 
 
 _TRANSIENT: Final = (

@@ -240,6 +240,8 @@ class WorkerCore:
         self._opening_id = ""
         self._resume_id = ""
         self._heartbeat_every_ms = MAX_HEARTBEAT_MS
+        self.session_ttl_ms: int | None = None
+        """The session TTL the hub last gave: it answers within it, or the line is dead."""
         self._heartbeat_due_ms: int | None = None
         self._declared = -1
         self._draining = False
@@ -393,6 +395,7 @@ class WorkerCore:
             commands.append(Notice(type="reconnected"))
 
     def _set_ttl(self, now_ms: int, ttl_ms: int) -> None:
+        self.session_ttl_ms = ttl_ms
         self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
         self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
 
@@ -413,6 +416,7 @@ class WorkerCore:
                 self._on_session_opened(now_ms, message, commands)
             case HeartbeatAck(session_ttl_ms=ttl_ms):
                 if self._link is Link.OPEN:
+                    self.session_ttl_ms = ttl_ms
                     self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
             case Offer():
                 self._on_offer(message, commands)

@@ -469,8 +469,17 @@ class Worker:
             raise ended[0]
 
     async def _read(self, socket: trio_websocket.WebSocketConnection) -> None:
+        """Hands each message to the core. The hub answers every heartbeat, so nothing
+        heard for a session TTL means a dead line (one that black-holes traffic never
+        errors): it is given up and a new one made."""
         while not self._core.drained():
-            for message in decode(await socket.get_message()):
+            silence_ms = self._core.session_ttl_ms or HANDSHAKE_TIMEOUT_S * 1000
+            frame: bytes | str = b""
+            with trio.move_on_after(silence_ms / 1000) as waiting:
+                frame = await socket.get_message()
+            if waiting.cancelled_caught:
+                raise _Closed(f"nothing from the hub for {silence_ms} ms")
+            for message in decode(frame):
                 if isinstance(message, Error):
                     _raise_error(message)
                 if isinstance(message, Welcome | Hello):

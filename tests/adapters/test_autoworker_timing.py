@@ -46,6 +46,8 @@ class Tap(trio.abc.Stream):
     inner: trio.abc.Stream
     heard: list[tuple[float, Message]]
     closed: bool = False
+    silent: bool = False
+    """From now on nothing reaches the worker (a line that black-holes traffic)."""
     _reader: WireReader = attrs.Factory(WireReader)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -57,7 +59,10 @@ class Tap(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
+        data = await self.inner.receive_some(max_bytes)
+        while self.silent and data:
+            data = await self.inner.receive_some(max_bytes)  # swallowed
+        return data
 
     async def aclose(self) -> None:
         self.closed = True
@@ -310,3 +315,26 @@ async def test_a_connection_closed_before_its_handshake_is_tried_again_after_the
             await line.wait_for_tries(5)
             nursery.cancel_scope.cancel()
     assert [ms(at) for at in line.tries] == [0, 200, 400, 600, 800]
+
+
+@SQLITE
+async def test_a_line_silent_for_a_session_ttl_is_given_up_and_made_again(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The hub answers every heartbeat; a line that goes quiet for a whole session TTL
+    (3 s here) is dead even if it never errors, and the worker makes a new one."""
+    opts = options(reconnect_min_delay_ms=MIN_DELAY_MS, reconnect_max_delay_ms=MIN_DELAY_MS)
+    async with running_hub(hub_url, attrs.evolve(TEST_CONFIG, session_ttl_ms=3_000)) as rig:
+        line = TappedLine(rig=rig)
+        worker = tapped_worker(line, rig.credential(), opts)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            await trio.sleep(1.5)  # a heartbeat and its answer at 1 s
+            line.taps[0].silent = True
+            await line.wait_for_tries(2)
+            await notice(worker, "reconnected")
+            nursery.cancel_scope.cancel()
+        stats = worker.stats()
+    # The last answer came at 1 s: given up at 4 s, tried again after the 200 ms back-off.
+    assert [ms(at) for at in line.tries] == [0, 4_000 + MIN_DELAY_MS]
+    assert stats.reconnects == 1

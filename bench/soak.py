@@ -65,7 +65,7 @@ slot stayed taken, the worker is unhealthy (health check, executors, ERROR
 lines, exit status), or its RSS is not flat: it grew by more than
 `--max-rss-growth-mb` (10) after the warm-up, or, over at least
 SLOPE_WINDOW_S after it, it trends up by more than
-`--max-rss-slope-mb-per-min` (1.5). The warm-up (120 s, at most a third of
+`--max-rss-slope-mb-per-min` (1.5). The warm-up (120 s, at most half of
 the run) is how long the worker takes to reach its steady working set here:
 the retained results (RETENTION_MS), the stale timers it compacts, each
 connection's HTTP/2 state. Measured on 2 cores: with a full collection every
@@ -783,7 +783,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds per SAMPLE")
     parser.add_argument(
-        "--warmup", type=float, default=120.0, help="seconds before RSS counts (<= duration / 3)"
+        "--warmup", type=float, default=120.0, help="seconds before RSS counts (<= duration / 2)"
     )
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument(
@@ -794,7 +794,7 @@ def main() -> None:
     )
     parser.add_argument("--worker-log", metavar="PATH", help="write the worker's stderr here")
     args = parser.parse_args()
-    args.warmup = min(args.warmup, args.duration / 3)
+    args.warmup = min(args.warmup, args.duration / 2)
     args.sample_every = min(args.sample_every, args.duration / 5)
     passed = trio.run(soak, args)
     sys.exit(0 if passed else 1)

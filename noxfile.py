@@ -1,7 +1,8 @@
 """Every check CI runs, one session each: `nox -s <name>` reproduces CI.
 
 Sessions install from `uv.lock` only (`uv sync --locked`), each with just the
-dependency group it needs, into the session's own virtualenv.
+dependency group it needs, into the session's own virtualenv. `soak` is no
+check of CI's: it runs for minutes, so only `nox -s soak` runs it.
 """
 
 import nox
@@ -49,6 +50,13 @@ def tests(session: nox.Session) -> None:
 def property_tests(session: nox.Session) -> None:
     sync(session, "test")
     session.run("pytest", "tests/property", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """bench/soak.py: many clients on one worker for 5 minutes; arguments after -- go to it."""
+    sync(session)
+    session.run("python", "bench/soak.py", *session.posargs)
 
 
 @nox.session

@@ -111,10 +111,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def worker_command(port: int, executors: int) -> list[str]:
+def worker_command(port: int, executors: int, slots: int = SLOTS) -> list[str]:
     return [
         *(sys.executable, "-m", "blockx", "serve", "--listen", f"{HOST}:{port}"),
-        *("--executors", str(executors), "--slots", str(SLOTS), "--functions", str(EXAMPLES)),
+        *("--executors", str(executors), "--slots", str(slots), "--functions", str(EXAMPLES)),
     ]
 
 
@@ -251,16 +251,22 @@ class WorkerProcess:
         return "\n".join(self.log[-lines:])
 
 
-async def start_worker(executors: int) -> tuple[WorkerProcess, float, float]:
-    """Start the worker; returns it, the seconds from spawn to its ready line, and the
-    moment (perf_counter) it was spawned."""
+async def start_worker(
+    executors: int, *, slots: int = SLOTS, env: dict[str, str] | None = None
+) -> tuple[WorkerProcess, float, float]:
+    """Start the worker (`env` added to WORKER_ENV); returns it, the seconds from spawn to
+    its ready line, and the moment (perf_counter) it was spawned."""
     port = free_port()
-    command = worker_command(port, executors)
+    command = worker_command(port, executors, slots)
     spawned = time.perf_counter()
     stderr_fd, worker_stderr = os.pipe()
     try:
         process = await asyncio.create_subprocess_exec(
-            *command, stderr=worker_stderr, stdout=subprocess.DEVNULL, cwd=REPO, env=WORKER_ENV
+            *command,
+            stderr=worker_stderr,
+            stdout=subprocess.DEVNULL,
+            cwd=REPO,
+            env={**WORKER_ENV, **(env or {})},
         )
     except BaseException:
         os.close(stderr_fd)
@@ -674,8 +680,8 @@ async def measure_rpc(
     result("echo_cpu_ms_per_rpc", meters["echo"].used_s("echo") * 1000 / echo_calls, 3)
 
 
-async def stop_worker(worker: WorkerProcess, log_path: str | None) -> None:
-    """SIGTERM and wait; say what went wrong in its log and its exit status."""
+async def stop_worker(worker: WorkerProcess, log_path: str | None) -> int:
+    """SIGTERM and wait; say what went wrong in its log and its exit status, and return it."""
     code = await worker.stop()
     if log_path is not None:
         Path(log_path).write_text("\n".join(worker.log) + "\n")
@@ -686,6 +692,7 @@ async def stop_worker(worker: WorkerProcess, log_path: str | None) -> None:
     if code != 0:
         print(f"worker exited with status {code}; its log ends:", file=sys.stderr)
         print(worker.tail(), file=sys.stderr)
+    return code
 
 
 async def bench(args: argparse.Namespace) -> None:

@@ -33,8 +33,12 @@ def cache_own_bytecode(root: str | None = None) -> None:
 
 
 def tune_gc() -> None:
-    """Collect the young generation far less often than the default."""
+    """Collect the young generation far less often than the default, and leave what exists
+    now (the modules, classes and functions imported at start) out of every later
+    collection: they live as long as the process, and a full collection then only walks
+    what was made since (`blockx.app` runs one on a clock)."""
     gc.set_threshold(YOUNG_GENERATION_THRESHOLD, 20, 20)
+    gc.freeze()
 
 
 def rss_bytes() -> int:

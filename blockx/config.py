@@ -542,6 +542,10 @@ class WorkerConfig:
     worker_addr: str = _setting("", "workerAddr", "WORKER_ADDR", _STR)
     """Advertised address and etcd key suffix; empty = derived at start."""
     drain_timeout_ms: int = _setting(30_000, "drainTimeoutMs", "DRAIN_TIMEOUT_MS", positive=True)
+    gc_collect_interval_ms: int = _setting(
+        60_000, "gcCollectIntervalMs", "GC_COLLECT_INTERVAL_MS", positive=True
+    )
+    """How often the worker process runs a full garbage collection (see `blockx.app`)."""
     phase_io_timeout_ms: int = _setting(
         10_000, "phaseIoTimeoutMs", "PHASE_IO_TIMEOUT_MS", positive=True
     )

@@ -349,8 +349,13 @@ async def outcomes_of(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(produce, ended)
             with outcomes:
-                yield outcomes
-            nursery.cancel_scope.cancel()
+                try:
+                    yield outcomes
+                finally:
+                    # Before the channel closes: a producer waiting to hand over an
+                    # outcome is then cancelled, rather than told the reader is gone
+                    # (BrokenResourceError), which would escape as its own error.
+                    nursery.cancel_scope.cancel()
 
 
 @contextlib.asynccontextmanager

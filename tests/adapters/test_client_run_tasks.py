@@ -18,6 +18,7 @@ from grpclib.const import Status
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import TaskOutcome, WorkerCallError, WorkerClient, WorkerUnreachable
+from blockx.client._worker import outcomes_of
 from blockx.errors import Misuse
 from tests.adapters.test_client import run_cli
 from tests.adapters.test_discovery_placement import address, free_port
@@ -32,6 +33,12 @@ def add(task_id: str, a: int = 1, b: int = 2, **fields: object) -> pb.TaskSpec:
 
 def hang(task_id: str, **fields: object) -> pb.TaskSpec:
     return call_list_task(task_id, ("demo.hang", []), **fields)
+
+
+def outcome_of(task_id: str) -> TaskOutcome:
+    return TaskOutcome(
+        task_id=task_id, worker_addr="127.0.0.1:1", result=pb.TaskResult(task_id=task_id)
+    )
 
 
 async def run_all(client: WorkerClient, tasks: object) -> list[TaskOutcome]:
@@ -174,6 +181,49 @@ async def test_leaving_early_resets_the_stream_and_the_worker_counts_a_broken_wa
         assert (await client.status()).running_tasks == 0
     assert result.result is not None
     assert result.result.failure_code == "WATCH_DISCONNECTED"
+
+
+async def test_leaving_while_the_next_outcome_waits_to_be_handed_over_cancels_quietly() -> None:
+    # The reader leaves with the producer blocked handing over the second outcome: the
+    # producer is cancelled, and no BrokenResourceError (the reader closed its end)
+    # escapes from the block, as it did when the channel was closed before the cancel.
+    producer_cancelled = False
+
+    async def produce(ended: trio.MemorySendChannel[TaskOutcome]) -> None:
+        nonlocal producer_cancelled
+        with ended:
+            try:
+                for task_id in ("first", "second"):
+                    await ended.send(outcome_of(task_id))
+            except trio.Cancelled:
+                producer_cancelled = True
+                raise
+
+    with trio.fail_after(FAIL_AFTER_S):
+        async with outcomes_of(produce) as outcomes:
+            async for outcome in outcomes:
+                assert outcome.task_id == "first"
+                await trio.testing.wait_all_tasks_blocked()
+                assert outcomes.statistics().tasks_waiting_send == 1  # "second", held
+                break
+    assert producer_cancelled
+
+
+async def test_an_error_of_the_reader_reaches_the_caller_alone_while_an_outcome_waits() -> None:
+    async def produce(ended: trio.MemorySendChannel[TaskOutcome]) -> None:
+        with ended:
+            for task_id in ("first", "second"):
+                await ended.send(outcome_of(task_id))
+
+    async def read_and_break() -> None:
+        async with outcomes_of(produce) as outcomes:
+            async for _ in outcomes:
+                await trio.testing.wait_all_tasks_blocked()
+                assert outcomes.statistics().tasks_waiting_send == 1
+                raise ValueError("the reader broke")
+
+    with trio.fail_after(FAIL_AFTER_S), pytest.raises(ValueError, match="the reader broke"):
+        await read_and_break()
 
 
 async def test_cancelling_the_reader_resets_the_stream(

@@ -70,6 +70,7 @@ SEED_DEFAULTS = [
     ("streamBuild.pendingCalls", 128),
     ("heartbeatIntervalMs", 200),
     ("drainTimeoutMs", 30_000),
+    ("gcCollectIntervalMs", 60_000),
     ("phaseIoTimeoutMs", 10_000),
     ("grpcKeepaliveTimeMs", 30_000),
     ("grpcKeepaliveTimeoutMs", 10_000),
@@ -195,6 +196,7 @@ ENV_CASES = [
     ("STREAM_BUILD_ENABLED", "true", "streamBuild.enabled", True),
     ("WORKER_HEARTBEAT_INTERVAL", "2s", "heartbeatIntervalMs", 2_000),
     ("DRAIN_TIMEOUT_MS", "100", "drainTimeoutMs", 100),
+    ("GC_COLLECT_INTERVAL_MS", "5000", "gcCollectIntervalMs", 5_000),
     ("PHASE_IO_TIMEOUT_MS", "100", "phaseIoTimeoutMs", 100),
     ("WORKER_GRPC_KEEPALIVE_TIME_MS", "100", "grpcKeepaliveTimeMs", 100),
     ("WORKER_GRPC_KEEPALIVE_TIMEOUT_MS", "100", "grpcKeepaliveTimeoutMs", 100),
@@ -448,6 +450,7 @@ def test_zero_counts_and_timeouts_are_refused(variable: str, path: str) -> None:
 
 POSITIVE_SETTINGS = [
     "drainTimeoutMs",
+    "gcCollectIntervalMs",
     "phaseIoTimeoutMs",
     "admission.builderSlots",
     "admission.executorTaskSlots",

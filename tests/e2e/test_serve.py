@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -230,3 +233,28 @@ async def test_a_group_signal_under_uv_run_drains_and_executors_finish_their_cal
         with trio.fail_after(10):
             for pid in pids:
                 await wait_exited(pid)
+
+
+async def test_the_worker_runs_a_full_garbage_collection_on_a_clock() -> None:
+    # Without it the oldest generation came round once in hours under load, and the
+    # cycles that reached it grew the worker's RSS for as long (bench/soak.py found it).
+    env = {"GC_COLLECT_INTERVAL_MS": "200"}
+    async with serve_process("--executors", "1", env=env) as worker:
+        with trio.fail_after(30):
+            while len(collections := garbage_collections(worker.log)) < 3:
+                await worker.logged.wait()
+    times = [datetime.datetime.fromisoformat(line["ts"]) for line in collections]
+    assert all(
+        later - earlier >= datetime.timedelta(milliseconds=190)
+        for earlier, later in itertools.pairwise(times)
+    )
+    for line in collections:
+        assert line["level"] == "INFO"
+        assert line["gc_unreachable"] >= 0
+        assert 0 <= line["gc_pause_ms"] < 1000
+
+
+def garbage_collections(log: list[str]) -> list[dict[str, Any]]:
+    """The worker's log lines of its full garbage collections, parsed."""
+    lines = [json.loads(line) for line in log if line.startswith("{")]
+    return [line for line in lines if line["msg"].startswith("garbage collection: ")]

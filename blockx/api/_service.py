@@ -100,14 +100,21 @@ class WorkerService(pb.WorkerServiceBase):
         """How handlers reach the actors; the front end sets it when it starts."""
 
     def __mapping__(self) -> dict[str, Handler]:
-        """The generated handlers, but the hot RPCs' are raw: their requests are decoded by
-        the C runtime (`WIRE_REQUESTS`) and their replies are sent as bytes."""
+        """The generated handlers' shapes with raw handlers: every request is decoded by the
+        C runtime (`WIRE_REQUESTS`) and the replies about tasks are sent as bytes.
+
+        The C runtime keeps protobuf's rules: a field of the wrong wire type is an unknown
+        field and a string is UTF-8. betterproto2's decoder hands over whatever it read
+        (an int for a `task_id` that arrived as a varint), which no handler expects.
+        """
         mapping = super().__mapping__()
         raw = {
+            "RequestTaskSlot": self._request_task_slot,
             "SubmitTask": self._submit_task,
             "RunTasks": self._run_tasks,
             "WatchTasks": self._watch_tasks,
             "GetTaskResult": self._get_task_result,
+            "GetWorkerStatus": self._get_worker_status,
         }
         for name, handler in raw.items():
             path = f"/blockx.worker.v1.WorkerService/{name}"
@@ -149,19 +156,21 @@ class WorkerService(pb.WorkerServiceBase):
         bridge.to_trio(lambda: bridge.to_loop(_resolve, future, read()))
         return await future
 
-    async def request_task_slot(
-        self, message: pb.RequestTaskSlotRequest
-    ) -> pb.RequestTaskSlotResponse:
+    async def _request_task_slot(self, rpc: Stream[Any, Any]) -> None:
+        message = await _request(rpc)
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: RequestSlot(task_id=message.task_id, ttl_ms=message.ttl_ms, reply=reply)
         )
-        return cast(pb.RequestTaskSlotResponse, slot_response(snapshot))
+        await rpc.send_message(slot_response(snapshot))
 
     async def _submit_task(self, rpc: Stream[Any, Any]) -> None:
         message = await _request(rpc)
         if not message.HasField("task"):
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
-        spec = _spec(message.task)
+        try:
+            spec = _spec(message.task)
+        except InvalidArgument as error:
+            raise grpc_error(error) from error
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
@@ -185,9 +194,11 @@ class WorkerService(pb.WorkerServiceBase):
         )
         await rpc.send_message(result_response(snapshot))
 
-    async def get_worker_status(
-        self, message: pb.GetWorkerStatusRequest
-    ) -> pb.GetWorkerStatusResponse:
+    async def _get_worker_status(self, rpc: Stream[Any, Any]) -> None:
+        await _request(rpc)
+        await rpc.send_message(await self._worker_status())
+
+    async def _worker_status(self) -> pb.GetWorkerStatusResponse:
         status: WorkerStatus = await self._ask(lambda reply: GetStatus(reply=reply))
         executors, ready = await self._on_trio(lambda: (tuple(self._executors()), self._ready()))
         beat = status.heartbeat
@@ -284,7 +295,11 @@ class WorkerService(pb.WorkerServiceBase):
                 missing = InvalidArgument(field="task", value=None, allowed="a task is required")
                 stream.answer(place, "", missing)
                 continue
-            spec = _spec(message.task)
+            try:
+                spec = _spec(message.task)
+            except InvalidArgument as error:
+                stream.answer(place, message.task.task_id, error)
+                continue
             if self.shadow is not None:
                 tasks[spec.task_id] = message.task
             submit = SubmitTask(
@@ -329,6 +344,7 @@ class WorkerService(pb.WorkerServiceBase):
 
 
 def _spec(task: Any) -> TaskSpec:
+    """The domain spec of `task`; `InvalidArgument` if it has none (see `spec_from_wire`)."""
     spec = spec_from_wire(task)
     if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
         spec = spec.as_shadow()

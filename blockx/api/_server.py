@@ -6,8 +6,10 @@ reflection in both its versions (v1, and v1alpha: the official Python
 reflection client and many GUI clients speak only v1alpha). Health answers
 SERVING for the worker's service (and for "") only while the worker is ready
 (an executor is healthy) and not draining.
-The maximum message size is enforced by the codec, both ways, with
-RESOURCE_EXHAUSTED naming the size and the limit.
+The maximum message size is enforced both ways, with RESOURCE_EXHAUSTED naming
+the size and the limit: by the codec, and for requests already by the length a
+message's prefix announces (see `_http2`, which guards every request and
+connection against what no gRPC client sends).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from blockx._affinity import choose_cpu, pin_loop_threads
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
+from blockx.api._http2 import Http2Protocol, RequestHandler
 from blockx.api._service import WorkerService
 from blockx.auth import bearer_token, check_bearer
 from blockx.config import GrpcSection
@@ -179,10 +182,25 @@ class _CorkedTransport:
 
 
 class _Server(Server):
-    """grpclib's server, with each connection's writes corked (`_CorkedTransport`)."""
+    """grpclib's server, serving each connection with the guards of `_http2` and with its
+    writes corked (`_CorkedTransport`)."""
+
+    def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_message_bytes = max_message_bytes
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        # grpclib's own factory, with our handler and protocol in place of its own.
+        self.__gc_step__()
+        handler = RequestHandler(
+            self._mapping,
+            self._codec,
+            self._status_details_codec,
+            self.__dispatch__,
+            max_message_bytes=self._max_message_bytes,
+        )
+        self._handlers.add(handler)
+        protocol = Http2Protocol(handler, self._config, self._h2_config)
         made = protocol.connection_made
         protocol.connection_made = lambda transport: made(_CorkedTransport(transport))  # type: ignore[method-assign,arg-type]
         return protocol
@@ -273,6 +291,7 @@ class GrpcFrontEnd:
             services,
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
+            max_message_bytes=self._max_message_bytes,
         )
         if self._token is not None:
             listen(self._server, RecvRequest, check_bearer(self._token))

@@ -2,13 +2,15 @@
 
 Each is answered with a precise status and a message (never UNKNOWN, a traceback
 or silence), the worker goes on serving, and nothing is logged at ERROR. Bodies go
-out raw through grpcio.
+out raw through grpcio, headers and frames raw through h2 (`tests.raw_http2`).
 """
 
 from __future__ import annotations
 
 import logging
+from urllib.parse import unquote
 
+import attrs
 import grpc
 import pytest
 import trio
@@ -18,9 +20,10 @@ from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import STATUS_MESSAGE_CHARS, grpc_error
 from blockx.slots import MAX_TASK_ID_CHARS, NoSlot
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.raw_http2 import WORKER_SERVICE, exchange, framed, grpc_headers
 
 TIMEOUT_S = 20
-WORKER_SERVICE = "/blockx.worker.v1.WorkerService/"
+MAX_MESSAGE_BYTES = 64 * 1024
 
 
 def send(
@@ -135,3 +138,208 @@ def test_a_status_message_is_never_longer_than_its_bound() -> None:
     assert error.message is not None
     assert len(error.message) == STATUS_MESSAGE_CHARS
     assert error.message.endswith("...")
+
+
+GET_RESULT = framed(bytes(pb.GetTaskResultRequest(task_id="nobody")))
+NOT_FOUND = 5
+
+
+def without(name: str) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in grpc_headers("GetTaskResult") if k != name]
+
+
+def replaced(name: str, value: str) -> list[tuple[str, str]]:
+    return [(k, value if k == name else v) for k, v in grpc_headers("GetTaskResult")]
+
+
+@attrs.frozen
+class Raw:
+    """A request as h2 sends it, and the HTTP status, gRPC status and start of the
+    message it must be answered with."""
+
+    headers: list[tuple[str, str]]
+    body: bytes
+    http_status: int
+    grpc_status: int
+    message: str
+
+
+RAW_REQUESTS = {
+    "no :path": Raw(without(":path"), GET_RESULT, 400, 3, "the request has no :path header"),
+    "no :method": Raw(without(":method"), GET_RESULT, 400, 3, "the request has no :method header"),
+    "GET": Raw(replaced(":method", "GET"), GET_RESULT, 405, 3, "method 'GET' is not POST"),
+    "no te": Raw(without("te"), GET_RESULT, 400, 3, 'the request lacks the header "te: trailers"'),
+    "html": Raw(
+        replaced("content-type", "text/html"), GET_RESULT, 415, 3, "content-type 'text/html'"
+    ),
+    "unknown method": Raw(
+        replaced(":path", WORKER_SERVICE + "ReleaseTaskSlot"),
+        GET_RESULT,
+        200,
+        12,
+        f"no method '{WORKER_SERVICE}ReleaseTaskSlot' on this port",
+    ),
+    "timeout in words": Raw(
+        grpc_headers("GetTaskResult", grpc_timeout="soon"),
+        GET_RESULT,
+        200,
+        3,
+        "grpc-timeout 'soon' is not a gRPC timeout",
+    ),
+    "negative timeout": Raw(
+        grpc_headers("GetTaskResult", grpc_timeout="-5S"),
+        GET_RESULT,
+        200,
+        3,
+        "grpc-timeout '-5S' is not a gRPC timeout",
+    ),
+    "nine-digit timeout": Raw(
+        grpc_headers("GetTaskResult", grpc_timeout="999999999H"),
+        GET_RESULT,
+        200,
+        3,
+        "grpc-timeout '999999999H' is not a gRPC timeout",
+    ),
+    "zero timeout": Raw(
+        grpc_headers("GetTaskResult", grpc_timeout="0n"),
+        GET_RESULT,
+        200,
+        4,
+        "the call's deadline passed",
+    ),
+    "nanosecond timeout": Raw(
+        grpc_headers("GetTaskResult", grpc_timeout="1n"),
+        GET_RESULT,
+        200,
+        4,
+        "the call's deadline passed",
+    ),
+    "longest timeout": Raw(
+        grpc_headers("GetTaskResult", grpc_timeout="99999999H"),
+        GET_RESULT,
+        200,
+        NOT_FOUND,
+        "task 'nobody' is unknown",
+    ),
+    "gzip": Raw(
+        grpc_headers("GetTaskResult", grpc_encoding="gzip"),
+        framed(b"\x1f\x8b", flag=1),
+        200,
+        12,
+        "grpc-encoding 'gzip' is not supported",
+    ),
+    "bin metadata not base64": Raw(
+        grpc_headers("GetTaskResult", x_trace_bin="abcde"),
+        GET_RESULT,
+        200,
+        3,
+        "metadata 'x-trace-bin' is not base64",
+    ),
+    "compressed flag": Raw(
+        grpc_headers("GetTaskResult"),
+        b"\x01" + GET_RESULT[1:],
+        200,
+        3,
+        "malformed request: message 1 is marked compressed",
+    ),
+    "flag 7": Raw(
+        grpc_headers("GetTaskResult"),
+        b"\x07" + GET_RESULT[1:],
+        200,
+        3,
+        "malformed request: message 1 has compressed flag 7",
+    ),
+    "cut in the prefix": Raw(
+        grpc_headers("GetTaskResult"),
+        GET_RESULT[:3],
+        200,
+        3,
+        "malformed request: the request ends inside the prefix of message 1",
+    ),
+    "cut in the body": Raw(
+        grpc_headers("GetTaskResult"),
+        GET_RESULT[:-2],
+        200,
+        3,
+        "malformed request: the request ends inside the body of message 1",
+    ),
+    "over the limit": Raw(
+        grpc_headers("GetTaskResult"),
+        framed(b"", length=MAX_MESSAGE_BYTES + 1),
+        200,
+        8,
+        f"request of {MAX_MESSAGE_BYTES + 1} bytes exceeds grpcMaxMessageBytes",
+    ),
+}
+
+
+@pytest.mark.parametrize("raw", RAW_REQUESTS.values(), ids=RAW_REQUESTS.keys())
+async def test_a_request_grpclib_would_mishandle_gets_a_precise_status(
+    raw: Raw, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = worker_config(grpcMaxMessageBytes=MAX_MESSAGE_BYTES)
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker(config) as worker:
+            answer = await trio.to_thread.run_sync(
+                lambda: exchange(worker.serving.port, raw.headers, raw.body)
+            )
+            assert answer.headers[":status"] == str(raw.http_status)
+            assert answer.grpc_status == raw.grpc_status
+            assert unquote(answer.headers["grpc-message"]).startswith(raw.message)
+            await still_serves(worker)
+    assert errors_logged(caplog) == []
+
+
+async def test_a_message_over_the_limit_is_refused_before_its_bytes_are_sent() -> None:
+    # The prefix announces 4 GiB and nothing follows, the stream still open: grpclib
+    # waited for (and buffered) all of it.
+    config = worker_config(grpcMaxMessageBytes=MAX_MESSAGE_BYTES)
+    headers = grpc_headers("SubmitTask")
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker(config) as worker:
+            answer = await trio.to_thread.run_sync(
+                lambda: exchange(
+                    worker.serving.port,
+                    headers,
+                    framed(b"", length=2**32 - 1),
+                    end_stream=False,
+                )
+            )
+            assert answer.grpc_status == 8
+            assert unquote(answer.headers["grpc-message"]) == (
+                f"request of {2**32 - 1} bytes exceeds grpcMaxMessageBytes ({MAX_MESSAGE_BYTES})"
+            )
+
+
+async def test_a_frame_of_a_type_http2_does_not_define_is_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Type 0xfa on stream 0, five bytes of payload: RFC 9113 says to ignore it. grpclib
+    # raised NotImplementedError out of the transport and dropped the connection.
+    unknown = (5).to_bytes(3, "big") + b"\xfa\x00" + (0).to_bytes(4, "big") + b"hello"
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker() as worker:
+            answer = await trio.to_thread.run_sync(
+                lambda: exchange(
+                    worker.serving.port, grpc_headers("GetTaskResult"), GET_RESULT, before=unknown
+                )
+            )
+            assert (answer.grpc_status, answer.closed) == (NOT_FOUND, False)
+    assert errors_logged(caplog) == []
+
+
+async def test_a_header_that_is_not_ascii_closes_its_connection_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    headers = [(k.encode(), v.encode()) for k, v in grpc_headers("GetTaskResult")]
+    headers.append((b"x-name", b"\xff\xfe"))
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker() as worker:
+            answer = await trio.to_thread.run_sync(
+                lambda: exchange(worker.serving.port, headers, GET_RESULT)
+            )
+            assert answer.closed
+            await still_serves(worker)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("closed: it sent what is not HTTP/2 (UnicodeDecodeError" in w for w in warnings)
+    assert errors_logged(caplog) == []

@@ -1,0 +1,116 @@
+"""HTTP/2 that no gRPC client sends, written with h2 onto a plain socket.
+
+`exchange` opens one connection to a loopback port, may write raw bytes first
+(frames h2 itself would never make), sends one request with exactly the headers
+and body it is given, and reads until that request's stream ends or is reset, or
+the server closes the connection. Blocking: run it in a thread from Trio.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import attrs
+import h2.config
+import h2.connection
+import h2.events
+
+WORKER_SERVICE = "/blockx.worker.v1.WorkerService/"
+STREAM_ID = 1
+
+
+@attrs.frozen(kw_only=True)
+class Answer:
+    """What came back for the request: its headers and trailers, data, and how it ended."""
+
+    headers: dict[str, str]
+    """Every response header and trailer (a later one of the same name wins)."""
+    data: bytes = b""
+    reset: bool = False
+    """The server reset the stream (after answering it, or instead)."""
+    closed: bool = False
+    """The connection ended (GOAWAY, or end of file) before the stream did."""
+
+    @property
+    def grpc_status(self) -> int | None:
+        value = self.headers.get("grpc-status")
+        return None if value is None else int(value)
+
+
+def grpc_headers(method: str, **extra: str) -> list[tuple[str, str]]:
+    """The headers of a well-formed gRPC request for WorkerService `method`, plus `extra`
+    (`grpc_timeout="1S"` is the header `grpc-timeout: 1S`)."""
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", WORKER_SERVICE + method),
+        (":authority", "127.0.0.1"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        *((name.replace("_", "-"), value) for name, value in extra.items()),
+    ]
+
+
+def framed(message: bytes, *, flag: int = 0, length: int | None = None) -> bytes:
+    """`message` as a gRPC request message: its flag, its length (or `length`), itself."""
+    announced = len(message) if length is None else length
+    return bytes([flag]) + announced.to_bytes(4, "big") + message
+
+
+def exchange(
+    port: int,
+    headers: list[tuple[str, str]] | list[tuple[bytes, bytes]],
+    body: bytes = b"",
+    *,
+    before: bytes = b"",
+    end_stream: bool = True,
+    timeout_s: float = 10.0,
+) -> Answer:
+    """Send one request on a new connection to `port`; see the module docstring.
+
+    `before` is written right after the connection preface; with `end_stream` False
+    the request stays open after `body`, as a client still sending would leave it.
+    """
+    config = h2.config.H2Configuration(
+        client_side=True,
+        header_encoding=None,
+        validate_outbound_headers=False,
+        normalize_outbound_headers=False,
+    )
+    connection = h2.connection.H2Connection(config)
+    connection.initiate_connection()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(connection.data_to_send() + before)
+        connection.send_headers(STREAM_ID, headers, end_stream=not body and end_stream)
+        if body:
+            connection.send_data(STREAM_ID, body, end_stream=end_stream)
+        sock.sendall(connection.data_to_send())
+        return _read_answer(sock, connection)
+
+
+def _read_answer(sock: socket.socket, connection: h2.connection.H2Connection) -> Answer:
+    headers: dict[str, str] = {}
+    data = b""
+    while True:
+        received = sock.recv(65536)
+        if not received:
+            return Answer(headers=headers, data=data, closed=True)
+        for event in connection.receive_data(received):
+            match event:
+                case h2.events.ResponseReceived() | h2.events.TrailersReceived():
+                    headers.update(
+                        (bytes(name).decode(), bytes(value).decode())
+                        for name, value in event.headers or ()
+                    )
+                case h2.events.DataReceived():
+                    data += event.data or b""
+                    connection.acknowledge_received_data(
+                        event.flow_controlled_length or 0, STREAM_ID
+                    )
+                case h2.events.StreamEnded():
+                    return Answer(headers=headers, data=data)
+                case h2.events.StreamReset():
+                    return Answer(headers=headers, data=data, reset=True)
+                case h2.events.ConnectionTerminated():
+                    return Answer(headers=headers, data=data, closed=True)
+        sock.sendall(connection.data_to_send())

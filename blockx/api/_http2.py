@@ -13,6 +13,8 @@ the protocol), never UNKNOWN, a traceback, or no answer at all:
   value that is not base64 (a traceback and no answer). A deadline that passed
   before the handler started is DEADLINE_EXCEEDED (grpclib: UNKNOWN and a traceback,
   for any deadline shorter than the time from the request's arrival to its task).
+* `RequestStream` refuses a call that takes one request and ends without it
+  (grpclib handed the method None: its health service asserted on it).
 * `MessageFraming` checks the 5-byte prefix of each request message as it is read:
   a compressed flag, a flag that is neither 0 nor 1 and a message cut short are
   INVALID_ARGUMENT, and a length over the size limit is RESOURCE_EXHAUSTED before any
@@ -228,6 +230,23 @@ def _malformed(problem: str) -> GRPCError:
     return GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {problem}")
 
 
+class RequestStream(Stream[Any, Any]):
+    """grpclib's stream of one call: one that takes a single request and ends without it
+    is INVALID_ARGUMENT at the read that finds it missing."""
+
+    def __init__(self, *args: Any, single_request: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._single_request = single_request
+        self._received = False
+
+    async def recv_message(self) -> Any:
+        message = await super().recv_message()
+        if message is None and self._single_request and not self._received:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the call ended without its request message")
+        self._received = True
+        return message
+
+
 class RequestHandler(Handler):
     """grpclib's handler of a connection's requests, serving each with `serve_request`."""
 
@@ -271,12 +290,13 @@ async def _run_method(handler: Handler, h2_stream: H2Stream, headers: Headers) -
     method = handler.mapping[method_name]
     deadline = Deadline.from_headers(headers)
     user_agent = head.get("user-agent")
-    async with Stream(
+    async with RequestStream(
         h2_stream,
         method_name,
         method.cardinality,
         method.request_type,
         method.reply_type,
+        single_request=not method.cardinality.client_streaming,
         codec=handler.codec,
         status_details_codec=handler.status_details_codec,
         dispatch=handler.dispatch,

@@ -31,6 +31,7 @@ from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.protocol import H2Protocol
 
 # grpclib keeps its v1alpha service here: it is what its own (public)
@@ -47,6 +48,7 @@ from blockx.api._http2 import Http2Protocol, RequestHandler
 from blockx.api._service import WorkerService
 from blockx.auth import bearer_token, check_bearer
 from blockx.config import GrpcSection
+from blockx.errors import shown
 
 logger = logging.getLogger("blockx.api")
 
@@ -206,6 +208,30 @@ class _Server(Server):
         return protocol
 
 
+class _Health(Health):
+    """grpclib's health service; a check of a service it does not know says so in words
+    (grpclib's NOT_FOUND came without a message)."""
+
+    async def Check(self, stream: Stream[HealthCheckRequest, HealthCheckResponse]) -> None:
+        request = await stream.recv_message()  # never None: see `_http2.RequestStream`
+        assert request is not None
+        checks = self._checks.get(request.service)
+        if checks is None:
+            known = ", ".join(repr(name) for name in sorted(self._checks))
+            raise GRPCError(
+                Status.NOT_FOUND,
+                f"no health status for service {shown(request.service)}; known: {known}",
+            )
+        statuses = {await check.__check__() for check in checks}
+        await stream.send_message(
+            HealthCheckResponse(
+                status=HealthCheckResponse.SERVING
+                if statuses == {True}
+                else HealthCheckResponse.NOT_SERVING
+            )
+        )
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port) for the server (port 0: any free port).
 
@@ -279,7 +305,7 @@ class GrpcFrontEnd:
 
     async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.
-        health = Health({self.service: [self.health_status]})
+        health = _Health({self.service: [self.health_status]})
         pool = default_google_proto_descriptor_pool
         services: list[Any] = [
             self.service,

@@ -357,8 +357,8 @@ def _resolve(future: asyncio.Future[T], answer: T) -> None:
 
 
 async def _request(rpc: Stream[Any, Any]) -> Any:
-    """The one request message of a call that takes one."""
+    """The one request message of a call that takes one (a call that ends without it is
+    refused before it gets here: see `_http2.RequestStream`)."""
     message = await rpc.recv_message()
-    if message is None:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the call ended without its request message")
+    assert message is not None
     return message

@@ -133,6 +133,22 @@ async def test_an_undefined_call_failure_policy_is_refused_naming_the_field() ->
             assert worker.calls.started == []
 
 
+async def test_the_health_of_a_service_this_port_does_not_serve_is_not_found_in_words() -> None:
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker() as worker:
+            answer = await trio.to_thread.run_sync(
+                lambda: exchange(
+                    worker.serving.port,
+                    replaced(":path", "/grpc.health.v1.Health/Check"),
+                    framed(b"\x0a\x04nope"),  # HealthCheckRequest(service="nope")
+                )
+            )
+    assert answer.grpc_status == NOT_FOUND
+    assert unquote(answer.headers["grpc-message"]) == (
+        "no health status for service 'nope'; known: '', 'blockx.worker.v1.WorkerService'"
+    )
+
+
 def test_a_status_message_is_never_longer_than_its_bound() -> None:
     error = grpc_error(NoSlot(task_id="t" * 10_000, task_slots=4))
     assert error.message is not None
@@ -262,6 +278,13 @@ RAW_REQUESTS = {
         200,
         3,
         "malformed request: the request ends inside the body of message 1",
+    ),
+    "health check without its request": Raw(
+        replaced(":path", "/grpc.health.v1.Health/Check"),
+        b"",
+        200,
+        3,
+        "the call ended without its request message",
     ),
     "over the limit": Raw(
         grpc_headers("GetTaskResult"),

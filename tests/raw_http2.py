@@ -13,6 +13,7 @@ import socket
 import attrs
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 
 WORKER_SERVICE = "/blockx.worker.v1.WorkerService/"
@@ -64,12 +65,15 @@ def exchange(
     *,
     before: bytes = b"",
     end_stream: bool = True,
+    cancel_at_data: bool = False,
     timeout_s: float = 10.0,
 ) -> Answer:
     """Send one request on a new connection to `port`; see the module docstring.
 
     `before` is written right after the connection preface; with `end_stream` False
     the request stays open after `body`, as a client still sending would leave it.
+    `cancel_at_data` resets the stream (CANCEL) once the first reply data arrives,
+    as a client that gives up does, and returns.
     """
     config = h2.config.H2Configuration(
         client_side=True,
@@ -85,10 +89,12 @@ def exchange(
         if body:
             connection.send_data(STREAM_ID, body, end_stream=end_stream)
         sock.sendall(connection.data_to_send())
-        return _read_answer(sock, connection)
+        return _read_answer(sock, connection, cancel_at_data=cancel_at_data)
 
 
-def _read_answer(sock: socket.socket, connection: h2.connection.H2Connection) -> Answer:
+def _read_answer(
+    sock: socket.socket, connection: h2.connection.H2Connection, *, cancel_at_data: bool
+) -> Answer:
     headers: dict[str, str] = {}
     data = b""
     while True:
@@ -104,6 +110,10 @@ def _read_answer(sock: socket.socket, connection: h2.connection.H2Connection) ->
                     )
                 case h2.events.DataReceived():
                     data += event.data or b""
+                    if cancel_at_data:
+                        connection.reset_stream(STREAM_ID, h2.errors.ErrorCodes.CANCEL)
+                        sock.sendall(connection.data_to_send())
+                        return Answer(headers=headers, data=data, reset=True)
                     connection.acknowledge_received_data(
                         event.flow_controlled_length or 0, STREAM_ID
                     )

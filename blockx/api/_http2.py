@@ -43,7 +43,7 @@ import h2.exceptions
 from grpclib.const import Handler as MethodHandler
 from grpclib.const import Status
 from grpclib.encoding.base import GRPC_CONTENT_TYPE
-from grpclib.exceptions import GRPCError, ProtocolError
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import Deadline, decode_bin_value, decode_metadata, encode_grpc_message
 from grpclib.protocol import Buffer, H2Protocol
 from grpclib.protocol import Stream as H2Stream
@@ -333,7 +333,7 @@ async def _run_method(handler: Handler, h2_stream: H2Stream, headers: Headers) -
             if wrapper.cancel_failed:
                 logger.exception("%s did not stop at its deadline", method_name)
             raise GRPCError(Status.DEADLINE_EXCEEDED, "the call's deadline passed") from None
-        except GRPCError:
+        except (GRPCError, StreamTerminatedError):  # (the client reset the stream: gone)
             raise
         except Exception:
             logger.exception("%s raised", method_name)

@@ -351,6 +351,24 @@ async def test_a_frame_of_a_type_http2_does_not_define_is_ignored(
     assert errors_logged(caplog) == []
 
 
+async def test_a_call_its_client_gives_up_on_is_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    # A watch of a reservation sends its first update and waits: the client then
+    # resets the stream, which ends the handler with StreamTerminatedError.
+    body = framed(bytes(pb.WatchTasksRequest(task_ids=["held"])))
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker() as worker:
+            reserve = pb.RequestTaskSlotRequest(task_id="held", ttl_ms=60_000)
+            await worker.call(worker.stub.request_task_slot, reserve)
+            answer = await trio.to_thread.run_sync(
+                lambda: exchange(
+                    worker.serving.port, grpc_headers("WatchTasks"), body, cancel_at_data=True
+                )
+            )
+            assert answer.data
+            await still_serves(worker)
+    assert errors_logged(caplog) == []
+
+
 async def test_a_header_that_is_not_ascii_closes_its_connection_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -9,6 +9,7 @@ the server closes the connection. Blocking: run it in a thread from Trio.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import attrs
 import h2.config
@@ -89,11 +90,15 @@ def exchange(
         if body:
             connection.send_data(STREAM_ID, body, end_stream=end_stream)
         sock.sendall(connection.data_to_send())
-        return _read_answer(sock, connection, cancel_at_data=cancel_at_data)
+        return _read_answer(sock, connection, stream_id=STREAM_ID, cancel_at_data=cancel_at_data)
 
 
 def _read_answer(
-    sock: socket.socket, connection: h2.connection.H2Connection, *, cancel_at_data: bool
+    sock: socket.socket,
+    connection: h2.connection.H2Connection,
+    *,
+    stream_id: int,
+    cancel_at_data: bool,
 ) -> Answer:
     headers: dict[str, str] = {}
     data = b""
@@ -102,6 +107,8 @@ def _read_answer(
         if not received:
             return Answer(headers=headers, data=data, closed=True)
         for event in connection.receive_data(received):
+            if getattr(event, "stream_id", stream_id) not in (stream_id, 0):
+                continue  # (another stream's)
             match event:
                 case h2.events.ResponseReceived() | h2.events.TrailersReceived():
                     headers.update(
@@ -111,11 +118,11 @@ def _read_answer(
                 case h2.events.DataReceived():
                     data += event.data or b""
                     if cancel_at_data:
-                        connection.reset_stream(STREAM_ID, h2.errors.ErrorCodes.CANCEL)
+                        connection.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
                         sock.sendall(connection.data_to_send())
                         return Answer(headers=headers, data=data, reset=True)
                     connection.acknowledge_received_data(
-                        event.flow_controlled_length or 0, STREAM_ID
+                        event.flow_controlled_length or 0, stream_id
                     )
                 case h2.events.StreamEnded():
                     return Answer(headers=headers, data=data)
@@ -123,4 +130,54 @@ def _read_answer(
                     return Answer(headers=headers, data=data, reset=True)
                 case h2.events.ConnectionTerminated():
                     return Answer(headers=headers, data=data, closed=True)
+        sock.sendall(connection.data_to_send())
+
+
+def after_abandoned_uploads(
+    port: int,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    uploads: int,
+    upload_bytes: int,
+    timeout_s: float = 10.0,
+) -> Answer:
+    """On one connection, `uploads` requests with `headers` that each send up to
+    `upload_bytes` of body and reset their stream in the same write (a client giving up
+    on an upload at once); then one request with `body`, and its answer.
+
+    The uploads' bytes count against the connection's flow-control window until the
+    server gives them back: one that never does stalls the last request.
+    """
+    config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+    connection = h2.connection.H2Connection(config)
+    connection.initiate_connection()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(connection.data_to_send())
+        _read_until(sock, connection, lambda: connection.outbound_flow_control_window > 65_535)
+        for _ in range(uploads):
+            stream_id = connection.get_next_available_stream_id()
+            connection.send_headers(stream_id, headers)
+            room = min(upload_bytes, connection.local_flow_control_window(stream_id))
+            chunk = connection.max_outbound_frame_size
+            for start in range(0, room, chunk):
+                connection.send_data(stream_id, b"x" * min(chunk, room - start))
+            connection.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            sock.sendall(connection.data_to_send())
+        stream_id = connection.get_next_available_stream_id()
+        _read_until(sock, connection, lambda: connection.outbound_flow_control_window >= len(body))
+        connection.send_headers(stream_id, headers)
+        connection.send_data(stream_id, body, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        return _read_answer(sock, connection, stream_id=stream_id, cancel_at_data=False)
+
+
+def _read_until(
+    sock: socket.socket, connection: h2.connection.H2Connection, done: Callable[[], bool]
+) -> None:
+    """Read and answer the server's frames until `done()` (socket.timeout if never)."""
+    while not done():
+        received = sock.recv(65536)
+        assert received, "the server closed the connection"
+        connection.receive_data(received)
         sock.sendall(connection.data_to_send())

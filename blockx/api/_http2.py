@@ -20,6 +20,9 @@ the protocol), never UNKNOWN, a traceback, or no answer at all:
   INVALID_ARGUMENT, and a length over the size limit is RESOURCE_EXHAUSTED before any
   of its bytes are read (grpclib read whatever length a prefix announced into memory
   before the codec could refuse it).
+* `RequestHandler` gives a request's unread bytes back to its connection however its
+  task ends (grpclib kept them for good when the client reset the stream before the
+  task first ran: a few large uploads abandoned at once stalled the connection).
 * `Http2Protocol` closes a connection whose bytes are not HTTP/2 it can read with a
   WARNING naming the peer (a header value that is not ASCII raised out of the
   transport), and ignores frames of a type HTTP/2 does not define, as RFC 9113
@@ -261,14 +264,16 @@ class RequestHandler(Handler):
         stream.buffer = MessageFraming(
             stream.buffer._ack_callback, max_message_bytes=self.max_message_bytes
         )
-        self._tasks[stream] = self.loop.create_task(
-            serve_request(self, stream, headers, release_stream)
-        )
+        task = self.loop.create_task(serve_request(self, stream, headers))
+        # Released when the task is done, however: grpclib released it in the task's
+        # `finally`, which a task cancelled before its first step (its client reset the
+        # stream at once) never runs. The request's unread bytes then never went back
+        # to the connection's flow-control window, and a few such requests stalled it.
+        task.add_done_callback(lambda _: release_stream())
+        self._tasks[stream] = task
 
 
-async def serve_request(
-    handler: Handler, h2_stream: H2Stream, headers: Headers, release_stream: Callable[[], Any]
-) -> None:
+async def serve_request(handler: Handler, h2_stream: H2Stream, headers: Headers) -> None:
     """Serve one request: refuse it (`refusal_of`) or run its method, as grpclib does."""
     try:
         refusal = refusal_of(headers, handler.mapping)
@@ -280,8 +285,6 @@ async def serve_request(
         logger.exception("a request's handler broke the gRPC protocol")
     except Exception:
         logger.exception("serving a request failed")
-    finally:
-        release_stream()
 
 
 async def _run_method(handler: Handler, h2_stream: H2Stream, headers: Headers) -> None:

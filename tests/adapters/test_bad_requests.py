@@ -20,7 +20,13 @@ from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import STATUS_MESSAGE_CHARS, grpc_error
 from blockx.slots import MAX_TASK_ID_CHARS, NoSlot
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
-from tests.raw_http2 import WORKER_SERVICE, exchange, framed, grpc_headers
+from tests.raw_http2 import (
+    WORKER_SERVICE,
+    after_abandoned_uploads,
+    exchange,
+    framed,
+    grpc_headers,
+)
 
 TIMEOUT_S = 20
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -367,6 +373,25 @@ async def test_a_call_its_client_gives_up_on_is_no_error(caplog: pytest.LogCaptu
             assert answer.data
             await still_serves(worker)
     assert errors_logged(caplog) == []
+
+
+async def test_uploads_abandoned_at_once_give_the_connection_its_window_back() -> None:
+    # A client that sends a large message and resets the stream in the same breath:
+    # the request's task was cancelled before its first step, so it never reached the
+    # `finally` that gives the unread bytes back to the connection's flow-control
+    # window (4 MiB). After a few such uploads the connection carried nothing more.
+    with trio.fail_after(TIMEOUT_S):
+        async with running_worker() as worker:
+            answer = await trio.to_thread.run_sync(
+                lambda: after_abandoned_uploads(
+                    worker.serving.port,
+                    grpc_headers("GetTaskResult"),
+                    GET_RESULT,
+                    uploads=100,
+                    upload_bytes=60_000,
+                )
+            )
+    assert answer.grpc_status == NOT_FOUND
 
 
 async def test_a_header_that_is_not_ascii_closes_its_connection_with_a_warning(

@@ -799,6 +799,10 @@ class TaskSpec(betterproto2.Message):
         return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["TaskSpec"]
 
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    1 to 256 characters, none of them whitespace at either end; any other id is
+    INVALID_ARGUMENT, in every RPC that names a task.
+    """
 
     function_call: "FunctionCallConfig | None" = betterproto2.field(
         2, betterproto2.TYPE_MESSAGE, optional=True
@@ -821,6 +825,9 @@ class TaskSpec(betterproto2.Message):
     call_failure_policy: "CallFailurePolicy" = betterproto2.field(
         6, betterproto2.TYPE_ENUM, default_factory=lambda: CallFailurePolicy(0)
     )
+    """
+    A number the enum does not define is INVALID_ARGUMENT.
+    """
 
     call_retry_policy: "CallRetryPolicy | None" = betterproto2.field(
         7, betterproto2.TYPE_MESSAGE, optional=True

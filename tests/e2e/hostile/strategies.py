@@ -969,6 +969,8 @@ def with_wire_faults(c: Choices, call: HostileCall) -> HostileCall:
     fault = c.pick(("none",) * 12 + ("unknown field", "at the limit", "over the limit"))
     if call.method in FIELD_ONE_IS_TEXT:
         fault = c.pick((fault,) * 15 + ("bad utf-8", "cut short", "group", "empty", "garbage"))
+    if call.method == SERVICE + "SubmitTask":
+        fault = c.pick((fault,) * 19 + ("nested groups",))
     match fault:
         case "unknown field":
             number = c.integer(20, 2**29 - 1)
@@ -988,6 +990,14 @@ def with_wire_faults(c: Choices, call: HostileCall) -> HostileCall:
             spoiled = body + _varint(15 << 3 | 2) + _varint(100) + b"x" * c.integer(0, 99)
         case "group":
             spoiled = body + _varint(20 << 3 | 3)
+        case "nested groups":
+            # Unknown groups nested inside the task: protobuf reads 100 levels deep.
+            depth = c.pick((50, 100_000))
+            groups = _varint(9 << 3 | 3) * depth + _varint(9 << 3 | 4) * depth
+            nested = body + _string_field(1, groups)  # merges into the task
+            if depth <= 100:
+                return attrs.evolve(call, bodies=(nested,))
+            spoiled = nested
         case "empty":
             return _refused(call, b"", NO_REQUEST[call.method])
         case "garbage":  # anything may come of it, but precisely; tasks are read from replies

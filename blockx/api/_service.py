@@ -14,8 +14,9 @@ clean detach; a handler cancelled by its client going away is a disconnect.
 that carries the stream's `TaskStream` (the slot table answers into it and
 holds a submit without a slot until one is free), while the handler sends the
 answers and the terminal updates the stream collects. The reader stops reading
-while `RUN_TASKS_WINDOW` submits are unanswered, so a client that writes
-faster than slots free up is slowed by HTTP/2 flow control, not by refusals.
+while `RUN_TASKS_WINDOW` submits are unanswered or as many events wait to be
+sent, so a client that writes faster than slots free up, or than it reads its
+answers, is slowed by HTTP/2 flow control, not by refusals (nor held in memory).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ MAX_BACKLOG = 4_096
 """Client requests waiting in the slot table's inbox beyond this are refused (UNAVAILABLE)."""
 MAX_WATCH_TASK_IDS = 10_000
 RUN_TASKS_WINDOW = 64
-"""Submits of one `RunTasks` stream that may wait for an answer before it stops reading."""
+"""Submits of one `RunTasks` stream that may wait for an answer (and events that may wait
+to be sent) before it stops reading."""
 
 
 class WorkerService(pb.WorkerServiceBase):

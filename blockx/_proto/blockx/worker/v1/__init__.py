@@ -1025,7 +1025,8 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
         the last 100,000 task ids it ended).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
-        (64) of its tasks are unanswered. The stream ends after the client has
+        (64) of its tasks are unanswered, or as many answers and updates wait for
+        the client to read them. The stream ends after the client has
         half-closed and every accepted task's terminal update was sent. A stream
         that breaks is a broken watch for every task it followed.
         """
@@ -1111,7 +1112,8 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
         the last 100,000 task ids it ended).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
-        (64) of its tasks are unanswered. The stream ends after the client has
+        (64) of its tasks are unanswered, or as many answers and updates wait for
+        the client to read them. The stream ends after the client has
         half-closed and every accepted task's terminal update was sent. A stream
         that breaks is a broken watch for every task it followed.
         """

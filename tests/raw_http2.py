@@ -103,7 +103,10 @@ def _read_answer(
     headers: dict[str, str] = {}
     data = b""
     while True:
-        received = sock.recv(65536)
+        try:
+            received = sock.recv(65536)
+        except ConnectionResetError:  # closed with our bytes unread: a reset, not an EOF
+            received = b""
         if not received:
             return Answer(headers=headers, data=data, closed=True)
         for event in connection.receive_data(received):

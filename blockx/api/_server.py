@@ -223,13 +223,13 @@ class _Health(Health):
                 f"no health status for service {shown(request.service)}; known: {known}",
             )
         statuses = {await check.__check__() for check in checks}
-        await stream.send_message(
-            HealthCheckResponse(
-                status=HealthCheckResponse.SERVING
-                if statuses == {True}
-                else HealthCheckResponse.NOT_SERVING
-            )
-        )
+        if statuses == {True}:
+            status = HealthCheckResponse.SERVING
+        elif statuses == {None}:  # (grpclib's reading of checks that never ran)
+            status = HealthCheckResponse.UNKNOWN
+        else:
+            status = HealthCheckResponse.NOT_SERVING
+        await stream.send_message(HealthCheckResponse(status=status))
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

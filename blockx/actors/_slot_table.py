@@ -280,7 +280,7 @@ class SlotTableActor:
                 status_reply(self._status())
             case OpenWatch(stream=stream):
                 try:
-                    snapshots = tuple(self._machine.get_result(t) for t in stream.task_ids)
+                    snapshots = self._machine.get_results(stream.task_ids)
                 except WorkerError as error:
                     stream.fail(error)
                     return

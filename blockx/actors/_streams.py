@@ -154,17 +154,20 @@ class TaskStream:
     submit (`answer`: an accepted task is followed from then on) and counts
     the submits it holds until a slot is free (`held`). The watch hub offers
     the updates of the tasks followed (`offer`); only terminal updates become
-    events. So the buffer holds at most one answer per submit and one
-    terminal update per accepted task: bounded by the handler's window of
-    unanswered submits plus the slots; the ended task ids it remembers are
-    bounded by `ENDED_KEPT`.
+    events. The stream is `full` (the handler stops reading submits) while
+    `window` submits are unanswered or `window` events wait to be taken: a
+    client that writes and never reads its answers is held by HTTP/2 flow
+    control, not by the worker's memory (which once grew by 0.8 KiB a task
+    until it stopped). So the events waiting are bounded by twice the window
+    plus the slots (terminal updates of the tasks accepted); the ended task ids
+    it remembers are bounded by `ENDED_KEPT`.
     """
 
     every_change = False
 
     def __init__(self, *, wake: Callable[[], None], room: Callable[[], None], window: int) -> None:
         """`wake`: there are events to take, or the stream may be finished. `room`: the
-        unanswered submits fell below `window`."""
+        stream is no longer `full`."""
         self._wake = wake
         self._room = room
         self._lock = threading.Lock()
@@ -199,9 +202,13 @@ class TaskStream:
 
     @property
     def full(self) -> bool:
-        """`window` submits are unanswered: the reader waits for `room`."""
+        """`window` submits are unanswered, or `window` events are not taken yet: the
+        reader waits for `room`."""
         with self._lock:
-            return self.unanswered >= self.window
+            return self._full()
+
+    def _full(self) -> bool:
+        return self.unanswered >= self.window or len(self._events) >= self.window
 
     def posted(self) -> int:
         """A submit is on its way; returns its place in the stream, for `answer`."""
@@ -219,6 +226,7 @@ class TaskStream:
         """The answer to the submit posted `place`-th. Answers go out in the order of the
         submits, whoever gives them and in whatever order."""
         with self._lock:
+            was_full = self._full()
             self.unanswered -= 1
             if isinstance(answer, WorkerError):
                 self._answers[place] = Refused(task_id, answer)
@@ -228,7 +236,7 @@ class TaskStream:
                     self._following.add(task_id)  # from now on (the hub hears a step later)
                     self._unsent.add(task_id)
             self._send_answers()
-            room = self.unanswered == self.window - 1
+            room = was_full and not self._full()
         if room:
             self._room()
         self._wake()
@@ -287,7 +295,11 @@ class TaskStream:
 
     def take(self) -> list[StreamEvent]:
         with self._lock:
+            was_full = self._full()
             events, self._events = self._events, []
+            room = was_full and not self._full()
+        if room:
+            self._room()
         return events
 
     @property

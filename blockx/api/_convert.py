@@ -20,6 +20,7 @@ from blockx.calls import CallFailurePolicy, RetryPolicy
 from blockx.slots import (
     ErrorCode,
     FunctionCall,
+    InvalidArgument,
     ResultHandler,
     TaskPhase,
     TaskResult,
@@ -45,14 +46,47 @@ _PHASE_TO_PB = {None: pb.TaskPhase.UNSPECIFIED} | {
 }
 
 
+STATUS_MESSAGE_CHARS = 1024
+"""The longest status message sent. It travels as the `grpc-message` header, which
+clients bound (grpcio refuses more than 16 KiB of metadata) and which HPACK encodes in
+time that grows with the square of its length: a message quoting megabytes of a request
+held the server's loop for minutes."""
+
+
+def status_message(error: WorkerError) -> str:
+    """What a client is told about `error`, at most `STATUS_MESSAGE_CHARS` long."""
+    text = str(error)
+    if len(text) <= STATUS_MESSAGE_CHARS:
+        return text
+    return text[: STATUS_MESSAGE_CHARS - 3] + "..."
+
+
 def grpc_error(error: WorkerError) -> GRPCError:
-    return GRPCError(STATUS_OF[error.code], str(error))
+    return GRPCError(STATUS_OF[error.code], status_message(error))
+
+
+_FAILURE_POLICY_OF = {
+    pb.CallFailurePolicy.UNSPECIFIED.value: CallFailurePolicy.FAIL_FAST,
+    pb.CallFailurePolicy.FAIL_FAST.value: CallFailurePolicy.FAIL_FAST,
+    pb.CallFailurePolicy.BEST_EFFORT.value: CallFailurePolicy.BEST_EFFORT,
+}
 
 
 def spec_from_wire(task: Any) -> TaskSpec:
-    """The domain spec of a `TaskSpec` message as the protobuf runtime decoded it."""
+    """The domain spec of a `TaskSpec` message as the protobuf runtime decoded it.
+
+    `InvalidArgument` for an enum number the API does not define (proto3 keeps them):
+    no policy is guessed for a task.
+    """
     call = task.function_call
     retry = task.call_retry_policy
+    policy = _FAILURE_POLICY_OF.get(task.call_failure_policy)
+    if policy is None:
+        raise InvalidArgument(
+            field="task.call_failure_policy",
+            value=task.call_failure_policy,
+            allowed="0 (unspecified: FAIL_FAST), 1 (FAIL_FAST) or 2 (BEST_EFFORT)",
+        )
     return TaskSpec(
         task_id=task.task_id,
         function_call=FunctionCall(type=call.type, config_json=call.config_json),
@@ -65,11 +99,7 @@ def spec_from_wire(task: Any) -> TaskSpec:
             else None
         ),
         task_timeout_ms=task.task_timeout_ms,
-        call_failure_policy=(
-            CallFailurePolicy.BEST_EFFORT
-            if task.call_failure_policy == pb.CallFailurePolicy.BEST_EFFORT
-            else CallFailurePolicy.FAIL_FAST
-        ),
+        call_failure_policy=policy,
         call_retry_policy=(
             RetryPolicy(
                 max_attempts=retry.max_attempts,
@@ -86,8 +116,8 @@ def spec_from_wire(task: Any) -> TaskSpec:
 
 # ------------------------------------------------ the hot messages, in the C runtime
 #
-# The requests of the per-task RPCs are decoded, and every reply about a task
-# is built, by the official protobuf runtime's C implementation (upb), straight
+# Every request is decoded, and every reply about a task is built, by the
+# official protobuf runtime's C implementation (upb), straight
 # from and into domain values; replies go out as bytes (`Encoded`).
 # betterproto2 took about 40x longer to encode a terminal update and made
 # encoding the largest cost of a task. The message types are the ones the
@@ -104,9 +134,16 @@ def _upb(name: str) -> Any:
 
 WIRE_REQUESTS: dict[str, Any] = {
     name: _upb(f"{name}Request")
-    for name in ("SubmitTask", "RunTasks", "WatchTasks", "GetTaskResult")
+    for name in (
+        "RequestTaskSlot",
+        "SubmitTask",
+        "RunTasks",
+        "WatchTasks",
+        "GetTaskResult",
+        "GetWorkerStatus",
+    )
 }
-"""The request type of each hot RPC (by method name), as the C runtime decodes it."""
+"""The request type of each RPC (by method name), as the C runtime decodes it."""
 _SlotReply = _upb("RequestTaskSlotResponse")
 _SubmitReply = _upb("SubmitTaskResponse")
 _ResultReply = _upb("GetTaskResultResponse")
@@ -217,7 +254,7 @@ def stream_responses(events: list[StreamEvent]) -> list[Encoded]:
             case Refused(task_id=task_id, error=error):
                 one.refused.task_id = task_id
                 one.refused.status = STATUS_OF[error.code].value
-                one.refused.message = str(error)
+                one.refused.message = status_message(error)
             case Finished(snapshot=snapshot):
                 _update(one.finished, snapshot)
         size += one.ByteSize()

@@ -7,8 +7,10 @@ reflection client and many GUI clients speak only v1alpha), in plain text or,
 given a context (`blockx.tls.server_context`), all of them over TLS. Health answers
 SERVING for the worker's service (and for "") only while the worker is ready
 (an executor is healthy) and not draining.
-The maximum message size is enforced by the codec, both ways, with
-RESOURCE_EXHAUSTED naming the size and the limit.
+The maximum message size is enforced both ways, with RESOURCE_EXHAUSTED naming
+the size and the limit: by the codec, and for requests already by the length a
+message's prefix announces (see `_http2`, which guards every request and
+connection against what no gRPC client sends).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.protocol import H2Protocol
 
 # grpclib keeps its v1alpha service here: it is what its own (public)
@@ -43,9 +46,11 @@ from blockx._affinity import choose_cpu, pin_loop_threads
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
+from blockx.api._http2 import Http2Protocol, RequestHandler
 from blockx.api._service import WorkerService
 from blockx.auth import bearer_token, check_bearer
 from blockx.config import GrpcSection
+from blockx.errors import shown
 
 logger = logging.getLogger("blockx.api")
 
@@ -181,13 +186,52 @@ class _CorkedTransport:
 
 
 class _Server(Server):
-    """grpclib's server, with each connection's writes corked (`_CorkedTransport`)."""
+    """grpclib's server, serving each connection with the guards of `_http2` and with its
+    writes corked (`_CorkedTransport`)."""
+
+    def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_message_bytes = max_message_bytes
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        # grpclib's own factory, with our handler and protocol in place of its own.
+        self.__gc_step__()
+        handler = RequestHandler(
+            self._mapping,
+            self._codec,
+            self._status_details_codec,
+            self.__dispatch__,
+            max_message_bytes=self._max_message_bytes,
+        )
+        self._handlers.add(handler)
+        protocol = Http2Protocol(handler, self._config, self._h2_config)
         made = protocol.connection_made
         protocol.connection_made = lambda transport: made(_CorkedTransport(transport))  # type: ignore[method-assign,arg-type]
         return protocol
+
+
+class _Health(Health):
+    """grpclib's health service; a check of a service it does not know says so in words
+    (grpclib's NOT_FOUND came without a message)."""
+
+    async def Check(self, stream: Stream[HealthCheckRequest, HealthCheckResponse]) -> None:
+        request = await stream.recv_message()  # never None: see `_http2.RequestStream`
+        assert request is not None
+        checks = self._checks.get(request.service)
+        if checks is None:
+            known = ", ".join(repr(name) for name in sorted(self._checks))
+            raise GRPCError(
+                Status.NOT_FOUND,
+                f"no health status for service {shown(request.service)}; known: {known}",
+            )
+        statuses = {await check.__check__() for check in checks}
+        if statuses == {True}:
+            status = HealthCheckResponse.SERVING
+        elif statuses == {None}:  # (grpclib's reading of checks that never ran)
+            status = HealthCheckResponse.UNKNOWN
+        else:
+            status = HealthCheckResponse.NOT_SERVING
+        await stream.send_message(HealthCheckResponse(status=status))
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -268,7 +312,7 @@ class GrpcFrontEnd:
 
     async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.
-        health = Health({self.service: [self.health_status]})
+        health = _Health({self.service: [self.health_status]})
         pool = default_google_proto_descriptor_pool
         services: list[Any] = [
             self.service,
@@ -280,6 +324,7 @@ class GrpcFrontEnd:
             services,
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
+            max_message_bytes=self._max_message_bytes,
         )
         if self._token is not None:
             listen(self._server, RecvRequest, check_bearer(self._token))

@@ -14,8 +14,9 @@ clean detach; a handler cancelled by its client going away is a disconnect.
 that carries the stream's `TaskStream` (the slot table answers into it and
 holds a submit without a slot until one is free), while the handler sends the
 answers and the terminal updates the stream collects. The reader stops reading
-while `RUN_TASKS_WINDOW` submits are unanswered, so a client that writes
-faster than slots free up is slowed by HTTP/2 flow control, not by refusals.
+while `RUN_TASKS_WINDOW` submits are unanswered or as many events wait to be
+sent, so a client that writes faster than slots free up, or than it reads its
+answers, is slowed by HTTP/2 flow control, not by refusals (nor held in memory).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ MAX_BACKLOG = 4_096
 """Client requests waiting in the slot table's inbox beyond this are refused (UNAVAILABLE)."""
 MAX_WATCH_TASK_IDS = 10_000
 RUN_TASKS_WINDOW = 64
-"""Submits of one `RunTasks` stream that may wait for an answer before it stops reading."""
+"""Submits of one `RunTasks` stream that may wait for an answer (and events that may wait
+to be sent) before it stops reading."""
 
 
 class WorkerService(pb.WorkerServiceBase):
@@ -100,14 +102,21 @@ class WorkerService(pb.WorkerServiceBase):
         """How handlers reach the actors; the front end sets it when it starts."""
 
     def __mapping__(self) -> dict[str, Handler]:
-        """The generated handlers, but the hot RPCs' are raw: their requests are decoded by
-        the C runtime (`WIRE_REQUESTS`) and their replies are sent as bytes."""
+        """The generated handlers' shapes with raw handlers: every request is decoded by the
+        C runtime (`WIRE_REQUESTS`) and the replies about tasks are sent as bytes.
+
+        The C runtime keeps protobuf's rules: a field of the wrong wire type is an unknown
+        field and a string is UTF-8. betterproto2's decoder hands over whatever it read
+        (an int for a `task_id` that arrived as a varint), which no handler expects.
+        """
         mapping = super().__mapping__()
         raw = {
+            "RequestTaskSlot": self._request_task_slot,
             "SubmitTask": self._submit_task,
             "RunTasks": self._run_tasks,
             "WatchTasks": self._watch_tasks,
             "GetTaskResult": self._get_task_result,
+            "GetWorkerStatus": self._get_worker_status,
         }
         for name, handler in raw.items():
             path = f"/blockx.worker.v1.WorkerService/{name}"
@@ -149,19 +158,21 @@ class WorkerService(pb.WorkerServiceBase):
         bridge.to_trio(lambda: bridge.to_loop(_resolve, future, read()))
         return await future
 
-    async def request_task_slot(
-        self, message: pb.RequestTaskSlotRequest
-    ) -> pb.RequestTaskSlotResponse:
+    async def _request_task_slot(self, rpc: Stream[Any, Any]) -> None:
+        message = await _request(rpc)
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: RequestSlot(task_id=message.task_id, ttl_ms=message.ttl_ms, reply=reply)
         )
-        return cast(pb.RequestTaskSlotResponse, slot_response(snapshot))
+        await rpc.send_message(slot_response(snapshot))
 
     async def _submit_task(self, rpc: Stream[Any, Any]) -> None:
         message = await _request(rpc)
         if not message.HasField("task"):
             raise GRPCError(Status.INVALID_ARGUMENT, "task is required")
-        spec = _spec(message.task)
+        try:
+            spec = _spec(message.task)
+        except InvalidArgument as error:
+            raise grpc_error(error) from error
         snapshot: TaskSnapshot = await self._ask(
             lambda reply: SubmitTask(spec=spec, slot_id=message.slot_id or None, reply=reply)
         )
@@ -185,9 +196,11 @@ class WorkerService(pb.WorkerServiceBase):
         )
         await rpc.send_message(result_response(snapshot))
 
-    async def get_worker_status(
-        self, message: pb.GetWorkerStatusRequest
-    ) -> pb.GetWorkerStatusResponse:
+    async def _get_worker_status(self, rpc: Stream[Any, Any]) -> None:
+        await _request(rpc)
+        await rpc.send_message(await self._worker_status())
+
+    async def _worker_status(self) -> pb.GetWorkerStatusResponse:
         status: WorkerStatus = await self._ask(lambda reply: GetStatus(reply=reply))
         executors, ready = await self._on_trio(lambda: (tuple(self._executors()), self._ready()))
         beat = status.heartbeat
@@ -284,7 +297,11 @@ class WorkerService(pb.WorkerServiceBase):
                 missing = InvalidArgument(field="task", value=None, allowed="a task is required")
                 stream.answer(place, "", missing)
                 continue
-            spec = _spec(message.task)
+            try:
+                spec = _spec(message.task)
+            except InvalidArgument as error:
+                stream.answer(place, message.task.task_id, error)
+                continue
             if self.shadow is not None:
                 tasks[spec.task_id] = message.task
             submit = SubmitTask(
@@ -329,6 +346,7 @@ class WorkerService(pb.WorkerServiceBase):
 
 
 def _spec(task: Any) -> TaskSpec:
+    """The domain spec of `task`; `InvalidArgument` if it has none (see `spec_from_wire`)."""
     spec = spec_from_wire(task)
     if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
         spec = spec.as_shadow()
@@ -341,8 +359,8 @@ def _resolve(future: asyncio.Future[T], answer: T) -> None:
 
 
 async def _request(rpc: Stream[Any, Any]) -> Any:
-    """The one request message of a call that takes one."""
+    """The one request message of a call that takes one (a call that ends without it is
+    refused before it gets here: see `_http2.RequestStream`)."""
     message = await rpc.recv_message()
-    if message is None:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the call ended without its request message")
+    assert message is not None
     return message

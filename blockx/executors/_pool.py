@@ -39,7 +39,7 @@ import trio
 
 from blockx._clock import WorkerClock
 from blockx._process import add_private_dir, discard_private_dir
-from blockx.errors import Misuse
+from blockx.errors import Misuse, shown
 from blockx.executors._config import ExecutorPoolConfig
 from blockx.executors._errors import (
     ExecutorUnavailable,
@@ -85,6 +85,12 @@ _RECV_BYTES: Final = 256 * 1024
 _WRITE_BATCH_BYTES: Final = 1024 * 1024
 _EXIT_AFTER_EOF_S: Final = 1.0
 """After its connection ends, a process gets this long to exit before it is killed."""
+
+_REASON_CHARS: Final = 300
+_NO_HELLO_IN_TIME: Final = object()
+_CLOSED_FIRST: Final = object()
+"""What a connection sent first, when it was not a message: nothing in time, or nothing
+before it closed."""
 
 _STATE_OF_REASON: Final = {
     DownReason.LOST: ExecutorState.LOST,
@@ -355,7 +361,7 @@ class ExecutorPoolManager:
         decoder = FrameDecoder(max_frame_bytes=_HELLO_MAX_FRAME_BYTES)
         handed_over = False
         try:
-            hello: object = None
+            hello: object = _NO_HELLO_IN_TIME
             with trio.move_on_after(self.config.start_timeout_ms / 1000):
                 hello = await self._read_first(stream, decoder)
             incarnation, refusal = self._authenticate(hello)
@@ -373,26 +379,31 @@ class ExecutorPoolManager:
                     await stream.aclose()
 
     async def _read_first(self, stream: trio.SocketStream, decoder: FrameDecoder) -> object:
-        """The first message on `stream`, a WireError, or None at end of file."""
+        """The first message on `stream`, a WireError, or `_CLOSED_FIRST` at end of file."""
         try:
             while True:
                 for message in decoder:
                     return message
                 data = await stream.receive_some(4096)
                 if not data:
-                    return None
+                    return _CLOSED_FIRST
                 decoder.feed(data)
         except WireError as exc:
             return exc
         except trio.BrokenResourceError:
-            return None
+            return _CLOSED_FIRST
 
     def _authenticate(self, hello: object) -> tuple[_Incarnation | None, str]:
+        if hello is _NO_HELLO_IN_TIME:
+            return None, f"no Hello within {self.config.start_timeout_ms} ms"
+        if hello is _CLOSED_FIRST:
+            return None, "closed before sending a Hello"
+        if isinstance(hello, WireError):  # (the frame is at most 64 KiB: say less of it)
+            return None, f"its first frame is malformed: {str(hello)[:_REASON_CHARS]}"
         if not isinstance(hello, Hello):
-            what = "no Hello in time" if hello is None else f"first message was {hello!r}"
-            return None, what
+            return None, f"its first message was a {type(hello).__name__}, not a Hello"
         executor = self._executors.get(hello.executor_id)
-        who = f"executor_id={hello.executor_id!r} pid={hello.pid}"
+        who = f"executor_id={shown(hello.executor_id)} pid={hello.pid}"
         if hello.protocol_version != PROTOCOL_VERSION:
             return None, (
                 f"{who} speaks protocol {hello.protocol_version}, this worker {PROTOCOL_VERSION}"

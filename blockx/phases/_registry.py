@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 from blockx.calls import FailureCode
-from blockx.errors import BlockxError
+from blockx.errors import BlockxError, shown
 
 SEED_SPELLINGS: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -62,7 +62,9 @@ class UnknownName(BlockxError):
         self.name = name
         self.known = known
         other = SEED_SPELLINGS.get(name) or _SEED_SPELLING_OF.get(name)
-        asked = f"{name!r} ({other})" if other is not None else repr(name)
+        # A task names the type: quoted in full, an unbounded name would be kept in its
+        # result for the retention window.
+        asked = f"{name!r} ({other})" if other is not None else shown(name)
         listed = ", ".join(spelled(known_name) for known_name in known) or "none"
         super().__init__(f"unknown {kind} {asked}; known {kind}s: {listed}")
 

@@ -47,6 +47,7 @@ from blockx.slots._events import (
 )
 from blockx.slots._machine import SlotMachine, Step
 from blockx.slots._model import (
+    MAX_TASK_ID_CHARS,
     RUN_PHASES,
     SHADOW_LABEL,
     ForgetReason,
@@ -68,6 +69,7 @@ from blockx.slots._model import (
 )
 
 __all__ = [
+    "MAX_TASK_ID_CHARS",
     "OUTCOME_PHASES",
     "RUN_PHASES",
     "SHADOW_LABEL",

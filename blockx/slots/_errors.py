@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import enum
 
-from blockx.errors import BlockxError, InvalidValue
+from blockx.errors import BlockxError, InvalidValue, shown
 
 
 class ErrorCode(enum.Enum):
@@ -85,7 +85,7 @@ class InvalidSlot(WorkerError):
             why = "the slot is not reserved"
         else:
             why = f"the slot is held by task {held_by!r}"
-        super().__init__(f"slot_id={slot_id!r} cannot be used by task {task_id!r}: {why}")
+        super().__init__(f"slot_id={shown(slot_id)} cannot be used by task {task_id!r}: {why}")
 
 
 class NotFound(WorkerError):

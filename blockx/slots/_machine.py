@@ -37,7 +37,7 @@ Rules:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeAlias, assert_never
 
 import attrs
@@ -87,6 +87,7 @@ from blockx.slots._events import (
     WorkerReady,
 )
 from blockx.slots._model import (
+    MAX_TASK_ID_CHARS,
     RUN_PHASES,
     ForgetReason,
     Heartbeat,
@@ -297,14 +298,23 @@ class SlotMachine:
         )
 
     def get_result(self, task_id: str) -> TaskSnapshot:
-        """The task's snapshot, with its result once terminal. `NotFound` if unknown."""
+        """The task's snapshot, with its result once terminal. `NotFound` if unknown,
+        `InvalidArgument` for an id no task can have."""
         task = self._live.get(task_id)
         if task is not None:
             return self._snapshot(task)
         retained = self._retained.get(task_id)
         if retained is not None:
             return TaskSnapshot.of_result(retained.result)
+        _check_task_id(task_id)  # only here: every known task's id passed it
         raise NotFound(task_id=task_id)
+
+    def get_results(self, task_ids: Sequence[str]) -> tuple[TaskSnapshot, ...]:
+        """The snapshots of `task_ids` in order (a watch's). `InvalidArgument` naming the
+        first id no task can have, if any; else `NotFound` for the first unknown one."""
+        for index, task_id in enumerate(task_ids):
+            _check_task_id(task_id, field=f"task_ids[{index}]")
+        return tuple(self.get_result(task_id) for task_id in task_ids)
 
     def next_deadline_ms(self) -> int | None:
         """When the earliest armed timer is due, or None if nothing is armed."""
@@ -906,10 +916,11 @@ class SlotMachine:
             assert retained.ticket in heap_tickets
 
 
-def _check_task_id(task_id: str) -> None:
-    if not task_id or task_id.strip() != task_id:
+def _check_task_id(task_id: str, *, field: str = "task_id") -> None:
+    if not task_id or task_id.strip() != task_id or len(task_id) > MAX_TASK_ID_CHARS:
         raise InvalidArgument(
-            field="task_id",
+            field=field,
             value=task_id,
-            allowed="a non-empty id without leading or trailing whitespace",
+            allowed=f"a non-empty id of at most {MAX_TASK_ID_CHARS} characters "
+            "without leading or trailing whitespace",
         )

@@ -76,6 +76,10 @@ class ResultHandler:
     config_json: str = ""
 
 
+MAX_TASK_ID_CHARS: Final = 256
+"""The longest task id a worker accepts. Ids travel in every reply, log line and error
+message about their task, so a worker never takes one of unbounded size."""
+
 SHADOW_LABEL: Final = "blockx.shadow"
 """The reserved label of a task mirrored here by another worker (a shadow submit); its
 value is the address of the worker that mirrored it."""

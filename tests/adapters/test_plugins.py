@@ -215,8 +215,15 @@ async def test_memory_plugin_with_fail_false_stores() -> None:
         ),
         pytest.param(
             {"delay_ms": -1},
-            "test: config_json.delay_ms must be an integer >= 0, got -1",
+            "test: config_json.delay_ms must be an integer from 0 to 86400000, got -1",
             id="negative-delay",
+        ),
+        pytest.param(
+            {"delay_ms": 10**400},  # no float is that large: it once raised OverflowError
+            "test: config_json.delay_ms must be an integer from 0 to 86400000, got "
+            + repr(10**400)[:77]
+            + "...",
+            id="huge-delay",
         ),
         pytest.param(
             "[true]", "test: config_json must be a JSON object, got an array", id="not-an-object"

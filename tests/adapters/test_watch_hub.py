@@ -151,3 +151,23 @@ def test_a_run_stream_ends_each_task_id_once_and_remembers_a_bounded_number(
         ("Accepted", "a"),
         ("Finished", "a"),
     ]
+
+
+def test_a_run_stream_whose_events_are_not_taken_is_full_until_they_are() -> None:
+    # A client that writes submits and never reads its answers: every submit is
+    # answered at once, so none stays unanswered, and the events once piled up
+    # without end (0.8 KiB a task) while the reader went on reading.
+    rooms: list[None] = []
+    stream = TaskStream(wake=lambda: None, room=lambda: rooms.append(None), window=4)
+    for n in range(2):
+        stream.answer(stream.posted(), f"t{n}", running(f"t{n}", TaskPhase.CALLS))
+        stream.offer(ended(f"t{n}"))
+    assert (stream.unanswered, stream.full, rooms) == (0, True, [])  # 4 events waiting
+    assert len(stream.take()) == 4
+    assert (stream.full, rooms) == (False, [None])
+
+    for _ in range(4):  # the window of unanswered submits still holds
+        stream.posted()
+    assert stream.full
+    stream.answer(0, "u0", running("u0", TaskPhase.CALLS))
+    assert (stream.full, rooms) == (False, [None, None])

@@ -489,6 +489,12 @@ def test_registry_refuses_an_unknown_builder_naming_it_and_the_known_ones() -> N
     )
 
 
+def test_an_unknown_name_is_quoted_cut_short() -> None:
+    # A task names the type: its refusal is kept in the task's result.
+    error = UnknownName(kind="builder", name="x" * 1_000_000, known=("call_list",))
+    assert str(error) == f"unknown builder '{'x' * 76}...; known builders: call_list (callList)"
+
+
 # --- the seed's spellings ---------------------------------------------------------------------
 
 

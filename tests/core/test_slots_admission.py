@@ -11,6 +11,7 @@ import pytest
 
 from blockx.calls import FailureCode, RetryPolicy
 from blockx.slots import (
+    MAX_TASK_ID_CHARS,
     DrainStarted,
     ErrorCode,
     ForgetReason,
@@ -355,8 +356,10 @@ def test_ttl_out_of_range_is_an_invalid_argument(machine: SlotMachine, ttl_ms: i
     assert observe(machine, "t1") == before
 
 
-@pytest.mark.parametrize("task_id", ["", " t1", "t1 "])
-def test_request_with_an_empty_or_padded_task_id_is_an_invalid_argument(
+@pytest.mark.parametrize(
+    "task_id", ["", " t1", "t1 ", "\u3000t1", "t" * (MAX_TASK_ID_CHARS + 1), "t" * 1_000_000]
+)
+def test_request_with_an_empty_padded_or_overlong_task_id_is_an_invalid_argument(
     machine: SlotMachine, task_id: str
 ) -> None:
     before = observe(machine)
@@ -366,7 +369,35 @@ def test_request_with_an_empty_or_padded_task_id_is_an_invalid_argument(
 
     assert exc.value.field == "task_id"
     assert exc.value.value == task_id
+    assert len(str(exc.value)) < 200  # the value is quoted cut short: it travels in a header
     assert observe(machine) == before
+
+
+def test_a_task_id_of_the_longest_length_is_reserved(machine: SlotMachine) -> None:
+    task_id = "t" * MAX_TASK_ID_CHARS
+    machine.handle(requested(task_id, now_ms=0))
+    assert machine.get_result(task_id).task_id == task_id
+
+
+@pytest.mark.parametrize("task_id", ["", " t1", "t" * (MAX_TASK_ID_CHARS + 1)])
+def test_asking_for_the_result_of_an_id_no_task_can_have_is_an_invalid_argument(
+    machine: SlotMachine, task_id: str
+) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        machine.get_result(task_id)
+    assert exc.value.field == "task_id"
+    with pytest.raises(NotFound):
+        machine.get_result("t" * MAX_TASK_ID_CHARS)
+
+
+def test_a_watch_of_an_unknown_and_an_invalid_id_is_refused_for_the_invalid_one(
+    machine: SlotMachine,
+) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        machine.get_results(["unknown", ""])
+    assert (exc.value.field, exc.value.value) == ("task_ids[1]", "")
+    with pytest.raises(NotFound):
+        machine.get_results(["t1", "unknown"])
 
 
 @pytest.mark.parametrize(
@@ -598,6 +629,16 @@ def test_submit_naming_a_slot_the_task_does_not_hold_is_invalid_slot(
     assert exc.value.held_by == held_by
     assert exc.value.known is known
     assert observe(machine, "t1", "t2", "t3") == before
+
+
+def test_a_slot_id_no_slot_has_is_quoted_cut_short(machine: SlotMachine) -> None:
+    slot_id = "s" * 1_000_000  # a client's: it travels back in a header
+    with pytest.raises(InvalidSlot) as exc:
+        machine.handle(submitted("t1", now_ms=0, slot_id=slot_id))
+    assert exc.value.slot_id == slot_id
+    assert str(exc.value) == (
+        f"slot_id='{'s' * 76}... cannot be used by task 't1': no such slot on this worker"
+    )
 
 
 def test_duplicate_submit_of_a_live_task_answers_its_snapshot_and_commands_nothing(

@@ -19,6 +19,7 @@ import trio
 
 from blockx.calls import FailureCode
 from blockx.errors import shown
+from blockx.phases._config import config_integer
 from blockx.phases.plugins._model import (
     PluginFailed,
     PluginRequest,
@@ -30,6 +31,9 @@ from blockx.slots import PluginResult
 NAME: Final = "test"
 TEST_STORE_TASKS: Final = 1000
 DEFAULT_FAILURE: Final = "test plugin configured to fail"
+MAX_DELAY_MS: Final = 86_400_000
+"""A day: longer than any phase IO timeout, and small enough to be a sleep (a larger JSON
+integer has no float form)."""
 
 _stored: collections.OrderedDict[str, tuple[object, ...]] = collections.OrderedDict()
 
@@ -87,12 +91,7 @@ class MemoryPlugin:
         config = parse_config(
             NAME, request.handler.config_json, ("fail", "message", "retryable", "code", "delay_ms")
         )
-        delay_ms = config.get("delay_ms", 0)
-        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-            raise PluginFailed(
-                message=f"{NAME}: config_json.delay_ms must be an integer >= 0, "
-                f"got {shown(delay_ms)}"
-            )
+        delay_ms = config_integer(NAME, config, "delay_ms", (0, 0, MAX_DELAY_MS), PluginFailed)
         code = _code(config)
         await trio.sleep(delay_ms / 1000)
         if _flag(config, "fail"):

@@ -799,6 +799,10 @@ class TaskSpec(betterproto2.Message):
         return BLOCKX_WORKER_V1_WORKER_PROTO_DESCRIPTOR.message_types_by_name["TaskSpec"]
 
     task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    1 to 256 characters, none of them whitespace at either end; any other id is
+    INVALID_ARGUMENT, in every RPC that names a task.
+    """
 
     function_call: "FunctionCallConfig | None" = betterproto2.field(
         2, betterproto2.TYPE_MESSAGE, optional=True
@@ -821,6 +825,9 @@ class TaskSpec(betterproto2.Message):
     call_failure_policy: "CallFailurePolicy" = betterproto2.field(
         6, betterproto2.TYPE_ENUM, default_factory=lambda: CallFailurePolicy(0)
     )
+    """
+    A number the enum does not define is INVALID_ARGUMENT.
+    """
 
     call_retry_policy: "CallRetryPolicy | None" = betterproto2.field(
         7, betterproto2.TYPE_MESSAGE, optional=True
@@ -1018,7 +1025,8 @@ class WorkerServiceStub(betterproto2_grpclib.ServiceStub):
         the last 100,000 task ids it ended).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
-        (64) of its tasks are unanswered. The stream ends after the client has
+        (64) of its tasks are unanswered, or as many answers and updates wait for
+        the client to read them. The stream ends after the client has
         half-closed and every accepted task's terminal update was sent. A stream
         that breaks is a broken watch for every task it followed.
         """
@@ -1104,7 +1112,8 @@ class WorkerServiceBase(betterproto2_grpclib.ServiceBase):
         the last 100,000 task ids it ended).
         Back-pressure: a task without slot_id waits in the worker until a slot is
         free, and the worker stops reading the stream while RUN_TASKS_WINDOW
-        (64) of its tasks are unanswered. The stream ends after the client has
+        (64) of its tasks are unanswered, or as many answers and updates wait for
+        the client to read them. The stream ends after the client has
         half-closed and every accepted task's terminal update was sent. A stream
         that breaks is a broken watch for every task it followed.
         """

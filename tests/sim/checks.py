@@ -11,8 +11,8 @@
 * Completeness: a task whose calls all succeeded on their final attempt, in
   time, succeeded (or failed in its plugin, if that was made to fail),
   unless something from outside ended it: its short deadline, its watcher
-  going away, the worker's drain timeout. Each of those causes is named only
-  when it was possible.
+  going away, the worker's drain timeout, its plugin taking longer than the
+  phase IO timeout. Each of those causes is named only when it was possible.
 * The test plugin kept exactly the values the executors returned, in call order.
 """
 
@@ -65,6 +65,11 @@ def _judge_task(
     epochs = {a.epoch for a in world.attempts if a.task_id == task_id}
     if epochs - {result.task_code_epoch}:
         world.violation(f"{task_id} pinned {result.task_code_epoch}, yet ran {sorted(epochs)}")
+    deadline_ms = result.accepted_at_ms + (record.spec.task_timeout_ms or world.task_deadline_ms)
+    if result.finished_at_ms > deadline_ms:  # on time: not even a millisecond late
+        world.violation(f"{task_id} outlived its deadline {deadline_ms}: {result!r}")
+    if result.failure_code is FailureCode.TIMED_OUT and result.finished_at_ms < deadline_ms:
+        world.violation(f"{task_id} timed out before its deadline {deadline_ms}: {result!r}")
     outside = _outside_cause(world, record, result)
     if outside is not None:
         if not outside:
@@ -76,11 +81,14 @@ def _judge_task(
     all_succeeded = len(finals) == record.call_count and all(
         attempt.succeeded_in_time() for attempt in finals.values()
     )
+    plugin_late = record.plugin_delay_ms > world.phase_io_timeout_ms
     if result.state is TaskState.SUCCEEDED:
         _judge_succeeded(world, record, result, attempts)
-    elif all_succeeded and not record.plugin_fails:
+        if plugin_late:
+            world.violation(f"{task_id}'s plugin ran past phaseIoTimeoutMs, yet it succeeded")
+    elif all_succeeded and not (record.plugin_fails or plugin_late):
         world.violation(f"{task_id}'s calls all succeeded in time, yet it ended {result!r}")
-    elif all_succeeded and result.failure_code is not FailureCode.PLUGIN_FAILED:
+    elif all_succeeded and result.phase is not TaskPhase.PLUGIN:
         world.violation(f"{task_id}'s plugin was to fail, yet it ended {result!r}")
 
 
@@ -95,6 +103,8 @@ def _outside_cause(world: World, record: TaskRecord, result: TaskResult) -> bool
             return world.drain_forced
         case FailureCode.PLUGIN_FAILED:
             return record.plugin_fails
+        case FailureCode.PHASE_IO_TIMEOUT:  # (a tie goes either way)
+            return record.plugin_delay_ms >= world.phase_io_timeout_ms
         case _:
             return None
 

@@ -28,6 +28,7 @@ from blockx.actors import (
     Accepted,
     Finished,
     GetResult,
+    GetStatus,
     Inbox,
     OpenWatch,
     Refused,
@@ -40,12 +41,14 @@ from blockx.actors import (
     TaskStream,
     Unsubscribe,
     WatchStream,
+    WorkerStatus,
 )
 from blockx.calls import CallFailurePolicy, RetryPolicy
 from blockx.slots import (
     FunctionCall,
     NotFound,
     ResultHandler,
+    SlotState,
     TaskPhase,
     TaskSnapshot,
     TaskSpec,
@@ -59,6 +62,8 @@ MAX_CALLS = 4
 THINK_MS = (0, 600)
 """How long a client waits between two requests."""
 TTL_CHOICES_MS = (0, 500, 2_000)
+RESUBMIT_MARGIN_MS = 1_000
+"""A task is submitted again only this long before its result is forgotten, or earlier."""
 """A reservation's TTL (0: the worker's default)."""
 _PHASE_ORDER = {
     None: 0,
@@ -150,6 +155,7 @@ class SimClient:
             (self.submit_again, 10),
             (self.watch_some, 15),
             (self.run_tasks, 10),
+            (self.read_status, 5),
         )
         total = sum(weight for _, weight in operations)
         while True:
@@ -209,14 +215,14 @@ class SimClient:
         answer = await self._ask("result", lambda reply: GetResult(task_id=task_id, reply=reply))
         if isinstance(answer, TaskSnapshot):
             self._saw(record, answer)
-        elif record.accepted_ms is not None:
+        elif record.accepted_ms is not None and not world.forgotten(task_id):
             world.violation(f"{task_id} was accepted, yet its result reads {answer!r}")
 
     async def submit_again(self) -> None:
         world = self._world
         record = self._pick_task(accepted_only=True)
-        if record is None:
-            return
+        if record is None or world.forgotten(record.spec.task_id, RESUBMIT_MARGIN_MS):
+            return  # once forgotten, the same id is a new task: not what this asks
         answer = await self._submit(record, None)
         if not isinstance(answer, TaskSnapshot) or answer.task_id != record.spec.task_id:
             world.violation(f"{record.spec.task_id} submitted again, answered {answer!r}")
@@ -231,6 +237,35 @@ class SimClient:
         }
         if picked:
             self._start_watch(tuple(sorted(picked)))
+
+    async def read_status(self) -> None:
+        """`GetWorkerStatus`: the figures agree with the slots, the slots with the tasks."""
+        status: WorkerStatus = await self._slot_table.ask(lambda reply: GetStatus(reply=reply))
+        beat = status.heartbeat
+        states = [slot.state for slot in status.slots]
+        figures = (beat.slots_total, beat.reserved_slots, beat.running_tasks, beat.free_slots)
+        counted = (
+            len(states),
+            states.count(SlotState.ALLOCATED),
+            states.count(SlotState.RUNNING),
+            states.count(SlotState.FREE),
+        )
+        holders = {slot.task_id: slot for slot in status.slots if slot.task_id is not None}
+        tasks = {task.task_id: task for task in status.tasks}
+        submitted = sum(1 for task in status.tasks if task.phase is not None)
+        if figures != counted or holders.keys() != tasks.keys() or beat.active_tasks != submitted:
+            self._world.violation(f"a status that disagrees with itself: {status!r}")
+        for task_id, task in tasks.items():
+            slot = holders[task_id]
+            reserved = slot.state is SlotState.ALLOCATED
+            shape_ok = (
+                task.slot_id == slot.slot_id
+                and not task.is_terminal
+                and (task.phase in (None, TaskPhase.PREPARING)) == reserved
+                and (task.lease_expires_at_ms is not None) == reserved
+            )
+            if not shape_ok:
+                self._world.violation(f"{task_id} holds {slot!r} as {task!r}")
 
     async def run_tasks(self) -> None:
         """A `RunTasks` stream: submits in, answers and terminal updates out, read as the
@@ -327,8 +362,10 @@ class SimClient:
         short_timeout = world.chance(Fault.TASK_TIMEOUT, 0.15)
         plugin_fails = False
         handler = None
+        delay_ms = 0
         if rng.random() < 0.6:
-            config: dict[str, object] = {"delay_ms": rng.randint(0, 400)}
+            delay_ms = rng.randint(0, 400)
+            config: dict[str, object] = {"delay_ms": delay_ms}
             if world.chance(Fault.PLUGIN_FAILURE, 0.2):
                 plugin_fails = True
                 config.update(fail=True, retryable=rng.random() < 0.5)
@@ -347,6 +384,7 @@ class SimClient:
             call_count=call_count,
             short_timeout=short_timeout,
             plugin_fails=plugin_fails,
+            plugin_delay_ms=delay_ms,
         )
         world.tasks[task_id] = record
         return record
@@ -423,11 +461,11 @@ class SimClient:
         elif (error := stream.error) is not None:
             world.record(self._name, "watch failed", error.code.value)
             # Unknown is right for a task not accepted (yet: a stream may hold its submit),
-            # or whose reservation lapsed; never for one a client saw accepted.
+            # whose reservation lapsed, or whose result was forgotten after its retention.
             unknown = (
                 isinstance(error, NotFound)
                 and (record := world.tasks.get(error.task_id)) is not None
-                and record.accepted_ms is None
+                and (record.accepted_ms is None or world.forgotten(error.task_id))
             )
             if not unknown:
                 world.violation(f"a watch of {task_ids} failed: {error!r}")

@@ -69,6 +69,7 @@ DURATION_MS = 8_000
 """How long clients make requests (and faults are injected), by default."""
 RERUN = "BLOCKX_SIM_SEED={seed} uv run pytest tests/sim -k replay"
 PROBE_TASK_ID = "probe"
+TASK_DEADLINE_MS = 60_000
 CODE_GAP_MS = 2_000
 """The mean time between two publications of function code."""
 SETTLE_POLL_MS = 100
@@ -85,6 +86,11 @@ class Shape:
     executors: int
     executor_capacity: int
     clients: int
+    executor_task_slots: int
+    """Tasks in the call phase at once (`admission.executorTaskSlots`)."""
+    plugin_slots: int
+    phase_io_timeout_ms: int
+    result_retention_ms: int
     watch_grace_ms: int
     stop_at_ms: int | None
     """When the worker is stopped (the DRAIN fault); None: it serves to the end."""
@@ -96,6 +102,12 @@ class Shape:
             executors=rng.randint(1, 4),
             executor_capacity=rng.randint(1, 3),
             clients=rng.randint(2, 5),
+            executor_task_slots=rng.randint(1, 4),
+            plugin_slots=rng.randint(1, 3),
+            phase_io_timeout_ms=rng.choice((300, 10_000))
+            if Fault.SLOW_PLUGIN in faults
+            else 10_000,
+            result_retention_ms=rng.choice((1_500, 3_600_000)),
             watch_grace_ms=rng.choice((0, 500)),
             stop_at_ms=rng.randint(0, duration_ms)
             if Fault.DRAIN in faults and rng.random() < 0.3
@@ -110,12 +122,15 @@ class Shape:
                 "metricsListenAddr": "none",
                 "etcdEndpoints": "none",
                 "drainTimeoutMs": 3_000,
+                "phaseIoTimeoutMs": self.phase_io_timeout_ms,
+                "admission.executorTaskSlots": self.executor_task_slots,
+                "admission.pluginSlots": self.plugin_slots,
                 "worker.taskSlots": self.task_slots,
                 "worker.defaultTTLMs": 1_000,
-                "worker.taskDeadlineMs": 60_000,
-                "worker.maxTaskTimeoutMs": 60_000,
+                "worker.taskDeadlineMs": TASK_DEADLINE_MS,
+                "worker.maxTaskTimeoutMs": TASK_DEADLINE_MS,
                 "functionSnapshotRetentionMs": 60_000,
-                "worker.resultRetentionMs": 3_600_000,
+                "worker.resultRetentionMs": self.result_retention_ms,
                 "worker.watchDisconnectGraceMs": self.watch_grace_ms,
                 "dispatcher.callDeadlineMs": 2_000,
                 "dispatcher.executorCapacity": self.executor_capacity,
@@ -248,6 +263,9 @@ async def _main(
         faults=faults,
         clock=WorkerClock(epoch_ms=EPOCH_MS),
         faults_until_ms=duration_ms,
+        phase_io_timeout_ms=shape.phase_io_timeout_ms,
+        task_deadline_ms=TASK_DEADLINE_MS,
+        result_retention_ms=shape.result_retention_ms,
         default_retry=shape.config().worker.slot_config().default_retry_policy,
     )
     worlds.append(world)
@@ -389,7 +407,9 @@ async def _probe(world: World, slot_table: Inbox[SlotTableMessage]) -> None:
         payload=json.dumps({"calls": calls}).encode(),
         call_failure_policy=CallFailurePolicy.FAIL_FAST,
     )
-    record = TaskRecord(spec=spec, call_count=2, short_timeout=False, plugin_fails=False)
+    record = TaskRecord(
+        spec=spec, call_count=2, short_timeout=False, plugin_fails=False, plugin_delay_ms=0
+    )
     world.tasks[PROBE_TASK_ID] = record
     try:
         answer: TaskSnapshot = await slot_table.ask(

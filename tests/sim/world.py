@@ -51,6 +51,8 @@ class Fault(enum.Enum):
     """A task's deadline is shorter than its calls may take."""
     PLUGIN_FAILURE = "plugin-failure"
     """A task's plugin fails."""
+    SLOW_PLUGIN = "slow-plugin"
+    """A task's plugin takes longer than the phase IO timeout."""
     DRAIN = "drain"
     """The worker is stopped at a random time (drain, then the drain timeout)."""
 
@@ -109,6 +111,8 @@ class TaskRecord:
     call_count: int
     short_timeout: bool
     plugin_fails: bool
+    plugin_delay_ms: int
+    """How long its plugin takes (0 without one)."""
     accepted_ms: int | None = None
     """When the worker accepted it (None: every submit was refused)."""
     watch_abandoned: bool = False
@@ -129,6 +133,10 @@ class World:
     clock: WorkerClock
     faults_until_ms: int
     """After this, no new fault is injected (so the worker can show it still serves)."""
+    phase_io_timeout_ms: int
+    task_deadline_ms: int
+    """The deadline of a task that names no timeout (`worker.taskDeadlineMs`)."""
+    result_retention_ms: int
     default_retry: RetryPolicy
     """The worker's retry policy, for a task that names none."""
     trace: list[TraceEvent] = attrs.Factory(list)
@@ -152,6 +160,15 @@ class World:
 
     async def sleep_ms(self, duration_ms: int) -> None:
         await trio.sleep_until(self.trio_time(self.now_ms() + duration_ms))
+
+    def forgotten(self, task_id: str, margin_ms: int = 0) -> bool:
+        """Whether the worker may have forgotten the task's result (its retention ran out,
+        or runs out within `margin_ms`)."""
+        results = self.results.get(task_id)
+        if not results:
+            return False
+        forget_at_ms = results[-1].finished_at_ms + self.result_retention_ms
+        return self.clock.now_ms() + margin_ms >= forget_at_ms
 
     def has(self, fault: Fault) -> bool:
         """Whether `fault` may be injected now."""

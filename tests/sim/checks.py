@@ -18,11 +18,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 from blockx.calls import CallFailurePolicy, FailureCode
 from blockx.executors import DownReason
 from blockx.phases.plugins import test_outputs as kept_outputs
 from blockx.slots import TaskPhase, TaskResult, TaskSnapshot, TaskState
-from tests.sim.world import Attempt, TaskRecord, World
+from tests.sim.world import EPOCH_MS, Attempt, TaskRecord, World
 
 _MAY_HAVE_RUN = frozenset(
     {FailureCode.EXECUTOR_LOST, FailureCode.EXECUTOR_WEDGED, FailureCode.DEADLINE_EXCEEDED}
@@ -75,6 +77,7 @@ def _judge_task(
         if not outside:
             world.violation(f"{task_id} ended {result.failure_code} without a cause: {result!r}")
         return
+    _judge_backoff(world, record, attempts)
     if result.phase is TaskPhase.CALLS and result.state is TaskState.FAILED:
         _judge_failed_calls(world, record, result, attempts)
     finals = _final_attempts(attempts)
@@ -93,20 +96,60 @@ def _judge_task(
 
 
 def _outside_cause(world: World, record: TaskRecord, result: TaskResult) -> bool | None:
-    """None: the result has no outside cause; else whether that cause was possible."""
+    """None: the result has no outside cause; else whether that cause was possible (and
+    came on time: the watch grace after a client left, the drain timeout after the drain)."""
+    finished_ms = result.finished_at_ms - EPOCH_MS
     match result.failure_code:
         case FailureCode.TIMED_OUT:
             return record.short_timeout
         case FailureCode.WATCH_DISCONNECTED:
-            return record.watch_abandoned
+            grace_ms = world.watch_grace_ms
+            return grace_ms > 0 and any(
+                left_ms + grace_ms <= finished_ms for left_ms in record.watch_left_ms
+            )
         case FailureCode.WORKER_SHUTDOWN:
-            return world.drain_forced
+            since_ms = world.draining_since_ms
+            return (
+                world.drain_forced
+                and since_ms is not None
+                and finished_ms == since_ms + world.drain_timeout_ms
+            )
         case FailureCode.PLUGIN_FAILED:
             return record.plugin_fails
         case FailureCode.PHASE_IO_TIMEOUT:  # (a tie goes either way)
             return record.plugin_delay_ms >= world.phase_io_timeout_ms
         case _:
             return None
+
+
+def _judge_backoff(world: World, record: TaskRecord, attempts: list[Attempt]) -> None:
+    """A call that failed retryably (answered in time) runs again only after its back-off:
+    `base * 2**(tries - 1)` at least, counting the attempts that were not taken back."""
+    policy = record.spec.call_retry_policy or world.default_retry
+    by_index: dict[int, list[Attempt]] = {}
+    for attempt in attempts:
+        by_index.setdefault(attempt.index, []).append(attempt)
+    for tried in by_index.values():
+        tried.sort(key=lambda attempt: attempt.attempt)
+        tries = 0
+        for before, after in itertools.pairwise(tried):
+            if not _revoked(before):
+                tries += 1
+            outcome = before.outcome
+            if (
+                outcome is None
+                or outcome.error_code in (None, FailureCode.CALL_REVOKED)
+                or not outcome.retryable
+                or before.answered_ms is None
+                or before.answered_ms >= before.deadline_ms
+            ):
+                continue
+            due_ms = before.answered_ms + (policy.base_backoff_ms << (tries - 1))
+            if after.received_ms < due_ms:
+                world.violation(
+                    f"{after.call_id} attempt {after.attempt} ran at {after.received_ms} ms, "
+                    f"before its back-off ended at {due_ms} ms"
+                )
 
 
 def _final_attempts(attempts: list[Attempt]) -> dict[int, Attempt]:

@@ -116,7 +116,7 @@ class _StreamReading:
         """The client left: what was not finished on the stream lost its watcher."""
         for record in self._records:
             if record.spec.task_id not in self.ended:
-                record.watch_abandoned = True
+                record.watch_left_ms.append(self._world.now_ms())
 
     def check_complete(self) -> None:
         """A stream that ended on its own answered every submit and finished every task."""
@@ -489,7 +489,7 @@ class SimClient:
         left = tuple(t for t in task_ids if phases.get(t, -1) != ended)
         world.record(self._name, "went away", *left)
         for task_id in left:
-            world.tasks[task_id].watch_abandoned = True
+            world.tasks[task_id].watch_left_ms.append(world.now_ms())
         if left and world.rng.random() < 0.5:
             back_ms = world.rng.randint(0, math.ceil(self._watch_grace_ms * 1.5))
             await world.sleep_ms(back_ms)

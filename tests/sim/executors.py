@@ -513,6 +513,8 @@ class SimExecutors:
         queued = incarnation.outstanding.get(key)
         if queued is None:
             return  # answered already, or never here
+        if self._world.now_ms() > queued.deadline_ms:  # the dispatcher gives up at the deadline
+            self._world.violation(f"{key} cancelled after its deadline {queued.deadline_ms}")
         if queued in incarnation.queue:
             incarnation.queue.remove(queued)
             failed = _failure(queued, FailureCode.CALL_CANCELLED, "before it started", False)

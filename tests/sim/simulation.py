@@ -70,6 +70,7 @@ DURATION_MS = 8_000
 RERUN = "BLOCKX_SIM_SEED={seed} uv run pytest tests/sim -k replay"
 PROBE_TASK_ID = "probe"
 TASK_DEADLINE_MS = 60_000
+DRAIN_TIMEOUT_MS = 3_000
 CODE_GAP_MS = 2_000
 """The mean time between two publications of function code."""
 SETTLE_POLL_MS = 100
@@ -121,7 +122,7 @@ class Shape:
                 "listenAddr": "127.0.0.1:0",
                 "metricsListenAddr": "none",
                 "etcdEndpoints": "none",
-                "drainTimeoutMs": 3_000,
+                "drainTimeoutMs": DRAIN_TIMEOUT_MS,
                 "phaseIoTimeoutMs": self.phase_io_timeout_ms,
                 "admission.executorTaskSlots": self.executor_task_slots,
                 "admission.pluginSlots": self.plugin_slots,
@@ -266,6 +267,8 @@ async def _main(
         phase_io_timeout_ms=shape.phase_io_timeout_ms,
         task_deadline_ms=TASK_DEADLINE_MS,
         result_retention_ms=shape.result_retention_ms,
+        watch_grace_ms=shape.watch_grace_ms,
+        drain_timeout_ms=DRAIN_TIMEOUT_MS,
         default_retry=shape.config().worker.slot_config().default_retry_policy,
     )
     worlds.append(world)

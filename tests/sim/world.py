@@ -115,8 +115,8 @@ class TaskRecord:
     """How long its plugin takes (0 without one)."""
     accepted_ms: int | None = None
     """When the worker accepted it (None: every submit was refused)."""
-    watch_abandoned: bool = False
-    """A client went away from a watch of it before it ended."""
+    watch_left_ms: list[int] = attrs.Factory(list)
+    """When a client went away from a watch of it before it ended."""
     answer_unknown: bool = False
     """Submitted on a stream the client went away from before the answer came: it may
     have been accepted."""
@@ -137,6 +137,8 @@ class World:
     task_deadline_ms: int
     """The deadline of a task that names no timeout (`worker.taskDeadlineMs`)."""
     result_retention_ms: int
+    watch_grace_ms: int
+    drain_timeout_ms: int
     default_retry: RetryPolicy
     """The worker's retry policy, for a task that names none."""
     trace: list[TraceEvent] = attrs.Factory(list)

@@ -2,17 +2,20 @@
 
 A handler of `blockx.api.WorkerService` turns a request into a message with a
 reply and posts it to the slot-table actor's inbox; a watch is a
-`WatchStream` the watch hub feeds, ended by an `Unsubscribe` (broken when the
-client went away). The clients here do exactly that, without sockets, at
-random over simulated time: reserve a slot and submit into it (sometimes
-after its lease lapsed, sometimes never), submit inline, submit again (the
-worker must answer from what it knows), watch tasks (sometimes going away
-before they end, and coming back), and read results.
+`WatchStream` and a `RunTasks` call a `TaskStream` that the watch hub feeds,
+ended by an `Unsubscribe` (broken when the client went away). The clients
+here do exactly that, without sockets, at random over simulated time:
+reserve a slot and submit into it (sometimes after its lease lapsed,
+sometimes never), submit inline, submit again (the worker must answer from
+what it knows), run tasks on a stream, watch tasks (sometimes going away
+before they end, and coming back), and read results and the worker's status.
 
 Judged on the spot: a submit into a live lease is accepted (unless the
 worker drains), one past it is refused, a submit again names the same task,
-a stream's updates of a task never go back a phase, and nothing follows a
-terminal update.
+a stream's updates of a task never go back a phase and nothing follows a
+terminal update, a watch or stream that ends on its own delivered every
+terminal update (and a stream every answer, in order), a task a client saw
+accepted is known until its retention ends, and a status agrees with itself.
 """
 
 from __future__ import annotations

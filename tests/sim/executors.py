@@ -5,9 +5,10 @@ An incarnation takes the calls of each frame into a queue and runs them one
 at a time, in order, as a real executor does: it asks the worker for the code
 of an epoch it has not seen (`CodeRequest`), then "runs" the call for a time
 drawn from the run's random source and answers with an outcome drawn from it
-too. It answers a cancel (at once if queued, by interrupting if running,
-unless the call is stuck) and a revoke (only if queued) as the real child
-does.
+too. A call may make a subcall and wait for it, running other calls nested
+meanwhile. It answers a cancel (at once if queued, by interrupting if
+running, unless the call is stuck; a call waiting on a subcall gives up) and
+a revoke (only if queued) as the real child does.
 
 Faults come from the seed: a crash ends an incarnation at once (its calls are
 never answered; `ExecutorDown(EXITED)` follows after a reap), a hang silences
@@ -16,16 +17,18 @@ it until the heartbeat timeout declares it lost (`ExecutorDown(LOST)`), and
 a new incarnation comes up after the restart delay.
 
 Judged on the spot: the dispatcher never sends to an executor after it was
-told that executor is down, never sends more than its capacity, numbers a
-call's attempts one by one, runs no call of a task after the task ended, and
-never runs again a call of an `at_most_once` task that may have run.
+told that executor is down, never gives it more than its room (its capacity,
+plus a call per subcall its calls wait for), numbers a call's attempts one by
+one, sends no call of a task after the task ended, never runs again a call
+of an `at_most_once` task that may have run, and never cancels a call later
+than its deadline.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import attrs
 import trio
@@ -235,9 +238,9 @@ class SimExecutors:
 
     # ------------------------------------------------------------- incarnations
 
-    def _spawn(self, fn: object, *args: object) -> None:
+    def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+        self._nursery.start_soon(fn, *args)
 
     def _start(self, executor: _Executor) -> None:
         incarnation = _Incarnation(executor_id=executor.executor_id, pid=next(self._pids))

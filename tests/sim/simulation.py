@@ -314,7 +314,7 @@ async def _run_worker(world: World, shape: Shape, snapshot: FunctionSnapshot) ->
                     if shape.stop_at_ms is not None:
                         clients.start_soon(_stop_at, world, actors, config, shape.stop_at_ms)
                 await _settle(world, actors, config)
-                await _leases_end(world, actors.inboxes.slot_table)
+                await _leases_end(world)
             actors.inboxes.slot_table.post(CloseAllStreams())
         await _check_free(world, actors.inboxes.slot_table)
         system.cancel_scope.cancel()
@@ -434,7 +434,7 @@ async def _probe(world: World, slot_table: Inbox[SlotTableMessage]) -> None:
         world.violation(f"the probe task did not succeed: {result!r}")
 
 
-async def _leases_end(world: World, slot_table: Inbox[SlotTableMessage]) -> None:
+async def _leases_end(world: World) -> None:
     """Wait until every reservation's lease has run out and the slot table has seen it."""
     await world.sleep_ms(max(0, world.last_lease_ms - world.now_ms()) + SLOT_TABLE_TICK_MS + 1)
 

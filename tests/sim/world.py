@@ -93,13 +93,14 @@ class Attempt:
         """`<task id>#<run>`: which run of the task's calls it belongs to."""
         return self.call_id.partition(":")[0]
 
-    def succeeded_in_time(self, margin_ms: int = 0) -> bool:
-        """Answered with success `margin_ms` or more before its deadline."""
+    def succeeded_in_time(self) -> bool:
+        """Answered with success before its deadline (at the deadline, the dispatcher has
+        given up: its deadline wins a tie)."""
         return (
             self.outcome is not None
             and self.outcome.error_code is None
             and self.answered_ms is not None
-            and self.answered_ms < self.deadline_ms - margin_ms
+            and self.answered_ms < self.deadline_ms
         )
 
 

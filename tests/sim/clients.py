@@ -215,10 +215,12 @@ class SimClient:
         if record is None:
             return
         task_id = record.spec.task_id
+        # Known to be accepted when asked (a stream may tell of it while the answer comes).
+        accepted = record.accepted_ms is not None
         answer = await self._ask("result", lambda reply: GetResult(task_id=task_id, reply=reply))
         if isinstance(answer, TaskSnapshot):
             self._saw(record, answer)
-        elif record.accepted_ms is not None and not world.forgotten(task_id):
+        elif accepted and not world.forgotten(task_id):
             world.violation(f"{task_id} was accepted, yet its result reads {answer!r}")
 
     async def submit_again(self) -> None:
@@ -445,6 +447,7 @@ class SimClient:
         world.record(self._name, "watch", *task_ids)
         wake = _Wake()
         stream = WatchStream(task_ids, wake=wake.set)
+        accepted = {t for t in task_ids if world.tasks[t].accepted_ms is not None}
         self._slot_table.post(OpenWatch(stream=stream))
         phases: dict[str, int] = {}
         with trio.CancelScope() as reading:
@@ -463,12 +466,11 @@ class SimClient:
             await self._went_away(task_ids, phases)
         elif (error := stream.error) is not None:
             world.record(self._name, "watch failed", error.code.value)
-            # Unknown is right for a task not accepted (yet: a stream may hold its submit),
-            # whose reservation lapsed, or whose result was forgotten after its retention.
-            unknown = (
-                isinstance(error, NotFound)
-                and (record := world.tasks.get(error.task_id)) is not None
-                and (record.accepted_ms is None or world.forgotten(error.task_id))
+            # Unknown is right for a task not known to be accepted when the watch opened
+            # (a stream may hold its submit), whose reservation lapsed, or whose result
+            # was forgotten after its retention.
+            unknown = isinstance(error, NotFound) and (
+                error.task_id not in accepted or world.forgotten(error.task_id)
             )
             if not unknown:
                 world.violation(f"a watch of {task_ids} failed: {error!r}")

@@ -67,7 +67,7 @@ from tests.sim.world import ALL_FAULTS, EPOCH_MS, Fault, TaskRecord, TraceEvent,
 
 DURATION_MS = 8_000
 """How long clients make requests (and faults are injected), by default."""
-RERUN = "BLOCKX_SIM_SEED={seed} uv run pytest tests/sim -k replay"
+RERUN = "BLOCKX_SIM_SEED={seed} uv run pytest tests/sim -k test_replay"
 PROBE_TASK_ID = "probe"
 TASK_DEADLINE_MS = 60_000
 DRAIN_TIMEOUT_MS = 3_000

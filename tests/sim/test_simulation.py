@@ -2,7 +2,7 @@
 
 Every seed must keep every invariant (`tests.sim.checks`, and those the fakes
 judge on the spot). A failure names its seed and how to run it again:
-`BLOCKX_SIM_SEED=<seed> uv run pytest tests/sim -k replay` replays it
+`BLOCKX_SIM_SEED=<seed> uv run pytest tests/sim -k test_replay` replays it
 exactly, in any process. Hypothesis draws the seeds; its profile sets how
 many (half the profile's examples: each is a whole worker's run).
 """
@@ -138,7 +138,7 @@ def test_a_failed_run_names_its_seed_and_how_to_rerun_it() -> None:
     )
     report = run.report()
     assert report.startswith("simulation seed 42 broke 1 invariant(s); rerun: ")
-    assert RERUN.format(seed=42) == "BLOCKX_SIM_SEED=42 uv run pytest tests/sim -k replay"
+    assert RERUN.format(seed=42) == "BLOCKX_SIM_SEED=42 uv run pytest tests/sim -k test_replay"
     assert RERUN.format(seed=42) in report
     assert "t1 ended TIMED_OUT without a cause" in report
     assert "(5, 'worker', 'finished', 't1', 'FAILED', 'TIMED_OUT')" in report

@@ -43,7 +43,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     sync(session, "test")
-    session.run("pytest", "tests/core", "tests/adapters", "tests/e2e", *session.posargs)
+    session.run(
+        "pytest", "tests/core", "tests/adapters", "tests/sim", "tests/e2e", *session.posargs
+    )
 
 
 @nox.session(name="property")

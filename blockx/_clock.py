@@ -19,11 +19,18 @@ import trio
 class WorkerClock:
     def __init__(self, *, epoch_ms: int | None = None) -> None:
         anchor = int(time.time() * 1000) if epoch_ms is None else epoch_ms
-        self._offset_ms = anchor - math.floor(trio.current_time() * 1000)
+        self._offset_ms = anchor - math.floor(_trio_ms())
 
     def now_ms(self) -> int:
-        return self._offset_ms + math.ceil(trio.current_time() * 1000)
+        return self._offset_ms + math.ceil(_trio_ms())
 
     def trio_time(self, at_ms: int) -> float:
         """The Trio clock reading at which `now_ms()` reaches `at_ms`."""
         return (at_ms - self._offset_ms) / 1000
+
+
+def _trio_ms() -> float:
+    """Trio's clock in milliseconds, rid of the float error of the product (2.007 s times
+    1000 is a hair over 2007): at `trio_time(at_ms)`, `now_ms()` reads `at_ms`, not one
+    more, so timers armed for a millisecond fire in it."""
+    return round(trio.current_time() * 1000, 6)

@@ -51,11 +51,9 @@ from blockx.actors import (
     ActorParts,
     ActorProbe,
     CloseAllStreams,
-    ForceDrain,
     Inbox,
     Inboxes,
     SlotTableMessage,
-    StartDrain,
     TransportFactory,
     WorkerActors,
     run_actors,
@@ -484,17 +482,13 @@ async def _drain(
     # The seed's order: stop admitting, then leave etcd, then wait for live tasks. A
     # coordinator still placing here in between gets UNAVAILABLE and places elsewhere.
     front_end.set_serving(False)
-    actors.inboxes.slot_table.post(StartDrain())
+    actors.start_drain()
     logger.info("draining: admitting no new tasks")
     if registrar is not None:
         await registrar.deregister()  # bounded, so a dead etcd never holds us up
     logger.info("draining: waiting up to %d ms for live tasks", config.drain_timeout_ms)
-    with trio.move_on_after(config.drain_timeout_ms / 1000):
-        await actors.drained.wait()
-    if not actors.drained.is_set():
-        logger.warning("drain timeout passed: ending the tasks still live")
-        actors.inboxes.slot_table.post(ForceDrain())
-        await actors.drained.wait()
+    if await actors.finish_drain(config.drain_timeout_ms):
+        logger.warning("drain timeout passed: ended the tasks still live")
 
 
 # ------------------------------------------------------------------ process

@@ -12,6 +12,7 @@ slot table's inbox and what the other actors publish.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import attrs
@@ -24,9 +25,11 @@ from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
     CodeLoaded,
     DispatcherMessage,
+    ForceDrain,
     GetStatus,
     MarkReady,
     SlotTableMessage,
+    StartDrain,
     WorkerStatus,
 )
 from blockx.actors._readiness import Readiness
@@ -82,6 +85,21 @@ class WorkerActors:
     readiness: Readiness
     """Whether some executor is up: the worker admits work only then."""
 
+    def start_drain(self) -> None:
+        """Stop admitting: new slots and unactivated submits are refused from now on."""
+        self.inboxes.slot_table.post(StartDrain())
+
+    async def finish_drain(self, timeout_ms: int) -> bool:
+        """Wait up to `timeout_ms` for the live tasks to end, then end those left (each
+        converges to a terminal result). True when some had to be ended."""
+        with trio.move_on_after(timeout_ms / 1000):
+            await self.drained.wait()
+        if self.drained.is_set():
+            return False
+        self.inboxes.slot_table.post(ForceDrain())
+        await self.drained.wait()
+        return True
+
 
 @attrs.frozen(kw_only=True)
 class ActorProbe:
@@ -121,6 +139,9 @@ class ActorParts:
     clock: WorkerClock
     tracing: TaskTracing
     on_finished: Sequence[Callable[[TaskResult], None]] = ()
+    draws: random.Random | None = None
+    """Where the dispatcher's random draws (retry jitter) come from; None: a fresh,
+    unseeded `random.Random` (a simulation passes a seeded one)."""
 
 
 @contextlib.asynccontextmanager
@@ -140,6 +161,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
         settings=config.dispatcher,
         clock=parts.clock,
         stimuli=stimuli,
+        rng=parts.draws,
         readiness=executors_up,
     )
     await nursery.start(dispatcher.run)

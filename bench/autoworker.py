@@ -1,0 +1,319 @@
+"""Automatic workers end to end: tasks/s and submit-to-result latency, beside the bare submit.
+
+    uv run python bench/autoworker.py [--tasks 5000] [--latency-tasks 200] [--clients 32]
+                                      [--workers 2] [--capacity 8] [--hub-env NAME=VALUE ...]
+
+One run starts a `python -m blockx hub` process on a fresh SQLite file in a
+temporary directory (the default store: WAL, synchronous=FULL) and WORKERS
+processes of this script in `--worker` mode, each one automatic `Worker` of
+capacity CAPACITY whose handler returns its payload. This process is the
+producer, over HTTP with `HubClient` (one connection per request, as the hub
+serves them). After a warm-up of 200 tasks:
+
+* hub_submits_per_s (baseline): TASKS submissions to a queue no worker serves,
+  from CLIENTS concurrent clients, first request -> last answer: the rate the
+  hub takes tasks at, with nothing else to do.
+* auto_tasks_per_s: TASKS submissions from CLIENTS concurrent clients, first
+  request -> the moment the queue's listing shows none of them QUEUED, OFFERED
+  or RUNNING (polled every 5 ms once the last submission was answered); each of
+  them must have SUCCEEDED. auto_to_submit_ratio: the first over the second.
+* submit_p50_ms (baseline): one submission at a time, request -> answer.
+* auto_latency_p50_ms, auto_latency_p99_ms: LATENCY_TASKS tasks one at a time,
+  each timed from just before its submission to the first answer of
+  `GET /v1/tasks/{id}` (requested back to back) that shows it SUCCEEDED.
+
+Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
+Targets (2 cores): auto_tasks_per_s >= 1,000 and auto_latency_p50_ms <= 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from blockx.autoworker import (
+    Capability,
+    HubClient,
+    Worker,
+    WorkerExecution,
+    WorkerHandler,
+    WorkerOptions,
+)
+from blockx.hub import ANY_QUEUE, Right, Store, TaskState, create_credential, create_queue
+
+QUEUE: Final = "bench"
+IDLE_QUEUE: Final = "bench-idle"
+"""Where the baseline's submissions go: no worker serves it, so they just queue."""
+CAPABILITY: Final = Capability(handler="bench.echo", handler_version="1", payload_version="1")
+WARM_UP_TASKS: Final = 200
+LIVE: Final = (TaskState.QUEUED, TaskState.OFFERED, TaskState.RUNNING)
+DONE_POLL_S: Final = 0.005
+START_TIMEOUT_S: Final = 30.0
+PHASE_TIMEOUT_S: Final = 600.0
+
+
+def result(name: str, value: float, digits: int = 0) -> None:
+    print(f"RESULT name={name} value={value:.{digits}f}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# ------------------------------------------------------------------------ the worker
+
+
+async def echo(execution: WorkerExecution) -> Any:
+    return execution.payload
+
+
+async def work(url: str, capacity: int) -> None:
+    """`--worker` mode: one automatic worker until SIGTERM, then its drain; prints its counts."""
+    client = HubClient(url=url, credential=os.environ["BENCH_HUB_CREDENTIAL"])
+    options = WorkerOptions(
+        queue_id=QUEUE,
+        capacity=capacity,
+        handlers=[WorkerHandler(capability=CAPABILITY, handle=echo)],
+    )
+    worker = Worker(client, options)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            print("worker running", flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+    stats = worker.stats()
+    print(
+        f"worker started={stats.started} confirmed={stats.reports_confirmed} "
+        f"reconnects={stats.reconnects} running={stats.running}",
+        flush=True,
+    )
+
+
+# ------------------------------------------------------------------------ processes
+
+
+async def open_logged(
+    command: list[str], env: dict[str, str], ready: bytes, log: Path
+) -> trio.Process:
+    """Start `command` with its stdout and stderr in `log`; wait until `ready` is there."""
+    with log.open("wb") as sink:
+        process = await trio.lowlevel.open_process(
+            command, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, env=env
+        )
+    with trio.move_on_after(START_TIMEOUT_S):
+        while ready not in log.read_bytes():
+            if process.poll() is not None:
+                break
+            await trio.sleep(0.02)
+    if ready not in log.read_bytes():
+        process.kill()
+        raise SystemExit(f"{command[1:4]} did not start:\n{log.read_text(errors='replace')}")
+    return process
+
+
+async def stop(process: trio.Process, timeout_s: float = 30.0) -> None:
+    process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(timeout_s):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+# ------------------------------------------------------------------------ producers
+
+
+async def submit_all(
+    client: HubClient, queue_id: str, capability: Capability, count: int, clients: int
+) -> list[str]:
+    """`count` submissions from `clients` concurrent clients; the task ids."""
+    ids: list[str] = []
+    numbers = iter(range(count))
+
+    async def one_client() -> None:
+        for n in numbers:
+            task = await client.submit(queue_id, capability, {"n": n})
+            ids.append(task["task_id"])
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(one_client)
+    return ids
+
+
+async def live_tasks(client: HubClient, queue_id: str) -> bool:
+    """Whether the queue's listing shows any task not ended yet."""
+    for state in LIVE:
+        listed = await client.request("GET", f"/v1/queues/{queue_id}/tasks?state={state}&limit=1")
+        if listed["tasks"]:
+            return True
+    return False
+
+
+async def through_workers(client: HubClient, count: int, clients: int) -> float:
+    """Seconds from the first of `count` submissions to none of them left to run."""
+    started = time.perf_counter()
+    await submit_all(client, QUEUE, CAPABILITY, count, clients)
+    while await live_tasks(client, QUEUE):
+        await trio.sleep(DONE_POLL_S)
+    return time.perf_counter() - started
+
+
+async def submit_rate(client: HubClient, count: int, clients: int) -> float:
+    started = time.perf_counter()
+    await submit_all(client, IDLE_QUEUE, CAPABILITY, count, clients)
+    return count / (time.perf_counter() - started)
+
+
+async def submit_latencies(client: HubClient, count: int) -> list[float]:
+    latencies = []
+    for n in range(count):
+        started = time.perf_counter()
+        await client.submit(IDLE_QUEUE, CAPABILITY, {"n": n})
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+async def task_latencies(client: HubClient, count: int) -> list[float]:
+    """Submission -> SUCCEEDED visible to the producer, one task at a time, in ms."""
+    latencies = []
+    for n in range(count):
+        started = time.perf_counter()
+        task = await client.submit(QUEUE, CAPABILITY, {"n": n})
+        while task["state"] != TaskState.SUCCEEDED:
+            if task["state"] in (TaskState.FAILED, TaskState.NEEDS_REVIEW):
+                raise SystemExit(f"a task ended {task['state']}: {json.dumps(task)}")
+            task = await client.task(task["task_id"])
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# ------------------------------------------------------------------------ the run
+
+
+def prepare(db: Path) -> str:
+    store = Store(str(db))
+    try:
+        for queue_id in (QUEUE, IDLE_QUEUE):
+            create_queue(store, queue_id, 0)
+        return create_credential(store, ANY_QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
+    finally:
+        store.close()
+
+
+def counts(db: Path) -> dict[str, int]:
+    store = Store(str(db))
+    try:
+        rows = store.read(
+            lambda tx: tx.rows(
+                "SELECT state, COUNT(*) FROM tasks WHERE queue_id = ? GROUP BY state", QUEUE
+            )
+        )
+        return {state: int(count) for state, count in rows}
+    finally:
+        store.close()
+
+
+async def run(args: argparse.Namespace, directory: Path) -> None:
+    db = directory / "hub.sqlite3"
+    token = prepare(db)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    hub_env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
+    hub_env.update(LOG_FORMAT="text", **dict(pair.split("=", 1) for pair in args.hub_env))
+    hub = await open_logged(
+        [sys.executable, "-m", "blockx", "hub", "--db", str(db), "--listen", f"127.0.0.1:{port}"],
+        hub_env,
+        b"listening on",
+        directory / "hub.log",
+    )
+    worker_env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
+    workers = [
+        await open_logged(
+            [sys.executable, __file__, "--worker", url, "--capacity", str(args.capacity)],
+            worker_env,
+            b"worker running",
+            directory / f"worker{n}.log",
+        )
+        for n in range(args.workers)
+    ]
+    client = HubClient(url=url, credential=token)
+    try:
+        with trio.fail_after(PHASE_TIMEOUT_S):
+            await through_workers(client, WARM_UP_TASKS, args.clients)
+            submits_per_s = await submit_rate(client, args.tasks, args.clients)
+            seconds = await through_workers(client, args.tasks, args.clients)
+            submit_ms = await submit_latencies(client, args.latency_tasks)
+            task_ms = await task_latencies(client, args.latency_tasks)
+    finally:
+        for process in workers:
+            await stop(process)
+        await stop(hub)
+    for n in range(args.workers):
+        lines = (directory / f"worker{n}.log").read_text().splitlines()
+        print(f"# worker {n}: {lines[-1] if lines else '(no output)'}", file=sys.stderr)
+    found = counts(db)
+    expected = WARM_UP_TASKS + args.tasks + args.latency_tasks
+    if found != {TaskState.SUCCEEDED: expected}:
+        raise SystemExit(f"tasks by state after the run: {found}; expected {expected} SUCCEEDED")
+    auto_per_s = args.tasks / seconds
+    result("hub_submits_per_s", submits_per_s)
+    result("auto_tasks_per_s", auto_per_s)
+    result("auto_to_submit_ratio", auto_per_s / submits_per_s, 2)
+    result("submit_p50_ms", statistics.median(submit_ms), 2)
+    result("auto_latency_p50_ms", statistics.median(task_ms), 2)
+    result("auto_latency_p99_ms", percentile(task_ms, 0.99), 2)
+    result("auto_latency_to_submit_ratio", statistics.median(task_ms) / statistics.median(submit_ms), 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=5_000)
+    parser.add_argument("--latency-tasks", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--capacity", type=int, default=8)
+    parser.add_argument(
+        "--hub-env", action="append", default=[], metavar="NAME=VALUE", help="e.g. HUB_POLL_MS=50"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the directory (logs, database)")
+    parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        trio.run(work, args.worker, args.capacity)
+        return
+    directory = Path(tempfile.mkdtemp(prefix="blockx-bench-autoworker-"))
+    try:
+        trio.run(run, args, directory)
+    finally:
+        if args.keep:
+            print(f"# kept {directory}", file=sys.stderr)
+        else:
+            for path in sorted(directory.iterdir()):
+                path.unlink()
+            directory.rmdir()
+
+
+if __name__ == "__main__":
+    main()

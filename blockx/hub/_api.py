@@ -17,7 +17,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import h11
 import trio
@@ -241,62 +241,117 @@ class ProducerApi:
     ) -> None:
         try:
             status, body = await self._answer(stream, connection, request)
-        except BodyTooLarge as error:
-            status, body = 413, {"error": str(error)}
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
         await respond(stream, connection, status, json.dumps(body) + "\n", "application/json")
 
     async def _answer(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
-    ) -> tuple[int, Any]:
+    ) -> Answer:
+        """The answer to `request`: its credential is checked in the same transaction as
+        the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
-        credential = await self._committer.do(lambda tx: check(tx, token))
-        if credential is None:
-            return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
+        queue_id, work = await self._route(stream, connection, request, target)
+        answer = await self._committer.do(_as_producer(token, queue_id, work))
+        if answer[0] == 201:
+            self._on_submit()
+        return answer
+
+    async def _route(
+        self,
+        stream: trio.abc.HalfCloseableStream,
+        connection: h11.Connection,
+        request: h11.Request,
+        target: urllib.parse.SplitResult,
+    ) -> tuple[str | None, Work]:
+        """What `request` asks for, and the queue it needs the producer right on (None: the
+        work checks the queue of what it reads)."""
         if (match := _QUEUE_TASKS.fullmatch(target.path)) is not None:
             queue_id = urllib.parse.unquote(match[1])
-            if not credential.allows(Right.PRODUCER, queue_id):
-                return 403, {"error": f"this credential may not use queue {queue_id!r}"}
             if request.method == b"POST":
-                body = await read_body(stream, connection, MAX_BODY_BYTES)
-                return await self._submit(body, queue_id)
+                return queue_id, await self._submission(stream, connection, queue_id)
             if request.method == b"GET":
-                return await self._list(queue_id, urllib.parse.parse_qs(target.query))
-            return 405, {"error": "GET or POST"}
+                return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query))
+            return queue_id, _fixed(405, "GET or POST")
         if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
-            return await self._task(urllib.parse.unquote(match[1]), credential)
-        return 404, {"error": f"no such resource: {request.method.decode()} {target.path}"}
+            return None, _task(urllib.parse.unquote(match[1]))
+        return None, _fixed(404, f"no such resource: {request.method.decode()} {target.path}")
 
-    async def _submit(self, body: bytes, queue_id: str) -> tuple[int, Any]:
+    async def _submission(
+        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, queue_id: str
+    ) -> Work:
+        """What submitting the request's body does: queue the task, or refuse the body."""
+        try:
+            body = await read_body(stream, connection, MAX_BODY_BYTES)
+        except BodyTooLarge as error:
+            return _fixed(413, str(error))
         try:
             submission = submission_from_json(json.loads(body), queue_id)
         except ValueError as error:
-            return 400, {"error": f"the body is not JSON: {error}", "field": "(body)"}
+            return _fixed(400, f"the body is not JSON: {error}", "(body)")
         except InvalidSubmission as error:
-            return 400, {"error": str(error), "field": error.field}
-        now_ms = self._clock.now_ms()
-        outcome = await self._committer.do(_ops.submit(submission, now_ms, self._new_id))
-        if isinstance(outcome, _ops.SubmitRefusal):
-            status = 409 if outcome.conflict else 404
-            return status, {"error": outcome.message, "field": outcome.field}
-        self._on_submit()
-        return (201 if outcome.created else 200), task_json(outcome.task)
+            return _fixed(400, str(error), error.field)
+        submit = _ops.submit(submission, self._clock.now_ms(), self._new_id)
 
-    async def _list(self, queue_id: str, query: dict[str, list[str]]) -> tuple[int, Any]:
-        state = query.get("state", [""])[0] or None
-        if state is not None and state not in set(TaskState):
-            return 400, {"error": f"state must be one of {', '.join(TaskState)}", "field": "state"}
-        limit_text = query.get("limit", ["100"])[0]
-        if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_LIST:
-            return 400, {"error": f"limit must be 1 to {MAX_LIST}", "field": "limit"}
-        limit = int(limit_text)
-        tasks = await self._committer.do(lambda tx: tx.tasks_of_queue(queue_id, state, limit))
+        def run(tx: Tx, credential: Credential) -> Answer:
+            outcome = submit(tx)
+            if isinstance(outcome, _ops.SubmitRefusal):
+                status = 409 if outcome.conflict else 404
+                return status, {"error": outcome.message, "field": outcome.field}
+            return (201 if outcome.created else 200), task_json(outcome.task)
+
+        return run
+
+
+Answer: TypeAlias = tuple[int, Any]
+"""An HTTP status and the JSON body to answer with."""
+Work: TypeAlias = Callable[[Tx, Credential], Answer]
+"""What a request asks for, done in a transaction for the credential that asked."""
+
+
+def _as_producer(token: str, queue_id: str | None, work: Work) -> Callable[[Tx], Answer]:
+    """`work`, if `token` is a valid credential with the producer right on `queue_id`."""
+
+    def run(tx: Tx) -> Answer:
+        credential = check(tx, token)
+        if credential is None:
+            return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
+        if queue_id is not None and not credential.allows(Right.PRODUCER, queue_id):
+            return 403, {"error": f"this credential may not use queue {queue_id!r}"}
+        return work(tx, credential)
+
+    return run
+
+
+def _fixed(status: int, error: str, field: str | None = None) -> Work:
+    body = {"error": error} if field is None else {"error": error, "field": field}
+    return lambda tx, credential: (status, body)
+
+
+def _listing(queue_id: str, query: dict[str, list[str]]) -> Work:
+    state = query.get("state", [""])[0] or None
+    if state is not None and state not in set(TaskState):
+        return _fixed(400, f"state must be one of {', '.join(TaskState)}", "state")
+    limit_text = query.get("limit", ["100"])[0]
+    if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_LIST:
+        return _fixed(400, f"limit must be 1 to {MAX_LIST}", "limit")
+    limit = int(limit_text)
+
+    def run(tx: Tx, credential: Credential) -> Answer:
+        tasks = tx.tasks_of_queue(queue_id, state, limit)
         return 200, {"tasks": [task_json(task) for task in tasks]}
 
-    async def _task(self, task_id: str, credential: Credential) -> tuple[int, Any]:
-        shown = await self._committer.do(load_task(task_id))
+    return run
+
+
+def _task(task_id: str) -> Work:
+    read = load_task(task_id)
+
+    def run(tx: Tx, credential: Credential) -> Answer:
+        shown = read(tx)
         if shown is None or not credential.allows(Right.PRODUCER, shown["queue_id"]):
             return 404, {"error": f"no task {task_id!r}"}
         return 200, shown
+
+    return run

@@ -122,6 +122,10 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     ){without_rowid};
     CREATE INDEX receipts_by_age ON receipts (at_ms);
     """,
+    # A listing by state reads only the tasks in that state, not the whole queue.
+    """
+    CREATE INDEX tasks_by_state ON tasks (queue_id, state, created_at_ms);
+    """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
 

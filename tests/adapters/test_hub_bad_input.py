@@ -155,6 +155,30 @@ async def test_producer_requests_need_a_credential_with_the_right(
     assert answers[3][1] == {"error": "no queue 'nope'", "field": "queue"}
 
 
+async def test_a_producer_request_is_one_transaction_its_credential_check_included(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        worker_only = rig.credential("q1", Right.WORKER)
+        body = {"handler": "h", "handler_version": "1", "payload_version": "1", "payload": 1}
+        committed = []
+        answers = []
+        for method, target, who, document in [
+            ("POST", "/v1/queues/q1/tasks", token, body),
+            ("POST", "/v1/queues/q1/tasks", worker_only, body),
+            ("POST", "/v1/queues/q1/tasks", None, {"not": "a submission"}),
+            ("GET", "/v1/queues/q1/tasks?state=QUEUED", token, None),
+            ("GET", "/v1/tasks/nope", token, None),
+        ]:
+            await trio.testing.wait_all_tasks_blocked()  # the start-up sweep is done
+            before = rig.hub.committer.batches
+            answers.append(await rig.http(method, target, token=who, body=document))
+            committed.append(rig.hub.committer.batches - before)
+    assert [status for status, _ in answers] == [201, 403, 401, 200, 404]
+    assert committed == [1, 1, 1, 1, 1]
+
+
 BAD_SUBMISSIONS = {
     "handler": ({"handler_version": "1", "payload_version": "1", "payload": 1}, 400),
     "payload": ({"handler": "h", "handler_version": "1", "payload_version": "1"}, 400),

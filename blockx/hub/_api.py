@@ -19,6 +19,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
+import attrs
 import h11
 import trio
 
@@ -229,12 +230,16 @@ class ProducerApi:
         *,
         clock: WorkerClock,
         new_id: Callable[[], str],
+        on_queued: Callable[[], None],
         on_submit: Callable[[], None],
     ) -> None:
         self._committer = committer
         self._clock = clock
         self._new_id = new_id
+        self._on_queued = on_queued
+        """Called once a submission waits for its commit: offers claimed then share it."""
         self._on_submit = on_submit
+        """Called once a submission queued a new task."""
 
     async def serve(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
@@ -252,8 +257,9 @@ class ProducerApi:
         the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
-        queue_id, work = await self._route(stream, connection, request, target)
-        answer = await self._committer.do(_as_producer(token, queue_id, work))
+        queue_id, work, submits = await self._route(stream, connection, request, target)
+        queued = self._on_queued if submits else None
+        answer = await self._committer.do(_as_producer(token, queue_id, work), queued=queued)
         if answer[0] == 201:
             self._on_submit()
         return answer
@@ -264,19 +270,21 @@ class ProducerApi:
         connection: h11.Connection,
         request: h11.Request,
         target: urllib.parse.SplitResult,
-    ) -> tuple[str | None, Work]:
-        """What `request` asks for, and the queue it needs the producer right on (None: the
-        work checks the queue of what it reads)."""
+    ) -> tuple[str | None, Work, bool]:
+        """What `request` asks for, the queue it needs the producer right on (None: the
+        work checks the queue of what it reads), and whether it may queue a task."""
         if (match := _QUEUE_TASKS.fullmatch(target.path)) is not None:
             queue_id = urllib.parse.unquote(match[1])
             if request.method == b"POST":
-                return queue_id, await self._submission(stream, connection, queue_id)
+                submission = await self._submission(stream, connection, queue_id)
+                return queue_id, submission, not isinstance(submission, _Fixed)
             if request.method == b"GET":
-                return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query))
-            return queue_id, _fixed(405, "GET or POST")
+                return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query)), False
+            return queue_id, _fixed(405, "GET or POST"), False
         if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
-            return None, _task(urllib.parse.unquote(match[1]))
-        return None, _fixed(404, f"no such resource: {request.method.decode()} {target.path}")
+            return None, _task(urllib.parse.unquote(match[1])), False
+        unknown = _fixed(404, f"no such resource: {request.method.decode()} {target.path}")
+        return None, unknown, False
 
     async def _submission(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, queue_id: str
@@ -324,9 +332,18 @@ def _as_producer(token: str, queue_id: str | None, work: Work) -> Callable[[Tx],
     return run
 
 
-def _fixed(status: int, error: str, field: str | None = None) -> Work:
-    body = {"error": error} if field is None else {"error": error, "field": field}
-    return lambda tx, credential: (status, body)
+@attrs.frozen
+class _Fixed:
+    """Work whose answer is known before it runs: a refusal, once the credential passed."""
+
+    answer: Answer
+
+    def __call__(self, tx: Tx, credential: Credential) -> Answer:
+        return self.answer
+
+
+def _fixed(status: int, error: str, field: str | None = None) -> _Fixed:
+    return _Fixed((status, {"error": error} if field is None else {"error": error, "field": field}))
 
 
 def _listing(queue_id: str, query: dict[str, list[str]]) -> Work:

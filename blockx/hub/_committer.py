@@ -50,8 +50,11 @@ class Committer:
         """Run `operation` in the next batch; `reply` gets its result once committed."""
         self._send.send_nowait(_Pending(operation=operation, reply=reply))
 
-    async def do(self, operation: Callable[[Tx], T]) -> T:
-        """Run `operation` in the next batch and wait until it is committed."""
+    async def do(
+        self, operation: Callable[[Tx], T], *, queued: Callable[[], None] | None = None
+    ) -> T:
+        """Run `operation` in the next batch and wait until it is committed. `queued` is
+        called once it waits for its batch: what `queued` submits joins that batch."""
         done = trio.Event()
         results: list[T | StoreError] = []
 
@@ -60,6 +63,8 @@ class Committer:
             done.set()
 
         self.submit(operation, reply)
+        if queued is not None:
+            queued()
         await done.wait()
         result = results[0]
         if isinstance(result, StoreError):

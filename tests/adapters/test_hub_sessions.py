@@ -24,6 +24,7 @@ from blockx.hub.protocol import (
     Granted,
     Heartbeat,
     OpenSession,
+    Recorded,
     RefusalCode,
     Refused,
     Resume,
@@ -333,6 +334,53 @@ async def test_a_worker_is_offered_no_more_than_its_capacity(
             worker.offers.clear()
             await worker.listen(2)
             assert worker.offers == []
+
+
+async def test_a_task_submitted_to_a_waiting_worker_is_offered_in_the_submissions_commit(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        async with rig.worker(token, capacity=1) as worker:
+            await trio.testing.wait_all_tasks_blocked()
+            before = rig.hub.committer.batches
+            task = await rig.submit(token, payload={"n": 1})
+            offer = await worker.offer()
+            committed = rig.hub.committer.batches - before
+    assert offer.task_id == task["task_id"]
+    assert committed == 1
+
+
+async def test_the_offer_that_takes_a_finished_attempts_place_shares_the_finishs_commit(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        for n in range(3):
+            await rig.submit(token, payload={"n": n})
+        async with rig.worker(token, capacity=1) as worker:
+            first = await worker.claim()
+            await trio.testing.wait_all_tasks_blocked()
+            before = rig.hub.committer.batches
+            finish = worker.finish_message(first, Succeeded(result="0"))
+            await worker.send(finish)
+            recorded = await worker.answer(finish.message_id)
+            second = await worker.offer()
+            committed = rig.hub.committer.batches - before
+            await worker.listen(1)
+            more = list(worker.offers)
+            late = await worker.request(worker.finish_message(first, Succeeded(result="0")))
+            await worker.listen(1)
+    assert recorded == Recorded(
+        reply_to=finish.message_id, attempt_id=first.attempt_id, disposition=Disposition.ACCEPTED
+    )
+    assert second.payload == '{"n":1}'
+    assert committed == 1
+    assert more == []  # capacity 1: the place was filled once
+    assert late == Recorded(
+        reply_to=late.reply_to, attempt_id=first.attempt_id, disposition=Disposition.EVIDENCE_ONLY
+    )
+    assert worker.offers == []  # evidence frees no place
 
 
 async def test_an_offer_not_started_in_time_is_withdrawn_and_offered_again(

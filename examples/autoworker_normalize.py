@@ -50,7 +50,6 @@ from blockx.autoworker import (
 TEXTS = ("  hello   hub ", "automatic\tworker", " durable  result\n")
 ENDED = ("SUCCEEDED", "FAILED", "NEEDS_REVIEW")
 WAIT_S = 60.0
-POLL_S = 0.05
 
 
 def hub_client() -> HubClient:
@@ -69,9 +68,9 @@ async def normalize(execution: WorkerExecution) -> Any:
 
 
 async def ended(client: HubClient, task_id: str) -> dict[str, Any]:
-    """The task once it has ended, read through the producers' API."""
-    while (task := await client.task(task_id))["state"] not in ENDED:
-        await trio.sleep(POLL_S)
+    """The task once it has ended: the hub answers as soon as it ends (or after `wait_ms`)."""
+    while (task := await client.task(task_id, wait_ms=10_000))["state"] not in ENDED:
+        pass
     return task
 
 

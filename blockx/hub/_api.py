@@ -3,6 +3,7 @@
     POST /v1/queues/{queue}/tasks      submit a task (201 with the task; 200 for a repeat)
     GET  /v1/queues/{queue}/tasks      list a queue's tasks (?state=...&limit=...)
     GET  /v1/tasks/{task}              one task with its attempts, evidence and history
+                                       (?wait_ms=...: once it has ended, or that time passed)
 
 Every request carries `Authorization: Bearer <token>` of a credential with
 the producer right on the queue (or admin). A bad request is answered 400
@@ -14,6 +15,7 @@ uses.
 from __future__ import annotations
 
 import json
+import math
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -64,8 +66,11 @@ SUBMISSION_KEYS: Final = (
     *DEFAULTS,
 )
 MAX_LIST: Final = 1_000
+MAX_WAIT_MS: Final = 30_000
+"""The longest a task's reader may wait for it to end (well within `REQUEST_TIMEOUT_S`)."""
 _QUEUE_TASKS: Final = re.compile(r"/v1/queues/([^/]+)/tasks")
 _TASK: Final = re.compile(r"/v1/tasks/([^/]+)")
+_ENDED: Final = frozenset(state.value for state in TaskState if state.is_terminal)
 
 
 class InvalidSubmission(InvalidValue):
@@ -221,6 +226,32 @@ def load_task(task_id: str) -> Callable[[Tx], dict[str, Any] | None]:
     return read
 
 
+class TaskWatch:
+    """Who waits for which task to end: `ended` is told, after each commit, the tasks it
+    ended (the committer's `on_ended`), and wakes their readers."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[trio.Event]] = {}
+
+    def watch(self, task_id: str) -> trio.Event:
+        """An event set when a commit after this call ends `task_id`."""
+        event = trio.Event()
+        self._waiting.setdefault(task_id, set()).add(event)
+        return event
+
+    def forget(self, task_id: str, event: trio.Event) -> None:
+        events = self._waiting.get(task_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._waiting[task_id]
+
+    def ended(self, task_ids: frozenset[str]) -> None:
+        for task_id in task_ids & self._waiting.keys():
+            for event in self._waiting.pop(task_id):
+                event.set()
+
+
 class ProducerApi:
     """Answers one HTTP request per connection."""
 
@@ -232,10 +263,16 @@ class ProducerApi:
         new_id: Callable[[], str],
         on_queued: Callable[[], None],
         on_submit: Callable[[], None],
+        watch: TaskWatch,
+        recheck_ms: int | None,
     ) -> None:
         self._committer = committer
         self._clock = clock
         self._new_id = new_id
+        self._watch = watch
+        self._recheck_s = math.inf if recheck_ms is None else recheck_ms / 1000
+        """How often a waiting reader looks again for an end it may not hear of (another
+        hub's, on a shared database); None: never."""
         self._on_queued = on_queued
         """Called once a submission waits for its commit: offers claimed then share it."""
         self._on_submit = on_submit
@@ -257,6 +294,9 @@ class ProducerApi:
         the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
+        if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
+            query = urllib.parse.parse_qs(target.query)
+            return await self._task(token, urllib.parse.unquote(match[1]), query)
         queue_id, work, submits = await self._route(stream, connection, request, target)
         queued = self._on_queued if submits else None
         answer = await self._committer.do(_as_producer(token, queue_id, work), queued=queued)
@@ -281,10 +321,30 @@ class ProducerApi:
             if request.method == b"GET":
                 return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query)), False
             return queue_id, _fixed(405, "GET or POST"), False
-        if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
-            return None, _task(urllib.parse.unquote(match[1])), False
         unknown = _fixed(404, f"no such resource: {request.method.decode()} {target.path}")
         return None, unknown, False
+
+    async def _task(self, token: str, task_id: str, query: dict[str, list[str]]) -> Answer:
+        """Task `task_id`; with `wait_ms`, once it has ended or that much time has passed.
+
+        The reader watches the task before each read, so an end committed after the read
+        wakes it: it reads again at once, never later than the end's commit."""
+        wait_text = query.get("wait_ms", ["0"])[0]
+        if not wait_text.isdigit() or int(wait_text) > MAX_WAIT_MS:
+            refused = _fixed(400, f"wait_ms must be 0 to {MAX_WAIT_MS}", "wait_ms")
+            return await self._committer.do(_as_producer(token, None, refused))
+        deadline = trio.current_time() + int(wait_text) / 1000
+        read = _as_producer(token, None, _read_task(task_id))
+        while True:
+            ended = self._watch.watch(task_id)
+            try:
+                status, body = await self._committer.do(read)
+                if status != 200 or body["state"] in _ENDED or trio.current_time() >= deadline:
+                    return status, body
+                with trio.move_on_at(min(deadline, trio.current_time() + self._recheck_s)):
+                    await ended.wait()
+            finally:
+                self._watch.forget(task_id, ended)
 
     async def _submission(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, queue_id: str
@@ -362,7 +422,7 @@ def _listing(queue_id: str, query: dict[str, list[str]]) -> Work:
     return run
 
 
-def _task(task_id: str) -> Work:
+def _read_task(task_id: str) -> Work:
     read = load_task(task_id)
 
     def run(tx: Tx, credential: Credential) -> Answer:

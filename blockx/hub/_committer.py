@@ -37,11 +37,20 @@ class _Pending:
 
 class Committer:
     """The actor. Start `run` with `nursery.start`; `use_thread=False` runs the database on
-    the Trio thread (tests on a virtual clock)."""
+    the Trio thread (tests on a virtual clock). `on_ended` hears, after each commit and
+    its answers, which tasks it ended."""
 
-    def __init__(self, store: Store, *, use_thread: bool = True) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        use_thread: bool = True,
+        on_ended: Callable[[frozenset[str]], None] | None = None,
+    ) -> None:
         self.store = store
         self._use_thread = use_thread
+        self._on_ended = on_ended
+        self._ended: set[str] = set()
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
         self.batches = 0
         """Published: transactions committed so far."""
@@ -84,6 +93,9 @@ class Committer:
             self.batches += 1
             for pending, result in zip(batch, results, strict=True):
                 pending.reply(result)
+            if self._ended and self._on_ended is not None:
+                self._on_ended(frozenset(self._ended))
+            self._ended.clear()
 
     async def _commit(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
         try:
@@ -100,13 +112,22 @@ class Committer:
         return results
 
     async def _run_batch(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
+        operations = [*operations, _ended_tasks]
         if not self._use_thread:
-            return self.store.run_batch(operations)
-        # Not abandoned on cancellation: a commit that started is let finish.
-        return await trio.to_thread.run_sync(self.store.run_batch, operations)
+            results = self.store.run_batch(operations)
+        else:
+            # Not abandoned on cancellation: a commit that started is let finish.
+            results = await trio.to_thread.run_sync(self.store.run_batch, operations)
+        self._ended.update(results.pop())
+        return results
 
     def _failed(self, error: Exception) -> StoreError:
         if isinstance(error, StoreError):
             return error
         logger.error("hub: an operation failed", exc_info=error)
         return StoreError(url=self.store.name, reason=f"an operation failed: {error!r}")
+
+
+def _ended_tasks(tx: Tx) -> frozenset[str]:
+    """Run last in each transaction: the tasks it ended."""
+    return tx.ended_tasks()

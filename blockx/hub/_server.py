@@ -41,7 +41,7 @@ from blockx._http import (
     serve_guarded,
 )
 from blockx.hub import _ops
-from blockx.hub._api import ProducerApi
+from blockx.hub._api import ProducerApi, TaskWatch
 from blockx.hub._auth import authenticate
 from blockx.hub._committer import Committer
 from blockx.hub._config import HubConfig
@@ -192,7 +192,8 @@ class Hub:
         use_thread: bool = True,
     ) -> None:
         self.config = config
-        self.committer = Committer(store, use_thread=use_thread)
+        watch = TaskWatch()
+        self.committer = Committer(store, use_thread=use_thread, on_ended=watch.ended)
         self.hub_id = new_id()
         self._clock = clock or WorkerClock()
         self._new_id = new_id
@@ -206,6 +207,8 @@ class Hub:
             new_id=new_id,
             on_queued=self.offer_now,
             on_submit=self.wake,
+            watch=watch,
+            recheck_ms=config.poll_ms if store.postgres else None,
         )
 
     def now_ms(self) -> int:

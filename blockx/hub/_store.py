@@ -240,6 +240,7 @@ class Tx:
         self._writes: dict[str, dict[object, tuple[object, ...]]] = {}
         """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
         self._notes: list[tuple[object, ...]] = []
+        self._ended: set[str] = set()
 
     def rows(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         self.flush()
@@ -315,12 +316,18 @@ class Tx:
 
     def update_task(self, task: Task) -> None:
         self._tasks[task.task_id] = task
+        if task.state.is_terminal:
+            self._ended.add(task.task_id)
         row = _task_row(task)
         inserted = self._writes.get(_INSERT_TASK, {})
         if task.task_id in inserted:
             inserted[task.task_id] = row
             return
         self._write(_UPDATE_TASK, task.task_id, tuple(row[i] for i in _TASK_UPDATE))
+
+    def ended_tasks(self) -> frozenset[str]:
+        """The tasks this transaction ended (made SUCCEEDED, FAILED or NEEDS_REVIEW)."""
+        return frozenset(self._ended)
 
     def offerable(
         self, queue_id: str, capabilities: Sequence[str], now_ms: int, limit: int

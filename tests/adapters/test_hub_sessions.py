@@ -383,6 +383,38 @@ async def test_the_offer_that_takes_a_finished_attempts_place_shares_the_finishs
     assert worker.offers == []  # evidence frees no place
 
 
+async def test_a_reader_waiting_for_a_task_is_answered_by_the_commit_that_ends_it(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        waited = await rig.submit(token, payload={"n": 1})
+        never = await rig.submit(token, payload={"n": 2}, handler="nobody")
+        answers: dict[str, tuple[float, dict[str, object]]] = {}
+
+        async def read(name: str, task_id: str, wait_ms: int) -> None:
+            target = f"/v1/tasks/{task_id}?wait_ms={wait_ms}"
+            status, task = await rig.http("GET", target, token=token)
+            assert status == 200
+            answers[name] = (trio.current_time(), task)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, "waited", waited["task_id"], 10_000)
+            nursery.start_soon(read, "never", never["task_id"], 3_000)
+            async with rig.worker(token) as worker:
+                offer = await worker.claim()
+                await trio.sleep(2)
+                await worker.finish(offer, Succeeded(result='"done"'))
+        bad = await rig.http("GET", f"/v1/tasks/{never['task_id']}?wait_ms=30001", token=token)
+        nobody = await rig.http("GET", f"/v1/tasks/{never['task_id']}?wait_ms=1")
+    assert answers["waited"][0] == 2.0  # the finish's commit, not a poll later
+    assert answers["waited"][1]["state"] == "SUCCEEDED"
+    assert answers["never"][0] == 3.0
+    assert answers["never"][1]["state"] == "QUEUED"
+    assert (bad[0], bad[1]["field"]) == (400, "wait_ms")
+    assert nobody[0] == 401
+
+
 async def test_an_offer_not_started_in_time_is_withdrawn_and_offered_again(
     hub_url: str, autojump_clock: trio.testing.MockClock
 ) -> None:

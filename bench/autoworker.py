@@ -17,10 +17,17 @@ serves them). After a warm-up of 200 tasks:
   request -> the moment the queue's listing shows none of them QUEUED, OFFERED
   or RUNNING (polled every 5 ms once the last submission was answered); each of
   them must have SUCCEEDED. auto_to_submit_ratio: the first over the second.
+  hub_cpu_ms_per_task, worker_cpu_ms_per_task: the CPU the hub process and the
+  worker processes (together) used over that phase, per task (from /proc).
 * submit_p50_ms (baseline): one submission at a time, request -> answer.
+* sqlite_commit_p50_ms (baseline): one row committed per transaction, one after
+  another, to a SQLite file beside the hub's with its settings (WAL,
+  synchronous=FULL): what one durable step costs on this disk now. A task's
+  way takes at least three (submitted, started, finished).
 * auto_latency_p50_ms, auto_latency_p99_ms: LATENCY_TASKS tasks one at a time,
   each timed from just before its submission to the first answer of
-  `GET /v1/tasks/{id}` (requested back to back) that shows it SUCCEEDED.
+  `GET /v1/tasks/{id}` (requested back to back) that shows it SUCCEEDED;
+  auto_latency_to_commit_ratio: its p50 over sqlite_commit_p50_ms.
 
 Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 Targets (2 cores): auto_tasks_per_s >= 1,000 and auto_latency_p50_ms <= 10.
@@ -33,6 +40,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -204,6 +212,29 @@ async def task_latencies(client: HubClient, count: int) -> list[float]:
     return latencies
 
 
+def commit_latencies(path: Path, count: int) -> list[float]:
+    """Milliseconds per one-row transaction, WAL and synchronous=FULL as the hub."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("CREATE TABLE rows (row_id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("INSERT INTO rows (value) VALUES (?)", ('{"n":1}',))
+        connection.execute("COMMIT")
+        latencies.append((time.perf_counter() - started) * 1000)
+    connection.close()
+    return latencies
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -263,8 +294,11 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
         with trio.fail_after(PHASE_TIMEOUT_S):
             await through_workers(client, WARM_UP_TASKS, args.clients)
             submits_per_s = await submit_rate(client, args.tasks, args.clients)
+            cpu_before = [cpu_seconds(process.pid) for process in (hub, *workers)]
             seconds = await through_workers(client, args.tasks, args.clients)
+            cpu = [cpu_seconds(p.pid) - c for p, c in zip((hub, *workers), cpu_before, strict=True)]
             submit_ms = await submit_latencies(client, args.latency_tasks)
+            commit_ms = commit_latencies(directory / "floor.sqlite3", args.latency_tasks)
             task_ms = await task_latencies(client, args.latency_tasks)
     finally:
         for process in workers:
@@ -281,10 +315,15 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     result("hub_submits_per_s", submits_per_s)
     result("auto_tasks_per_s", auto_per_s)
     result("auto_to_submit_ratio", auto_per_s / submits_per_s, 2)
+    result("hub_cpu_ms_per_task", cpu[0] * 1000 / args.tasks, 2)
+    result("worker_cpu_ms_per_task", sum(cpu[1:]) * 1000 / args.tasks, 2)
     result("submit_p50_ms", statistics.median(submit_ms), 2)
+    result("sqlite_commit_p50_ms", statistics.median(commit_ms), 2)
     result("auto_latency_p50_ms", statistics.median(task_ms), 2)
     result("auto_latency_p99_ms", percentile(task_ms, 0.99), 2)
-    result("auto_latency_to_submit_ratio", statistics.median(task_ms) / statistics.median(submit_ms), 2)
+    result(
+        "auto_latency_to_commit_ratio", statistics.median(task_ms) / statistics.median(commit_ms), 1
+    )
 
 
 def main() -> None:

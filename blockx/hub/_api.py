@@ -26,7 +26,7 @@ import h11
 import trio
 
 from blockx._clock import WorkerClock
-from blockx._http import BodyTooLarge, header, read_body, respond
+from blockx._http import BodyTooLarge, header, read_body, respond_keeping
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
 from blockx.hub._auth import check
@@ -226,34 +226,55 @@ def load_task(task_id: str) -> Callable[[Tx], dict[str, Any] | None]:
     return read
 
 
+@attrs.define(eq=False)
+class _Reader:
+    """One reader waiting for a task to end: `ended` is set by the commit that ends it,
+    which brings the task as it then is when it knew of the reader before it began."""
+
+    ended: trio.Event = attrs.Factory(trio.Event)
+    shown: dict[str, Any] | None = None
+
+
 class TaskWatch:
-    """Who waits for which task to end: `ended` is told, after each commit, the tasks it
-    ended (the committer's `on_ended`), and wakes their readers."""
+    """Who waits for which task to end. The committer's `Tail`: run last in each
+    transaction, it reads the tasks the transaction ended that someone waits for, and once
+    that is committed hands each reader its task, so none needs a read of its own."""
 
     def __init__(self) -> None:
-        self._waiting: dict[str, set[trio.Event]] = {}
+        self._waiting: dict[str, set[_Reader]] = {}
 
-    def watch(self, task_id: str) -> trio.Event:
-        """An event set when a commit after this call ends `task_id`."""
-        event = trio.Event()
-        self._waiting.setdefault(task_id, set()).add(event)
-        return event
+    def watch(self, task_id: str) -> _Reader:
+        """A reader woken by the first commit after this call that ends `task_id`."""
+        reader = _Reader()
+        self._waiting.setdefault(task_id, set()).add(reader)
+        return reader
 
-    def forget(self, task_id: str, event: trio.Event) -> None:
-        events = self._waiting.get(task_id)
-        if events is not None:
-            events.discard(event)
-            if not events:
+    def forget(self, task_id: str, reader: _Reader) -> None:
+        readers = self._waiting.get(task_id)
+        if readers is not None:
+            readers.discard(reader)
+            if not readers:
                 del self._waiting[task_id]
 
-    def ended(self, task_ids: frozenset[str]) -> None:
+    def operation(self) -> Callable[[Tx], tuple[frozenset[str], dict[str, Any]]]:
+        wanted = frozenset(self._waiting)
+
+        def ended(tx: Tx) -> tuple[frozenset[str], dict[str, Any]]:
+            task_ids = tx.ended_tasks()
+            return task_ids, {t: load_task(t)(tx) for t in task_ids & wanted}
+
+        return ended
+
+    def committed(self, result: tuple[frozenset[str], dict[str, Any]]) -> None:
+        task_ids, shown = result
         for task_id in task_ids & self._waiting.keys():
-            for event in self._waiting.pop(task_id):
-                event.set()
+            for reader in self._waiting.pop(task_id):
+                reader.shown = shown.get(task_id)
+                reader.ended.set()
 
 
 class ProducerApi:
-    """Answers one HTTP request per connection."""
+    """Answers the requests of one HTTP connection after another (HTTP/1.1 keep-alive)."""
 
     def __init__(
         self,
@@ -280,12 +301,14 @@ class ProducerApi:
 
     async def serve(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
-    ) -> None:
+    ) -> bool:
+        """Answer `request`; whether the connection is kept for the client's next one."""
         try:
             status, body = await self._answer(stream, connection, request)
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
-        await respond(stream, connection, status, json.dumps(body) + "\n", "application/json")
+        text = json.dumps(body) + "\n"
+        return await respond_keeping(stream, connection, status, text, "application/json")
 
     async def _answer(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
@@ -328,7 +351,8 @@ class ProducerApi:
         """Task `task_id`; with `wait_ms`, once it has ended or that much time has passed.
 
         The reader watches the task before each read, so an end committed after the read
-        wakes it: it reads again at once, never later than the end's commit."""
+        wakes it, with the task as that commit left it (or, if the commit began before
+        the reader watched, it reads once more)."""
         wait_text = query.get("wait_ms", ["0"])[0]
         if not wait_text.isdigit() or int(wait_text) > MAX_WAIT_MS:
             refused = _fixed(400, f"wait_ms must be 0 to {MAX_WAIT_MS}", "wait_ms")
@@ -336,15 +360,17 @@ class ProducerApi:
         deadline = trio.current_time() + int(wait_text) / 1000
         read = _as_producer(token, None, _read_task(task_id))
         while True:
-            ended = self._watch.watch(task_id)
+            reader = self._watch.watch(task_id)
             try:
                 status, body = await self._committer.do(read)
                 if status != 200 or body["state"] in _ENDED or trio.current_time() >= deadline:
                     return status, body
                 with trio.move_on_at(min(deadline, trio.current_time() + self._recheck_s)):
-                    await ended.wait()
+                    await reader.ended.wait()
+                if reader.shown is not None:
+                    return 200, reader.shown  # as the commit that ended it left it
             finally:
-                self._watch.forget(task_id, ended)
+                self._watch.forget(task_id, reader)
 
     async def _submission(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, queue_id: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 import trio
@@ -35,22 +35,25 @@ class _Pending:
     reply: Callable[[Any], None]
 
 
+class Tail(Protocol):
+    """An operation run last in every transaction, and who hears its result once committed."""
+
+    def operation(self) -> Callable[[Tx], Any]:
+        """The operation for the transaction about to run (made as it starts)."""
+
+    def committed(self, result: Any) -> None:
+        """The operation's result, once its transaction is committed and answered."""
+
+
 class Committer:
     """The actor. Start `run` with `nursery.start`; `use_thread=False` runs the database on
-    the Trio thread (tests on a virtual clock). `on_ended` hears, after each commit and
-    its answers, which tasks it ended."""
+    the Trio thread (tests on a virtual clock)."""
 
-    def __init__(
-        self,
-        store: Store,
-        *,
-        use_thread: bool = True,
-        on_ended: Callable[[frozenset[str]], None] | None = None,
-    ) -> None:
+    def __init__(self, store: Store, *, use_thread: bool = True, tail: Tail | None = None) -> None:
         self.store = store
         self._use_thread = use_thread
-        self._on_ended = on_ended
-        self._ended: set[str] = set()
+        self._tail = tail
+        self._tails: list[Any] = []
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
         self.batches = 0
         """Published: transactions committed so far."""
@@ -93,9 +96,10 @@ class Committer:
             self.batches += 1
             for pending, result in zip(batch, results, strict=True):
                 pending.reply(result)
-            if self._ended and self._on_ended is not None:
-                self._on_ended(frozenset(self._ended))
-            self._ended.clear()
+            tails, self._tails = self._tails, []
+            if self._tail is not None:
+                for tail in tails:
+                    self._tail.committed(tail)
 
     async def _commit(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
         try:
@@ -112,13 +116,15 @@ class Committer:
         return results
 
     async def _run_batch(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
-        operations = [*operations, _ended_tasks]
+        if self._tail is not None:
+            operations = [*operations, self._tail.operation()]
         if not self._use_thread:
             results = self.store.run_batch(operations)
         else:
             # Not abandoned on cancellation: a commit that started is let finish.
             results = await trio.to_thread.run_sync(self.store.run_batch, operations)
-        self._ended.update(results.pop())
+        if self._tail is not None:
+            self._tails.append(results.pop())
         return results
 
     def _failed(self, error: Exception) -> StoreError:
@@ -126,8 +132,3 @@ class Committer:
             return error
         logger.error("hub: an operation failed", exc_info=error)
         return StoreError(url=self.store.name, reason=f"an operation failed: {error!r}")
-
-
-def _ended_tasks(tx: Tx) -> frozenset[str]:
-    """Run last in each transaction: the tasks it ended."""
-    return tx.ended_tasks()

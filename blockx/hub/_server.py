@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Final
 
 import attrs
+import h11
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
@@ -193,7 +194,7 @@ class Hub:
     ) -> None:
         self.config = config
         watch = TaskWatch()
-        self.committer = Committer(store, use_thread=use_thread, on_ended=watch.ended)
+        self.committer = Committer(store, use_thread=use_thread, tail=watch)
         self.hub_id = new_id()
         self._clock = clock or WorkerClock()
         self._new_id = new_id
@@ -249,18 +250,22 @@ class Hub:
         connection = new_connection()
         received = bytearray()
         request = await read_request_head(stream, connection, received)
-        if request is None:
-            return
-        path = request.target.decode("ascii", "replace").partition("?")[0]
-        if path == WORKER_PATH and is_websocket_upgrade(request):
+        if request is not None and is_websocket_upgrade(request) and _path(request) == WORKER_PATH:
             await accept_websocket(
                 stream, bytes(received), self._worker, max_message_size=MAX_FRAME_BYTES
             )
-        elif path == WORKER_PATH:
-            await respond(stream, connection, 400, "GET /v1/worker with a WebSocket upgrade\n")
-        else:
+            return
+        while request is not None:  # the producers' requests, while the client keeps it
+            if _path(request) == WORKER_PATH:
+                message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
+                await respond(stream, connection, 400, message)
+                return
+            kept = False
             with trio.move_on_after(REQUEST_TIMEOUT_S):
-                await self.api.serve(stream, connection, request)
+                kept = await self.api.serve(stream, connection, request)
+            if not kept:
+                return
+            request = await read_request_head(stream, connection, bytearray())
 
     # ------------------------------------------------------------------- sessions
 
@@ -568,6 +573,10 @@ class Hub:
         """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""
         if self._sweep_by is not None:
             self._sweep_by.deadline = min(self._sweep_by.deadline, self._clock.trio_time(due_ms))
+
+
+def _path(request: h11.Request) -> str:
+    return request.target.decode("ascii", "replace").partition("?")[0]
 
 
 async def _write_frames(

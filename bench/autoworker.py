@@ -17,7 +17,7 @@ warm-up of 200 tasks:
   many with a new connection for each request (as `HubClient` makes them).
 * auto_tasks_per_s: TASKS submissions from CLIENTS concurrent clients, first
   request -> the moment the queue's listing shows none of them QUEUED, OFFERED
-  or RUNNING (polled every 5 ms once the last submission was answered); each of
+  or RUNNING (polled every 10 ms once the last submission was answered); each of
   them must have SUCCEEDED. auto_to_submit_ratio: the first over the second.
   hub_cpu_ms_per_task, worker_cpu_ms_per_task: the CPU the hub process and the
   worker processes (together) used over that phase, per task (from /proc).
@@ -74,7 +74,7 @@ IDLE_QUEUE: Final = "bench-idle"
 CAPABILITY: Final = Capability(handler="bench.echo", handler_version="1", payload_version="1")
 WARM_UP_TASKS: Final = 200
 LIVE: Final = (TaskState.QUEUED, TaskState.OFFERED, TaskState.RUNNING)
-DONE_POLL_S: Final = 0.005
+DONE_POLL_S: Final = 0.01
 IDLE_S: Final = 5.0
 WAIT_MS: Final = 10_000
 START_TIMEOUT_S: Final = 30.0

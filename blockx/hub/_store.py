@@ -124,7 +124,7 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     """,
     # A listing by state reads only the tasks in that state, not the whole queue.
     """
-    CREATE INDEX tasks_by_state ON tasks (queue_id, state, created_at_ms);
+    CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (queue_id, state, created_at_ms);
     """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
@@ -686,6 +686,12 @@ class Store:
             applied = rows[0][0] if rows else 0
             if not rows:
                 tx.run("INSERT INTO schema_version (version) VALUES (0)")
+            if applied > len(_MIGRATIONS):
+                reason = (
+                    f"its schema is version {applied}, newer than this hub's "
+                    f"({len(_MIGRATIONS)}): run a hub at least as new"
+                )
+                raise StoreError(url=self.name, reason=reason)
             for script in _MIGRATIONS[applied:]:
                 for statement in script.format(
                     serial=serial, blob=blob, without_rowid=without_rowid

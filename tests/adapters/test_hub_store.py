@@ -3,9 +3,11 @@ of a failing operation, and several hubs claiming from one PostgreSQL database."
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -80,6 +82,19 @@ def test_a_database_of_an_older_schema_is_taken_to_the_newest(tmp_path: Path) ->
     finally:
         again.close()
     assert "tasks_by_state" in repr(plan)  # a listing by state skips the queue's other tasks
+
+
+def test_a_database_of_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
+    path = str(tmp_path / "hub.sqlite3")
+    first = Store(path)
+    queue_tasks(first, 1)
+    newer = len(_MIGRATIONS) + 1
+    first.read(lambda tx: tx.run("UPDATE schema_version SET version = ?", newer))
+    first.close()
+    with pytest.raises(StoreError, match=f"schema is version {newer}, newer than this hub's"):
+        Store(path)
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("SELECT version FROM schema_version").fetchall() == [(newer,)]
 
 
 def test_sqlite_commits_durably(tmp_path: Path) -> None:

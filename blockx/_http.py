@@ -1,14 +1,16 @@
-"""HTTP/1.1 on Trio with h11, one request per connection, and the hand-over to WebSocket.
+"""HTTP/1.1 on Trio with h11, and the hand-over to WebSocket.
 
 What the metrics port and the hub's port share: reading a request head (and a
-bounded body), answering with one whole response (`Connection: close`),
-closing without a reset, and handing an upgrade request to trio-websocket
-with the bytes already read replayed. Must never let one client's bytes do
-more than fail that client's request.
+bounded body), answering with one whole response (`Connection: close`, or,
+where the caller allows it, keeping the connection for the client's next
+request), closing without a reset, and handing an upgrade request to
+trio-websocket with the bytes already read replayed. Must never let one
+client's bytes do more than fail that client's request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http
 import logging
 from collections.abc import Awaitable, Callable
@@ -23,7 +25,8 @@ MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
 LINGER_S: Final = 1.0
 LINGER_BYTES: Final = 256 * 1024
 REQUEST_HEAD_TIMEOUT_S: Final = 10.0
-"""How long a client may take to send its request head."""
+"""How long a client may take to send its request head (on a kept connection: how long
+it may stay idle)."""
 RESPONSE_TIMEOUT_S: Final = 30.0
 HANDSHAKE_TIMEOUT_S: Final = 10.0
 """How long a WebSocket handshake may take once its upgrade request is read."""
@@ -119,14 +122,53 @@ async def respond(
     extra: list[tuple[str, str]] | None = None,
 ) -> None:
     """Send one whole response (headers only for HEAD); the connection is done after it."""
+    if await _send_response(stream, connection, status, body, content_type, head=head, extra=extra):
+        await close_gently(stream)
+
+
+async def respond_keeping(
+    stream: trio.abc.HalfCloseableStream,
+    connection: h11.Connection,
+    status: int,
+    body: bytes | str,
+    content_type: str,
+) -> bool:
+    """Send one whole response and keep the connection for the client's next request, if
+    HTTP/1.1 lets it (the client did not ask to close, and its request was read to the
+    end): True, and `connection` waits for that request. Else close it, as `respond`."""
+    if not await _send_response(stream, connection, status, body, content_type, keep=True):
+        return False
+    with contextlib.suppress(h11.RemoteProtocolError):
+        while connection.their_state is h11.SEND_BODY:
+            if not isinstance(connection.next_event(), h11.EndOfMessage):
+                break  # a body not read, or not here yet: this connection is done
+    if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
+        connection.start_next_cycle()
+        return True
+    await close_gently(stream)
+    return False
+
+
+async def _send_response(
+    stream: trio.abc.HalfCloseableStream,
+    connection: h11.Connection,
+    status: int,
+    body: bytes | str,
+    content_type: str,
+    *,
+    head: bool = False,
+    extra: list[tuple[str, str]] | None = None,
+    keep: bool = False,
+) -> bool:
+    """Send the response; False if h11 could not answer any more."""
     if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-        return  # h11 cannot answer any more
+        return False
     data = body.encode() if isinstance(body, str) else body
     headers = [
         ("content-type", content_type),
         ("content-length", str(len(data))),
         ("cache-control", "no-store"),
-        ("connection", "close"),
+        *(() if keep else (("connection", "close"),)),
         *(extra or ()),
     ]
     reason = http.HTTPStatus(status).phrase.encode() if status in _KNOWN_STATUSES else b""
@@ -135,7 +177,7 @@ async def respond(
         out += connection.send(h11.Data(data=data)) or b""
     out += connection.send(h11.EndOfMessage()) or b""
     await stream.send_all(out)
-    await close_gently(stream)
+    return True
 
 
 async def read_body(

@@ -98,10 +98,12 @@ class HubClient:
         task: dict[str, Any] = await self.request("POST", f"/v1/queues/{quoted}/tasks", document)
         return task
 
-    async def task(self, task_id: str) -> dict[str, Any]:
-        """A task as the hub has it now, with its attempts and history."""
+    async def task(self, task_id: str, *, wait_ms: int = 0) -> dict[str, Any]:
+        """A task as the hub has it now, with its attempts and history; with `wait_ms`
+        (at most 30,000), as soon as it has ended, or once that much time has passed."""
         quoted = urllib.parse.quote(task_id, safe="")
-        task: dict[str, Any] = await self.request("GET", f"/v1/tasks/{quoted}")
+        query = f"?wait_ms={wait_ms}" if wait_ms else ""
+        task: dict[str, Any] = await self.request("GET", f"/v1/tasks/{quoted}{query}")
         return task
 
     async def request(self, method: str, target: str, body: Any = None) -> Any:

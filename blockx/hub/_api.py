@@ -3,6 +3,7 @@
     POST /v1/queues/{queue}/tasks      submit a task (201 with the task; 200 for a repeat)
     GET  /v1/queues/{queue}/tasks      list a queue's tasks (?state=...&limit=...)
     GET  /v1/tasks/{task}              one task with its attempts, evidence and history
+                                       (?wait_ms=...: once it has ended, or that time passed)
 
 Every request carries `Authorization: Bearer <token>` of a credential with
 the producer right on the queue (or admin). A bad request is answered 400
@@ -14,16 +15,18 @@ uses.
 from __future__ import annotations
 
 import json
+import math
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
+import attrs
 import h11
 import trio
 
 from blockx._clock import WorkerClock
-from blockx._http import BodyTooLarge, header, read_body, respond
+from blockx._http import BodyTooLarge, header, read_body, respond_keeping
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
 from blockx.hub._auth import check
@@ -63,8 +66,11 @@ SUBMISSION_KEYS: Final = (
     *DEFAULTS,
 )
 MAX_LIST: Final = 1_000
+MAX_WAIT_MS: Final = 30_000
+"""The longest a task's reader may wait for it to end (well within `REQUEST_TIMEOUT_S`)."""
 _QUEUE_TASKS: Final = re.compile(r"/v1/queues/([^/]+)/tasks")
 _TASK: Final = re.compile(r"/v1/tasks/([^/]+)")
+_ENDED: Final = frozenset(state.value for state in TaskState if state.is_terminal)
 
 
 class InvalidSubmission(InvalidValue):
@@ -220,8 +226,55 @@ def load_task(task_id: str) -> Callable[[Tx], dict[str, Any] | None]:
     return read
 
 
+@attrs.define(eq=False)
+class _Reader:
+    """One reader waiting for a task to end: `ended` is set by the commit that ends it,
+    which brings the task as it then is when it knew of the reader before it began."""
+
+    ended: trio.Event = attrs.Factory(trio.Event)
+    shown: dict[str, Any] | None = None
+
+
+class TaskWatch:
+    """Who waits for which task to end. The committer's `Tail`: run last in each
+    transaction, it reads the tasks the transaction ended that someone waits for, and once
+    that is committed hands each reader its task, so none needs a read of its own."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[_Reader]] = {}
+
+    def watch(self, task_id: str) -> _Reader:
+        """A reader woken by the first commit after this call that ends `task_id`."""
+        reader = _Reader()
+        self._waiting.setdefault(task_id, set()).add(reader)
+        return reader
+
+    def forget(self, task_id: str, reader: _Reader) -> None:
+        readers = self._waiting.get(task_id)
+        if readers is not None:
+            readers.discard(reader)
+            if not readers:
+                del self._waiting[task_id]
+
+    def operation(self) -> Callable[[Tx], tuple[frozenset[str], dict[str, Any]]]:
+        wanted = frozenset(self._waiting)
+
+        def ended(tx: Tx) -> tuple[frozenset[str], dict[str, Any]]:
+            task_ids = tx.ended_tasks()
+            return task_ids, {t: load_task(t)(tx) for t in task_ids & wanted}
+
+        return ended
+
+    def committed(self, result: tuple[frozenset[str], dict[str, Any]]) -> None:
+        task_ids, shown = result
+        for task_id in task_ids & self._waiting.keys():
+            for reader in self._waiting.pop(task_id):
+                reader.shown = shown.get(task_id)
+                reader.ended.set()
+
+
 class ProducerApi:
-    """Answers one HTTP request per connection."""
+    """Answers the requests of one HTTP connection after another (HTTP/1.1 keep-alive)."""
 
     def __init__(
         self,
@@ -229,74 +282,179 @@ class ProducerApi:
         *,
         clock: WorkerClock,
         new_id: Callable[[], str],
+        on_queued: Callable[[], None],
         on_submit: Callable[[], None],
+        watch: TaskWatch,
+        recheck_ms: int | None,
     ) -> None:
         self._committer = committer
         self._clock = clock
         self._new_id = new_id
+        self._watch = watch
+        self._recheck_s = math.inf if recheck_ms is None else recheck_ms / 1000
+        """How often a waiting reader looks again for an end it may not hear of (another
+        hub's, on a shared database); None: never."""
+        self._on_queued = on_queued
+        """Called once a submission waits for its commit: offers claimed then share it."""
         self._on_submit = on_submit
+        """Called once a submission queued a new task."""
 
     async def serve(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
-    ) -> None:
+    ) -> bool:
+        """Answer `request`; whether the connection is kept for the client's next one."""
         try:
             status, body = await self._answer(stream, connection, request)
-        except BodyTooLarge as error:
-            status, body = 413, {"error": str(error)}
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
-        await respond(stream, connection, status, json.dumps(body) + "\n", "application/json")
+        text = json.dumps(body) + "\n"
+        return await respond_keeping(stream, connection, status, text, "application/json")
 
     async def _answer(
         self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
-    ) -> tuple[int, Any]:
+    ) -> Answer:
+        """The answer to `request`: its credential is checked in the same transaction as
+        the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
-        credential = await self._committer.do(lambda tx: check(tx, token))
-        if credential is None:
-            return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
+        if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
+            query = urllib.parse.parse_qs(target.query)
+            return await self._task(token, urllib.parse.unquote(match[1]), query)
+        queue_id, work, submits = await self._route(stream, connection, request, target)
+        queued = self._on_queued if submits else None
+        answer = await self._committer.do(_as_producer(token, queue_id, work), queued=queued)
+        if answer[0] == 201:
+            self._on_submit()
+        return answer
+
+    async def _route(
+        self,
+        stream: trio.abc.HalfCloseableStream,
+        connection: h11.Connection,
+        request: h11.Request,
+        target: urllib.parse.SplitResult,
+    ) -> tuple[str | None, Work, bool]:
+        """What `request` asks for, the queue it needs the producer right on (None: the
+        work checks the queue of what it reads), and whether it may queue a task."""
         if (match := _QUEUE_TASKS.fullmatch(target.path)) is not None:
             queue_id = urllib.parse.unquote(match[1])
-            if not credential.allows(Right.PRODUCER, queue_id):
-                return 403, {"error": f"this credential may not use queue {queue_id!r}"}
             if request.method == b"POST":
-                body = await read_body(stream, connection, MAX_BODY_BYTES)
-                return await self._submit(body, queue_id)
+                submission = await self._submission(stream, connection, queue_id)
+                return queue_id, submission, not isinstance(submission, _Fixed)
             if request.method == b"GET":
-                return await self._list(queue_id, urllib.parse.parse_qs(target.query))
-            return 405, {"error": "GET or POST"}
-        if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
-            return await self._task(urllib.parse.unquote(match[1]), credential)
-        return 404, {"error": f"no such resource: {request.method.decode()} {target.path}"}
+                return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query)), False
+            return queue_id, _fixed(405, "GET or POST"), False
+        unknown = _fixed(404, f"no such resource: {request.method.decode()} {target.path}")
+        return None, unknown, False
 
-    async def _submit(self, body: bytes, queue_id: str) -> tuple[int, Any]:
+    async def _task(self, token: str, task_id: str, query: dict[str, list[str]]) -> Answer:
+        """Task `task_id`; with `wait_ms`, once it has ended or that much time has passed.
+
+        The reader watches the task before each read, so an end committed after the read
+        wakes it, with the task as that commit left it (or, if the commit began before
+        the reader watched, it reads once more)."""
+        wait_text = query.get("wait_ms", ["0"])[0]
+        if not wait_text.isdigit() or int(wait_text) > MAX_WAIT_MS:
+            refused = _fixed(400, f"wait_ms must be 0 to {MAX_WAIT_MS}", "wait_ms")
+            return await self._committer.do(_as_producer(token, None, refused))
+        deadline = trio.current_time() + int(wait_text) / 1000
+        read = _as_producer(token, None, _read_task(task_id))
+        while True:
+            reader = self._watch.watch(task_id)
+            try:
+                status, body = await self._committer.do(read)
+                if status != 200 or body["state"] in _ENDED or trio.current_time() >= deadline:
+                    return status, body
+                with trio.move_on_at(min(deadline, trio.current_time() + self._recheck_s)):
+                    await reader.ended.wait()
+                if reader.shown is not None:
+                    return 200, reader.shown  # as the commit that ended it left it
+            finally:
+                self._watch.forget(task_id, reader)
+
+    async def _submission(
+        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, queue_id: str
+    ) -> Work:
+        """What submitting the request's body does: queue the task, or refuse the body."""
+        try:
+            body = await read_body(stream, connection, MAX_BODY_BYTES)
+        except BodyTooLarge as error:
+            return _fixed(413, str(error))
         try:
             submission = submission_from_json(json.loads(body), queue_id)
         except ValueError as error:
-            return 400, {"error": f"the body is not JSON: {error}", "field": "(body)"}
+            return _fixed(400, f"the body is not JSON: {error}", "(body)")
         except InvalidSubmission as error:
-            return 400, {"error": str(error), "field": error.field}
-        now_ms = self._clock.now_ms()
-        outcome = await self._committer.do(_ops.submit(submission, now_ms, self._new_id))
-        if isinstance(outcome, _ops.SubmitRefusal):
-            status = 409 if outcome.conflict else 404
-            return status, {"error": outcome.message, "field": outcome.field}
-        self._on_submit()
-        return (201 if outcome.created else 200), task_json(outcome.task)
+            return _fixed(400, str(error), error.field)
+        submit = _ops.submit(submission, self._clock.now_ms(), self._new_id)
 
-    async def _list(self, queue_id: str, query: dict[str, list[str]]) -> tuple[int, Any]:
-        state = query.get("state", [""])[0] or None
-        if state is not None and state not in set(TaskState):
-            return 400, {"error": f"state must be one of {', '.join(TaskState)}", "field": "state"}
-        limit_text = query.get("limit", ["100"])[0]
-        if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_LIST:
-            return 400, {"error": f"limit must be 1 to {MAX_LIST}", "field": "limit"}
-        limit = int(limit_text)
-        tasks = await self._committer.do(lambda tx: tx.tasks_of_queue(queue_id, state, limit))
+        def run(tx: Tx, credential: Credential) -> Answer:
+            outcome = submit(tx)
+            if isinstance(outcome, _ops.SubmitRefusal):
+                status = 409 if outcome.conflict else 404
+                return status, {"error": outcome.message, "field": outcome.field}
+            return (201 if outcome.created else 200), task_json(outcome.task)
+
+        return run
+
+
+Answer: TypeAlias = tuple[int, Any]
+"""An HTTP status and the JSON body to answer with."""
+Work: TypeAlias = Callable[[Tx, Credential], Answer]
+"""What a request asks for, done in a transaction for the credential that asked."""
+
+
+def _as_producer(token: str, queue_id: str | None, work: Work) -> Callable[[Tx], Answer]:
+    """`work`, if `token` is a valid credential with the producer right on `queue_id`."""
+
+    def run(tx: Tx) -> Answer:
+        credential = check(tx, token)
+        if credential is None:
+            return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
+        if queue_id is not None and not credential.allows(Right.PRODUCER, queue_id):
+            return 403, {"error": f"this credential may not use queue {queue_id!r}"}
+        return work(tx, credential)
+
+    return run
+
+
+@attrs.frozen
+class _Fixed:
+    """Work whose answer is known before it runs: a refusal, once the credential passed."""
+
+    answer: Answer
+
+    def __call__(self, tx: Tx, credential: Credential) -> Answer:
+        return self.answer
+
+
+def _fixed(status: int, error: str, field: str | None = None) -> _Fixed:
+    return _Fixed((status, {"error": error} if field is None else {"error": error, "field": field}))
+
+
+def _listing(queue_id: str, query: dict[str, list[str]]) -> Work:
+    state = query.get("state", [""])[0] or None
+    if state is not None and state not in set(TaskState):
+        return _fixed(400, f"state must be one of {', '.join(TaskState)}", "state")
+    limit_text = query.get("limit", ["100"])[0]
+    if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_LIST:
+        return _fixed(400, f"limit must be 1 to {MAX_LIST}", "limit")
+    limit = int(limit_text)
+
+    def run(tx: Tx, credential: Credential) -> Answer:
+        tasks = tx.tasks_of_queue(queue_id, state, limit)
         return 200, {"tasks": [task_json(task) for task in tasks]}
 
-    async def _task(self, task_id: str, credential: Credential) -> tuple[int, Any]:
-        shown = await self._committer.do(load_task(task_id))
+    return run
+
+
+def _read_task(task_id: str) -> Work:
+    read = load_task(task_id)
+
+    def run(tx: Tx, credential: Credential) -> Answer:
+        shown = read(tx)
         if shown is None or not credential.allows(Right.PRODUCER, shown["queue_id"]):
             return 404, {"error": f"no task {task_id!r}"}
         return 200, shown
+
+    return run

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 import trio
@@ -35,13 +35,25 @@ class _Pending:
     reply: Callable[[Any], None]
 
 
+class Tail(Protocol):
+    """An operation run last in every transaction, and who hears its result once committed."""
+
+    def operation(self) -> Callable[[Tx], Any]:
+        """The operation for the transaction about to run (made as it starts)."""
+
+    def committed(self, result: Any) -> None:
+        """The operation's result, once its transaction is committed and answered."""
+
+
 class Committer:
     """The actor. Start `run` with `nursery.start`; `use_thread=False` runs the database on
     the Trio thread (tests on a virtual clock)."""
 
-    def __init__(self, store: Store, *, use_thread: bool = True) -> None:
+    def __init__(self, store: Store, *, use_thread: bool = True, tail: Tail | None = None) -> None:
         self.store = store
         self._use_thread = use_thread
+        self._tail = tail
+        self._tails: list[Any] = []
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
         self.batches = 0
         """Published: transactions committed so far."""
@@ -50,8 +62,11 @@ class Committer:
         """Run `operation` in the next batch; `reply` gets its result once committed."""
         self._send.send_nowait(_Pending(operation=operation, reply=reply))
 
-    async def do(self, operation: Callable[[Tx], T]) -> T:
-        """Run `operation` in the next batch and wait until it is committed."""
+    async def do(
+        self, operation: Callable[[Tx], T], *, queued: Callable[[], None] | None = None
+    ) -> T:
+        """Run `operation` in the next batch and wait until it is committed. `queued` is
+        called once it waits for its batch: what `queued` submits joins that batch."""
         done = trio.Event()
         results: list[T | StoreError] = []
 
@@ -60,6 +75,8 @@ class Committer:
             done.set()
 
         self.submit(operation, reply)
+        if queued is not None:
+            queued()
         await done.wait()
         result = results[0]
         if isinstance(result, StoreError):
@@ -79,6 +96,10 @@ class Committer:
             self.batches += 1
             for pending, result in zip(batch, results, strict=True):
                 pending.reply(result)
+            tails, self._tails = self._tails, []
+            if self._tail is not None:
+                for tail in tails:
+                    self._tail.committed(tail)
 
     async def _commit(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
         try:
@@ -95,10 +116,16 @@ class Committer:
         return results
 
     async def _run_batch(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
+        if self._tail is not None:
+            operations = [*operations, self._tail.operation()]
         if not self._use_thread:
-            return self.store.run_batch(operations)
-        # Not abandoned on cancellation: a commit that started is let finish.
-        return await trio.to_thread.run_sync(self.store.run_batch, operations)
+            results = self.store.run_batch(operations)
+        else:
+            # Not abandoned on cancellation: a commit that started is let finish.
+            results = await trio.to_thread.run_sync(self.store.run_batch, operations)
+        if self._tail is not None:
+            self._tails.append(results.pop())
+        return results
 
     def _failed(self, error: Exception) -> StoreError:
         if isinstance(error, StoreError):

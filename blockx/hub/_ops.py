@@ -30,6 +30,7 @@ from blockx.hub.protocol import (
     AttemptRef,
     Capability,
     ControlMessage,
+    Disposition,
     Failed,
     Finish,
     Granted,
@@ -47,6 +48,8 @@ from blockx.hub.protocol import (
 
 Decide: TypeAlias = Callable[[Tx], Answer]
 """Works out the answer to one control message (and makes the change it asks for)."""
+Claim: TypeAlias = Callable[[Tx], list[Offer]]
+"""Offers tasks to a worker (see `offer`)."""
 
 
 def new_id() -> str:
@@ -75,7 +78,7 @@ def answered(
     message: ControlMessage,
     now_ms: int,
     decide: Callable[[Tx], Answer],
-) -> Callable[[Tx], bytes | Reused]:
+) -> _Answered:
     """`decide` once per message id: its encoded answer, kept as the message's receipt."""
     return _Answered(
         instance_id=instance_id,
@@ -98,12 +101,17 @@ class _Answered:
     """What the committer reads for a whole batch at once (`Tx.prefetch`)."""
 
     def __call__(self, tx: Tx) -> bytes | Reused:
+        return self.answer(tx)[0]
+
+    def answer(self, tx: Tx) -> tuple[bytes | Reused, Answer | None]:
+        """The encoded answer, and the answer itself if it was decided now (not kept)."""
         kept = tx.receipt(self.instance_id, self.message_id)
         if kept is not None:
-            return kept[1] if kept[0] == self.fingerprint else REUSED
-        answer = encode_message(self.decide(tx))
-        tx.keep_receipt(self.instance_id, self.message_id, self.fingerprint, answer, self.now_ms)
-        return answer
+            return (kept[1] if kept[0] == self.fingerprint else REUSED), None
+        answer = self.decide(tx)
+        encoded = encode_message(answer)
+        tx.keep_receipt(self.instance_id, self.message_id, self.fingerprint, encoded, self.now_ms)
+        return encoded, answer
 
 
 def _attempts_named(message: ControlMessage) -> tuple[str, ...]:
@@ -203,6 +211,36 @@ def finish(
     return decide
 
 
+def finished_then_offer(
+    instance_id: str,
+    message: Finish,
+    now_ms: int,
+    timing: Timing,
+    claim: Claim,
+) -> Callable[[Tx], tuple[bytes | Reused, list[Offer]]]:
+    """`finish` answered as `answered` does, then, if it ended the attempt as its task's
+    outcome just now, `claim` in the same transaction: the offer that takes the attempt's
+    place rides on the finish's commit instead of waiting for one of its own."""
+    decide = finish(message, instance_id, now_ms, timing)
+    return _FinishedThenOffer(finished=answered(instance_id, message, now_ms, decide), claim=claim)
+
+
+@attrs.frozen(kw_only=True)
+class _FinishedThenOffer:
+    finished: _Answered
+    claim: Claim
+
+    @property
+    def keys(self) -> Keys:
+        return self.finished.keys
+
+    def __call__(self, tx: Tx) -> tuple[bytes | Reused, list[Offer]]:
+        encoded, decided = self.finished.answer(tx)
+        if isinstance(decided, Recorded) and decided.disposition is Disposition.ACCEPTED:
+            return encoded, self.claim(tx)
+        return encoded, []
+
+
 def _refused(message: Start | Renew | Finish, refusal: Refusal) -> Refused:
     return Refused(
         reply_to=message.message_id,
@@ -284,7 +322,7 @@ def offer(
     now_ms: int,
     timing: Timing,
     new_id: Callable[[], str],
-) -> Callable[[Tx], list[Offer]]:
+) -> Claim:
     """Offer up to `room` matching tasks of `queue_id` to `instance_id`."""
     keys = [capability.key for capability in capabilities]
 

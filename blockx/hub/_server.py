@@ -13,6 +13,9 @@ one commit. In memory the hub keeps only what it can lose: the open
 sessions, with the attempts each holds (to offer no more than the capacity
 the worker declared). The dispatcher offers work to sessions with room, the
 sweeper ends lapsed offers and leases; both write through the committer.
+Offers ride on commits already under way where they can: a submission shares
+its transaction with the claims of the sessions waiting for work, and a finish
+that frees a place claims the task that takes it in its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from typing import Final
 
 import attrs
+import h11
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
@@ -38,7 +42,7 @@ from blockx._http import (
     serve_guarded,
 )
 from blockx.hub import _ops
-from blockx.hub._api import ProducerApi
+from blockx.hub._api import ProducerApi, TaskWatch
 from blockx.hub._auth import authenticate
 from blockx.hub._committer import Committer
 from blockx.hub._config import HubConfig
@@ -189,7 +193,8 @@ class Hub:
         use_thread: bool = True,
     ) -> None:
         self.config = config
-        self.committer = Committer(store, use_thread=use_thread)
+        watch = TaskWatch()
+        self.committer = Committer(store, use_thread=use_thread, tail=watch)
         self.hub_id = new_id()
         self._clock = clock or WorkerClock()
         self._new_id = new_id
@@ -198,7 +203,13 @@ class Hub:
         self._wake_dispatcher = trio.Event()
         self._sweep_by: trio.CancelScope | None = None
         self.api = ProducerApi(
-            self.committer, clock=self._clock, new_id=new_id, on_submit=self.wake
+            self.committer,
+            clock=self._clock,
+            new_id=new_id,
+            on_queued=self.offer_now,
+            on_submit=self.wake,
+            watch=watch,
+            recheck_ms=config.poll_ms if store.postgres else None,
         )
 
     def now_ms(self) -> int:
@@ -239,18 +250,22 @@ class Hub:
         connection = new_connection()
         received = bytearray()
         request = await read_request_head(stream, connection, received)
-        if request is None:
-            return
-        path = request.target.decode("ascii", "replace").partition("?")[0]
-        if path == WORKER_PATH and is_websocket_upgrade(request):
+        if request is not None and is_websocket_upgrade(request) and _path(request) == WORKER_PATH:
             await accept_websocket(
                 stream, bytes(received), self._worker, max_message_size=MAX_FRAME_BYTES
             )
-        elif path == WORKER_PATH:
-            await respond(stream, connection, 400, "GET /v1/worker with a WebSocket upgrade\n")
-        else:
+            return
+        while request is not None:  # the producers' requests, while the client keeps it
+            if _path(request) == WORKER_PATH:
+                message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
+                await respond(stream, connection, 400, message)
+                return
+            kept = False
             with trio.move_on_after(REQUEST_TIMEOUT_S):
-                await self.api.serve(stream, connection, request)
+                kept = await self.api.serve(stream, connection, request)
+            if not kept:
+                return
+            request = await read_request_head(stream, connection, bytearray())
 
     # ------------------------------------------------------------------- sessions
 
@@ -351,9 +366,7 @@ class Hub:
                     session, message, _ops.renew(message, instance_id, now_ms, self._timing)
                 )
             case Finish():
-                self._control(
-                    session, message, _ops.finish(message, instance_id, now_ms, self._timing)
-                )
+                self._finish(session, message, now_ms)
             case Resume(message_id=message_id, attempts=attempts):
                 look = _ops.resume(attempts, instance_id, now_ms)
                 self._control(
@@ -402,6 +415,35 @@ class Hub:
         session.link.taken()
         self.committer.submit(operation, functools.partial(self._answered, session))
 
+    def _finish(self, session: _Session, message: Finish, now_ms: int) -> None:
+        """A finish; if it ends an attempt the session holds and so frees a place, the offer
+        that fills the place is claimed in the finish's own transaction (it is claimed only
+        if the finish ended the attempt there and then, so the place is counted once)."""
+        instance_id = session.instance_id
+        frees_room = (
+            session.held.get(message.attempt_id) is AttemptStatus.RUNNING
+            and not (session.draining or session.closed)
+            and session.capacity >= len(session.held)
+        )
+        if not frees_room:
+            decide = _ops.finish(message, instance_id, now_ms, self._timing)
+            self._control(session, message, decide)
+            return
+        claim = self._claim(session, room=1, now_ms=now_ms)
+        operation = _ops.finished_then_offer(instance_id, message, now_ms, self._timing, claim)
+        session.link.taken()
+        self.committer.submit(operation, functools.partial(self._finished, session))
+
+    def _finished(
+        self, session: _Session, result: tuple[bytes | _ops.Reused, list[Offer]] | StoreError
+    ) -> None:
+        if isinstance(result, StoreError):
+            self._answered(session, result)
+            return
+        answer, offers = result
+        self._answered(session, answer)
+        self._take(session, offers)
+
     def _answered(self, session: _Session, result: bytes | _ops.Reused | StoreError) -> None:
         session.link.answered()
         if isinstance(result, StoreError):
@@ -444,34 +486,46 @@ class Hub:
             with trio.move_on_after(self.config.poll_ms / 1000):
                 await self._wake_dispatcher.wait()
             self._wake_dispatcher = trio.Event()
-            now_ms = self.now_ms()
-            for session in list(self._sessions.values()):
-                room = session.room
-                if room > 0 and not session.offering:
-                    session.offering = True
-                    claim = _ops.offer(
-                        session.queue_id,
-                        session.capabilities,
-                        session.instance_id,
-                        room=room,
-                        now_ms=now_ms,
-                        timing=self._timing,
-                        new_id=self._new_id,
-                    )
-                    self.committer.submit(claim, functools.partial(self._offered, session))
+            self.offer_now()
+
+    def offer_now(self) -> None:
+        """Claim offers for every session with room (and no claim in flight): operations
+        handed to the committer just before share the claims' transaction."""
+        now_ms = self.now_ms()
+        for session in list(self._sessions.values()):
+            room = session.room
+            if room > 0 and not session.offering:
+                session.offering = True
+                claim = self._claim(session, room=room, now_ms=now_ms)
+                self.committer.submit(claim, functools.partial(self._offered, session))
+
+    def _claim(self, session: _Session, *, room: int, now_ms: int) -> _ops.Claim:
+        return _ops.offer(
+            session.queue_id,
+            session.capabilities,
+            session.instance_id,
+            room=room,
+            now_ms=now_ms,
+            timing=self._timing,
+            new_id=self._new_id,
+        )
 
     def _offered(self, session: _Session, result: list[Offer] | StoreError) -> None:
         session.offering = False
         if isinstance(result, StoreError):
             logger.warning("hub: %s", result)
             return
-        for offer in result:
+        self._take(session, result)
+        if result and session.room > 0:
+            self.wake()  # there may be more
+
+    def _take(self, session: _Session, offers: list[Offer]) -> None:
+        """Send the session `offers` claimed for it; it holds them from now on."""
+        for offer in offers:
             session.held[offer.attempt_id] = AttemptStatus.OFFERED
             session.send(encode_message(offer))
-        if result:
-            self._sweep_soon(min(offer.offer_deadline_ms for offer in result))
-            if session.room > 0:
-                self.wake()  # there may be more
+        if offers:
+            self._sweep_soon(min(offer.offer_deadline_ms for offer in offers))
 
     # ------------------------------------------------------------ the sweeper
 
@@ -519,6 +573,10 @@ class Hub:
         """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""
         if self._sweep_by is not None:
             self._sweep_by.deadline = min(self._sweep_by.deadline, self._clock.trio_time(due_ms))
+
+
+def _path(request: h11.Request) -> str:
+    return request.target.decode("ascii", "replace").partition("?")[0]
 
 
 async def _write_frames(

@@ -122,6 +122,10 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     ){without_rowid};
     CREATE INDEX receipts_by_age ON receipts (at_ms);
     """,
+    # A listing by state reads only the tasks in that state, not the whole queue.
+    """
+    CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (queue_id, state, created_at_ms);
+    """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
 
@@ -236,6 +240,7 @@ class Tx:
         self._writes: dict[str, dict[object, tuple[object, ...]]] = {}
         """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
         self._notes: list[tuple[object, ...]] = []
+        self._ended: set[str] = set()
 
     def rows(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         self.flush()
@@ -311,12 +316,18 @@ class Tx:
 
     def update_task(self, task: Task) -> None:
         self._tasks[task.task_id] = task
+        if task.state.is_terminal:
+            self._ended.add(task.task_id)
         row = _task_row(task)
         inserted = self._writes.get(_INSERT_TASK, {})
         if task.task_id in inserted:
             inserted[task.task_id] = row
             return
         self._write(_UPDATE_TASK, task.task_id, tuple(row[i] for i in _TASK_UPDATE))
+
+    def ended_tasks(self) -> frozenset[str]:
+        """The tasks this transaction ended (made SUCCEEDED, FAILED or NEEDS_REVIEW)."""
+        return frozenset(self._ended)
 
     def offerable(
         self, queue_id: str, capabilities: Sequence[str], now_ms: int, limit: int
@@ -675,6 +686,12 @@ class Store:
             applied = rows[0][0] if rows else 0
             if not rows:
                 tx.run("INSERT INTO schema_version (version) VALUES (0)")
+            if applied > len(_MIGRATIONS):
+                reason = (
+                    f"its schema is version {applied}, newer than this hub's "
+                    f"({len(_MIGRATIONS)}): run a hub at least as new"
+                )
+                raise StoreError(url=self.name, reason=reason)
             for script in _MIGRATIONS[applied:]:
                 for statement in script.format(
                     serial=serial, blob=blob, without_rowid=without_rowid

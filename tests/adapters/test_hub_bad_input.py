@@ -8,6 +8,7 @@ producer's bad request gets a 4xx naming the field. On SQLite and PostgreSQL.
 from __future__ import annotations
 
 import attrs
+import h11
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import pytest
 import trio
@@ -153,6 +154,57 @@ async def test_producer_requests_need_a_credential_with_the_right(
         ]
     assert [status for status, _ in answers] == [401, 401, 403, 404, 201]
     assert answers[3][1] == {"error": "no queue 'nope'", "field": "queue"}
+
+
+async def test_a_producer_request_is_one_transaction_its_credential_check_included(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        worker_only = rig.credential("q1", Right.WORKER)
+        body = {"handler": "h", "handler_version": "1", "payload_version": "1", "payload": 1}
+        committed = []
+        answers = []
+        for method, target, who, document in [
+            ("POST", "/v1/queues/q1/tasks", token, body),
+            ("POST", "/v1/queues/q1/tasks", worker_only, body),
+            ("POST", "/v1/queues/q1/tasks", None, {"not": "a submission"}),
+            ("GET", "/v1/queues/q1/tasks?state=QUEUED", token, None),
+            ("GET", "/v1/tasks/nope", token, None),
+        ]:
+            await trio.testing.wait_all_tasks_blocked()  # the start-up sweep is done
+            before = rig.hub.committer.batches
+            answers.append(await rig.http(method, target, token=who, body=document))
+            committed.append(rig.hub.committer.batches - before)
+    assert [status for status, _ in answers] == [201, 403, 401, 200, 404]
+    assert committed == [1, 1, 1, 1, 1]
+
+
+async def test_a_producer_connection_serves_request_after_request_until_it_must_close(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        stream = await rig.open_stream()
+        client = h11.Connection(h11.CLIENT)
+        answered = []
+        for target in ("/v1/queues/q1/tasks", "/v1/tasks/nope", "/v1/worker"):
+            headers = [("host", "hub.test"), ("authorization", f"Bearer {token}")]
+            request = h11.Request(method="GET", target=target, headers=headers)
+            await stream.send_all(client.send(request) + client.send(h11.EndOfMessage()))
+            status, keep = 0, b""
+            while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    client.receive_data(bytes(await stream.receive_some()))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                    keep = dict(event.headers).get(b"connection", b"")
+            answered.append((status, keep))
+            if client.their_state is h11.DONE:
+                client.start_next_cycle()
+        closed = await stream.receive_some()
+    assert answered == [(200, b""), (404, b""), (400, b"close")]
+    assert closed == b""  # the worker's path wants a connection of its own
 
 
 BAD_SUBMISSIONS = {

@@ -24,6 +24,7 @@ from blockx.hub.protocol import (
     Granted,
     Heartbeat,
     OpenSession,
+    Recorded,
     RefusalCode,
     Refused,
     Resume,
@@ -333,6 +334,85 @@ async def test_a_worker_is_offered_no_more_than_its_capacity(
             worker.offers.clear()
             await worker.listen(2)
             assert worker.offers == []
+
+
+async def test_a_task_submitted_to_a_waiting_worker_is_offered_in_the_submissions_commit(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        async with rig.worker(token, capacity=1) as worker:
+            await trio.testing.wait_all_tasks_blocked()
+            before = rig.hub.committer.batches
+            task = await rig.submit(token, payload={"n": 1})
+            offer = await worker.offer()
+            committed = rig.hub.committer.batches - before
+    assert offer.task_id == task["task_id"]
+    assert committed == 1
+
+
+async def test_the_offer_that_takes_a_finished_attempts_place_shares_the_finishs_commit(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        for n in range(3):
+            await rig.submit(token, payload={"n": n})
+        async with rig.worker(token, capacity=1) as worker:
+            first = await worker.claim()
+            await trio.testing.wait_all_tasks_blocked()
+            before = rig.hub.committer.batches
+            finish = worker.finish_message(first, Succeeded(result="0"))
+            await worker.send(finish)
+            recorded = await worker.answer(finish.message_id)
+            second = await worker.offer()
+            committed = rig.hub.committer.batches - before
+            await worker.listen(1)
+            more = list(worker.offers)
+            late = await worker.request(worker.finish_message(first, Succeeded(result="0")))
+            await worker.listen(1)
+    assert recorded == Recorded(
+        reply_to=finish.message_id, attempt_id=first.attempt_id, disposition=Disposition.ACCEPTED
+    )
+    assert second.payload == '{"n":1}'
+    assert committed == 1
+    assert more == []  # capacity 1: the place was filled once
+    assert late == Recorded(
+        reply_to=late.reply_to, attempt_id=first.attempt_id, disposition=Disposition.EVIDENCE_ONLY
+    )
+    assert worker.offers == []  # evidence frees no place
+
+
+async def test_a_reader_waiting_for_a_task_is_answered_by_the_commit_that_ends_it(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        waited = await rig.submit(token, payload={"n": 1})
+        never = await rig.submit(token, payload={"n": 2}, handler="nobody")
+        answers: dict[str, tuple[float, dict[str, object]]] = {}
+
+        async def read(name: str, task_id: str, wait_ms: int) -> None:
+            target = f"/v1/tasks/{task_id}?wait_ms={wait_ms}"
+            status, task = await rig.http("GET", target, token=token)
+            assert status == 200
+            answers[name] = (trio.current_time(), task)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, "waited", waited["task_id"], 10_000)
+            nursery.start_soon(read, "never", never["task_id"], 3_000)
+            async with rig.worker(token) as worker:
+                offer = await worker.claim()
+                await trio.sleep(2)
+                await worker.finish(offer, Succeeded(result='"done"'))
+        bad = await rig.http("GET", f"/v1/tasks/{never['task_id']}?wait_ms=30001", token=token)
+        nobody = await rig.http("GET", f"/v1/tasks/{never['task_id']}?wait_ms=1")
+    assert answers["waited"][0] == 2.0  # the finish's commit, not a poll later
+    assert answers["waited"][1]["state"] == "SUCCEEDED"
+    assert answers["never"][0] == 3.0
+    assert answers["never"][1]["state"] == "QUEUED"
+    assert (bad[0], bad[1]["field"]) == (400, "wait_ms")
+    assert nobody[0] == 401
 
 
 async def test_an_offer_not_started_in_time_is_withdrawn_and_offered_again(

@@ -3,9 +3,11 @@ of a failing operation, and several hubs claiming from one PostgreSQL database."
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from blockx.hub import Idempotency, StoreError, Submission, Submitted, create_qu
 from blockx.hub._committer import Committer
 from blockx.hub._ops import offer
 from blockx.hub._rules import Timing
-from blockx.hub._store import Store, Tx
+from blockx.hub._store import _MIGRATIONS, Store, Tx
 from blockx.hub.protocol import Capability, Offer
 
 CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")
@@ -52,10 +54,47 @@ def test_opening_a_database_again_migrates_nothing_twice(hub_url: str) -> None:
     first.close()
     again = Store(hub_url)
     try:
-        assert again.read(schema_version) == 1
+        assert again.read(schema_version) == len(_MIGRATIONS)
         assert again.read(lambda tx: tx.queues()) == ["q"]
     finally:
         again.close()
+
+
+def test_a_database_of_an_older_schema_is_taken_to_the_newest(tmp_path: Path) -> None:
+    path = str(tmp_path / "hub.sqlite3")
+    first = Store(path)
+    queue_tasks(first, 1)
+    first.read(lambda tx: tx.run("DROP INDEX tasks_by_state"))
+    first.read(lambda tx: tx.run("UPDATE schema_version SET version = 1"))
+    first.close()
+    again = Store(path)
+    try:
+        assert again.read(schema_version) == len(_MIGRATIONS)
+        assert again.read(lambda tx: tx.queues()) == ["q"]
+        plan = again.read(
+            lambda tx: tx.rows(
+                "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE queue_id = ? AND state = ? "
+                "ORDER BY created_at_ms LIMIT 1",
+                "q",
+                "QUEUED",
+            )
+        )
+    finally:
+        again.close()
+    assert "tasks_by_state" in repr(plan)  # a listing by state skips the queue's other tasks
+
+
+def test_a_database_of_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
+    path = str(tmp_path / "hub.sqlite3")
+    first = Store(path)
+    queue_tasks(first, 1)
+    newer = len(_MIGRATIONS) + 1
+    first.read(lambda tx: tx.run("UPDATE schema_version SET version = ?", newer))
+    first.close()
+    with pytest.raises(StoreError, match=f"schema is version {newer}, newer than this hub's"):
+        Store(path)
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("SELECT version FROM schema_version").fetchall() == [(newer,)]
 
 
 def test_sqlite_commits_durably(tmp_path: Path) -> None:

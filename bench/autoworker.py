@@ -1,0 +1,432 @@
+"""Automatic workers end to end: tasks/s and submit-to-result latency, beside the bare submit.
+
+    uv run python bench/autoworker.py [--tasks 5000] [--latency-tasks 200] [--clients 32]
+                                      [--workers 2] [--capacity 8] [--hub-env NAME=VALUE ...]
+
+One run starts a `python -m blockx hub` process on a fresh SQLite file in a
+temporary directory (the default store: WAL, synchronous=FULL) and WORKERS
+processes of this script in `--worker` mode, each one automatic `Worker` of
+capacity CAPACITY whose handler returns its payload. This process is the
+producer, over HTTP: `HubClient`'s requests on connections kept open between
+requests while the hub keeps them (HTTP/1.1 keep-alive), unless said. After a
+warm-up of 200 tasks:
+
+* hub_submits_per_s (baseline): TASKS submissions to a queue no worker serves,
+  from CLIENTS concurrent clients, first request -> last answer: the rate the
+  hub takes tasks at, with nothing else to do; hub_submits_fresh_per_s: as
+  many with a new connection for each request (as `HubClient` makes them).
+* auto_tasks_per_s: TASKS submissions from CLIENTS concurrent clients, first
+  request -> the moment the queue's listing shows none of them QUEUED, OFFERED
+  or RUNNING (polled every 10 ms once the last submission was answered); each of
+  them must have SUCCEEDED. auto_to_submit_ratio: the first over the second.
+  hub_cpu_ms_per_task, worker_cpu_ms_per_task: the CPU the hub process and the
+  worker processes (together) used over that phase, per task (from /proc).
+* submit_p50_ms (baseline): one submission at a time, request -> answer.
+* sqlite_commit_p50_ms (baseline): one row committed per transaction, one after
+  another, to a SQLite file beside the hub's with its settings (WAL,
+  synchronous=FULL): what one durable step costs on this disk now. A task's
+  way takes at least three (submitted, started, finished).
+* auto_latency_p50_ms, auto_latency_p99_ms: LATENCY_TASKS tasks one at a time,
+  each timed from just before its submission to the answer of
+  `GET /v1/tasks/{id}?wait_ms=10000` that shows it SUCCEEDED (a hub that does
+  not know `wait_ms` answers at once, and the reader asks again);
+  auto_latency_to_commit_ratio: its p50 over sqlite_commit_p50_ms.
+  auto_latency_polled_p50_ms: as many more, read by plain GETs back to back.
+
+Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
+Targets (2 cores): auto_tasks_per_s >= 1,000 and auto_latency_p50_ms <= 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import h11
+import trio
+
+from blockx.autoworker import (
+    Capability,
+    HubClient,
+    HubRequestFailed,
+    Worker,
+    WorkerExecution,
+    WorkerHandler,
+    WorkerOptions,
+)
+from blockx.hub import ANY_QUEUE, Right, Store, TaskState, create_credential, create_queue
+
+QUEUE: Final = "bench"
+IDLE_QUEUE: Final = "bench-idle"
+"""Where the baseline's submissions go: no worker serves it, so they just queue."""
+CAPABILITY: Final = Capability(handler="bench.echo", handler_version="1", payload_version="1")
+WARM_UP_TASKS: Final = 200
+LIVE: Final = (TaskState.QUEUED, TaskState.OFFERED, TaskState.RUNNING)
+DONE_POLL_S: Final = 0.01
+IDLE_S: Final = 5.0
+WAIT_MS: Final = 10_000
+START_TIMEOUT_S: Final = 30.0
+PHASE_TIMEOUT_S: Final = 600.0
+
+
+def result(name: str, value: float, digits: int = 0) -> None:
+    print(f"RESULT name={name} value={value:.{digits}f}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# ------------------------------------------------------------------------ the worker
+
+
+async def echo(execution: WorkerExecution) -> Any:
+    return execution.payload
+
+
+async def work(url: str, capacity: int) -> None:
+    """`--worker` mode: one automatic worker until SIGTERM, then its drain; prints its counts."""
+    client = HubClient(url=url, credential=os.environ["BENCH_HUB_CREDENTIAL"])
+    options = WorkerOptions(
+        queue_id=QUEUE,
+        capacity=capacity,
+        handlers=[WorkerHandler(capability=CAPABILITY, handle=echo)],
+    )
+    worker = Worker(client, options)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            print("worker running", flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+    stats = worker.stats()
+    print(
+        f"worker started={stats.started} confirmed={stats.reports_confirmed} "
+        f"reconnects={stats.reconnects} running={stats.running}",
+        flush=True,
+    )
+
+
+# ------------------------------------------------------------------------ processes
+
+
+async def open_logged(
+    command: list[str], env: dict[str, str], ready: bytes, log: Path
+) -> trio.Process:
+    """Start `command` with its stdout and stderr in `log`; wait until `ready` is there."""
+    with log.open("wb") as sink:
+        process = await trio.lowlevel.open_process(
+            command, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, env=env
+        )
+    with trio.move_on_after(START_TIMEOUT_S):
+        while ready not in log.read_bytes():
+            if process.poll() is not None:
+                break
+            await trio.sleep(0.02)
+    if ready not in log.read_bytes():
+        process.kill()
+        raise SystemExit(f"{command[1:4]} did not start:\n{log.read_text(errors='replace')}")
+    return process
+
+
+async def stop(process: trio.Process, timeout_s: float = 30.0) -> None:
+    process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(timeout_s):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+# ------------------------------------------------------------------------ producers
+
+
+@attrs.frozen(kw_only=True)
+class PooledClient(HubClient):
+    """`HubClient` whose requests reuse connections the hub kept open (HTTP/1.1 keep-alive);
+    one idle for longer than `IDLE_S` is not reused (the hub closes them after 10 s)."""
+
+    idle: list[tuple[float, trio.abc.Stream, h11.Connection]] = attrs.field(
+        factory=list, init=False, repr=False, eq=False
+    )
+
+    async def request(self, method: str, target: str, body: Any = None) -> Any:
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = [
+            ("host", f"{self.host}:{self.port}"),
+            ("authorization", f"Bearer {self.credential}"),
+            ("content-type", "application/json"),
+            ("content-length", str(len(data))),
+        ]
+        stream, connection = await self._connection()
+        status, content = 0, bytearray()
+        try:
+            await stream.send_all(
+                connection.send(h11.Request(method=method, target=target, headers=headers))
+                + connection.send(h11.Data(data=data))
+                + connection.send(h11.EndOfMessage())
+            )
+            while not isinstance(event := connection.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    connection.receive_data(bytes(await stream.receive_some()))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    content += event.data
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
+            connection.start_next_cycle()
+            self.idle.append((time.monotonic(), stream, connection))
+        else:
+            await stream.aclose()
+        answer = json.loads(content) if content else None
+        if status >= 300:
+            raise HubRequestFailed(status=status, body=answer)
+        return answer
+
+    async def _connection(self) -> tuple[trio.abc.Stream, h11.Connection]:
+        while self.idle:
+            used_at, stream, connection = self.idle.pop()
+            if time.monotonic() - used_at < IDLE_S:
+                return stream, connection
+            await stream.aclose()
+        return await self.open_stream(), h11.Connection(h11.CLIENT)
+
+    async def aclose(self) -> None:
+        while self.idle:
+            await self.idle.pop()[1].aclose()
+
+
+async def submit_all(
+    client: HubClient, queue_id: str, capability: Capability, count: int, clients: int
+) -> list[str]:
+    """`count` submissions from `clients` concurrent clients; the task ids."""
+    ids: list[str] = []
+    numbers = iter(range(count))
+
+    async def one_client() -> None:
+        for n in numbers:
+            task = await client.submit(queue_id, capability, {"n": n})
+            ids.append(task["task_id"])
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(one_client)
+    return ids
+
+
+async def live_tasks(client: HubClient, queue_id: str) -> bool:
+    """Whether the queue's listing shows any task not ended yet."""
+    for state in LIVE:
+        listed = await client.request("GET", f"/v1/queues/{queue_id}/tasks?state={state}&limit=1")
+        if listed["tasks"]:
+            return True
+    return False
+
+
+async def through_workers(client: HubClient, count: int, clients: int) -> float:
+    """Seconds from the first of `count` submissions to none of them left to run."""
+    started = time.perf_counter()
+    await submit_all(client, QUEUE, CAPABILITY, count, clients)
+    while await live_tasks(client, QUEUE):
+        await trio.sleep(DONE_POLL_S)
+    return time.perf_counter() - started
+
+
+async def submit_rate(client: HubClient, count: int, clients: int) -> float:
+    """Submissions per second to the queue no worker serves."""
+    started = time.perf_counter()
+    await submit_all(client, IDLE_QUEUE, CAPABILITY, count, clients)
+    return count / (time.perf_counter() - started)
+
+
+async def submit_latencies(client: HubClient, count: int) -> list[float]:
+    latencies = []
+    for n in range(count):
+        started = time.perf_counter()
+        await client.submit(IDLE_QUEUE, CAPABILITY, {"n": n})
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+async def task_latencies(client: HubClient, count: int, wait_ms: int) -> list[float]:
+    """Submission -> SUCCEEDED visible to the producer, one task at a time, in ms."""
+    latencies = []
+    for n in range(count):
+        started = time.perf_counter()
+        task = await client.submit(QUEUE, CAPABILITY, {"n": n})
+        while task["state"] != TaskState.SUCCEEDED:
+            if task["state"] in (TaskState.FAILED, TaskState.NEEDS_REVIEW):
+                raise SystemExit(f"a task ended {task['state']}: {json.dumps(task)}")
+            task = await client.request("GET", f"/v1/tasks/{task['task_id']}?wait_ms={wait_ms}")
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def commit_latencies(path: Path, count: int) -> list[float]:
+    """Milliseconds per one-row transaction, WAL and synchronous=FULL as the hub."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("CREATE TABLE rows (row_id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("INSERT INTO rows (value) VALUES (?)", ('{"n":1}',))
+        connection.execute("COMMIT")
+        latencies.append((time.perf_counter() - started) * 1000)
+    connection.close()
+    return latencies
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# ------------------------------------------------------------------------ the run
+
+
+def prepare(db: Path) -> str:
+    store = Store(str(db))
+    try:
+        for queue_id in (QUEUE, IDLE_QUEUE):
+            create_queue(store, queue_id, 0)
+        return create_credential(store, ANY_QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
+    finally:
+        store.close()
+
+
+def counts(db: Path) -> dict[str, int]:
+    store = Store(str(db))
+    try:
+        rows = store.read(
+            lambda tx: tx.rows(
+                "SELECT state, COUNT(*) FROM tasks WHERE queue_id = ? GROUP BY state", QUEUE
+            )
+        )
+        return {state: int(count) for state, count in rows}
+    finally:
+        store.close()
+
+
+async def run(args: argparse.Namespace, directory: Path) -> None:
+    db = directory / "hub.sqlite3"
+    token = prepare(db)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    hub_env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
+    hub_env.update(LOG_FORMAT="text", **dict(pair.split("=", 1) for pair in args.hub_env))
+    hub = await open_logged(
+        [sys.executable, "-m", "blockx", "hub", "--db", str(db), "--listen", f"127.0.0.1:{port}"],
+        hub_env,
+        b"listening on",
+        directory / "hub.log",
+    )
+    worker_env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
+    workers = [
+        await open_logged(
+            [sys.executable, __file__, "--worker", url, "--capacity", str(args.capacity)],
+            worker_env,
+            b"worker running",
+            directory / f"worker{n}.log",
+        )
+        for n in range(args.workers)
+    ]
+    client = PooledClient(url=url, credential=token)
+    try:
+        with trio.fail_after(PHASE_TIMEOUT_S):
+            await through_workers(client, WARM_UP_TASKS, args.clients)
+            fresh = HubClient(url=url, credential=token)
+            fresh_per_s = await submit_rate(fresh, args.tasks, args.clients)
+            submits_per_s = await submit_rate(client, args.tasks, args.clients)
+            cpu_before = [cpu_seconds(process.pid) for process in (hub, *workers)]
+            seconds = await through_workers(client, args.tasks, args.clients)
+            cpu = [cpu_seconds(p.pid) - c for p, c in zip((hub, *workers), cpu_before, strict=True)]
+            submit_ms = await submit_latencies(client, args.latency_tasks)
+            commit_ms = commit_latencies(directory / "floor.sqlite3", args.latency_tasks)
+            task_ms = await task_latencies(client, args.latency_tasks, WAIT_MS)
+            polled_ms = await task_latencies(client, args.latency_tasks, 0)
+    finally:
+        await client.aclose()
+        for process in workers:
+            await stop(process)
+        await stop(hub)
+    for n in range(args.workers):
+        lines = (directory / f"worker{n}.log").read_text().splitlines()
+        print(f"# worker {n}: {lines[-1] if lines else '(no output)'}", file=sys.stderr)
+    found = counts(db)
+    expected = WARM_UP_TASKS + args.tasks + 2 * args.latency_tasks
+    if found != {TaskState.SUCCEEDED: expected}:
+        raise SystemExit(f"tasks by state after the run: {found}; expected {expected} SUCCEEDED")
+    auto_per_s = args.tasks / seconds
+    result("hub_submits_fresh_per_s", fresh_per_s)
+    result("hub_submits_per_s", submits_per_s)
+    result("auto_tasks_per_s", auto_per_s)
+    result("auto_to_submit_ratio", auto_per_s / submits_per_s, 2)
+    result("hub_cpu_ms_per_task", cpu[0] * 1000 / args.tasks, 2)
+    result("worker_cpu_ms_per_task", sum(cpu[1:]) * 1000 / args.tasks, 2)
+    result("submit_p50_ms", statistics.median(submit_ms), 2)
+    result("sqlite_commit_p50_ms", statistics.median(commit_ms), 2)
+    result("auto_latency_p50_ms", statistics.median(task_ms), 2)
+    result("auto_latency_p99_ms", percentile(task_ms, 0.99), 2)
+    result(
+        "auto_latency_to_commit_ratio", statistics.median(task_ms) / statistics.median(commit_ms), 1
+    )
+    result("auto_latency_polled_p50_ms", statistics.median(polled_ms), 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=5_000)
+    parser.add_argument("--latency-tasks", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--capacity", type=int, default=8)
+    parser.add_argument(
+        "--hub-env", action="append", default=[], metavar="NAME=VALUE", help="e.g. HUB_POLL_MS=50"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the directory (logs, database)")
+    parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        trio.run(work, args.worker, args.capacity)
+        return
+    directory = Path(tempfile.mkdtemp(prefix="blockx-bench-autoworker-"))
+    try:
+        trio.run(run, args, directory)
+    finally:
+        if args.keep:
+            print(f"# kept {directory}", file=sys.stderr)
+        else:
+            for path in sorted(directory.iterdir()):
+                path.unlink()
+            directory.rmdir()
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, Final, TypeAlias
+from typing import Any, TypeAlias
 
 import trio
 import trio_asyncio
@@ -254,9 +254,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-THREAD_STOP_TIMEOUT_S: Final = 5.0
-
-
 class GrpcFrontEnd:
     """Owns the grpclib `Server` and the health status; Trio-facing methods."""
 
@@ -363,15 +360,6 @@ class GrpcFrontEnd:
             await self._thread.close()
         finally:
             self.unpin()
-
-    def release(self) -> None:
-        """What a worker ended by cancellation (never `stop`ped) must still give back:
-        its loop thread, and the CPUs the Trio thread was pinned away from."""
-        if self._thread is not None:
-            server = self._server
-            close = server.close if server is not None else lambda: None
-            self._thread.stop_now(THREAD_STOP_TIMEOUT_S, first=close)
-        self.unpin()
 
     def unpin(self) -> None:
         """Give the Trio thread back every CPU (see `pinLoopThreads`); once is enough."""

@@ -192,6 +192,13 @@ class _Server(Server):
     def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._max_message_bytes = max_message_bytes
+        self._transports: set[asyncio.Transport] = set()
+        """Connections open now: grpclib's `close` leaves them to their clients."""
+
+    def abort_connections(self) -> None:
+        """End every connection still open, so that the loop can close after the grace."""
+        for transport in list(self._transports):
+            transport.abort()
 
     def _protocol_factory(self) -> H2Protocol:
         # grpclib's own factory, with our handler and protocol in place of its own.
@@ -205,8 +212,20 @@ class _Server(Server):
         )
         self._handlers.add(handler)
         protocol = Http2Protocol(handler, self._config, self._h2_config)
-        made = protocol.connection_made
-        protocol.connection_made = lambda transport: made(_CorkedTransport(transport))  # type: ignore[method-assign,arg-type]
+        made, lost = protocol.connection_made, protocol.connection_lost
+        opened: list[asyncio.Transport] = []
+
+        def connection_made(transport: asyncio.Transport) -> None:
+            opened.append(transport)
+            self._transports.add(transport)
+            made(_CorkedTransport(transport))  # type: ignore[arg-type]
+
+        def connection_lost(error: BaseException | None) -> None:
+            self._transports.difference_update(opened)
+            lost(error)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign,assignment]
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
         return protocol
 
 
@@ -281,7 +300,7 @@ class GrpcFrontEnd:
             _keepalive_permit_without_calls=True,
             _http2_max_pings_without_data=0,
         )
-        self._server: Server | None = None
+        self._server: _Server | None = None
         self._loop_setting = settings.loop
         self._pin_loop_threads = settings.pin_loop_threads
         self._unpin: Callable[[], None] | None = None
@@ -354,9 +373,14 @@ class GrpcFrontEnd:
                 server.close()
                 await server.wait_closed()
 
+        async def abort() -> None:  # what outlived the grace: the loop cannot close with it
+            if server is not None:
+                server.abort_connections()
+
         try:
             with trio.move_on_after(grace_s):
                 await self._thread.run(close)
+            await self._thread.run(abort)
             await self._thread.close()
         finally:
             self.unpin()

@@ -69,6 +69,8 @@ DURATION_MS = 8_000
 """How long clients make requests (and faults are injected), by default."""
 RERUN = "BLOCKX_SIM_SEED={seed} uv run pytest tests/sim -k test_replay"
 PROBE_TASK_ID = "probe"
+PROBE_READY_WAIT_MS = 60_000
+"""How long the probe waits for a worker with no executor up (the pool restarting one)."""
 TASK_DEADLINE_MS = 60_000
 DRAIN_TIMEOUT_MS = 3_000
 CODE_GAP_MS = 2_000
@@ -414,15 +416,22 @@ async def _probe(world: World, slot_table: Inbox[SlotTableMessage]) -> None:
         spec=spec, call_count=2, short_timeout=False, plugin_fails=False, plugin_delay_ms=0
     )
     world.tasks[PROBE_TASK_ID] = record
-    try:
-        answer: TaskSnapshot = await slot_table.ask(
-            lambda reply: SubmitTask(spec=spec, slot_id=None, reply=reply)
-        )
-    except WorkerError as error:
-        world.record("sim", "probe refused", error.code.value)
-        if world.draining_since_ms is None or not isinstance(error, Unavailable):
-            world.violation(f"the probe task was refused: {error!r}")
-        return
+    give_up_ms = world.now_ms() + PROBE_READY_WAIT_MS
+    while True:
+        try:
+            answer: TaskSnapshot = await slot_table.ask(
+                lambda reply: SubmitTask(spec=spec, slot_id=None, reply=reply)
+            )
+            break
+        except WorkerError as error:
+            world.record("sim", "probe refused", error.code.value)
+            restarting = isinstance(error, Unavailable) and not error.ready
+            if restarting and world.draining_since_ms is None and world.now_ms() < give_up_ms:
+                await world.sleep_ms(SETTLE_POLL_MS)  # no executor is up yet: ready soon
+                continue
+            if world.draining_since_ms is None or not isinstance(error, Unavailable):
+                world.violation(f"the probe task was refused: {error!r}")
+            return
     record.accepted_ms = world.now_ms()
     world.record("sim", "probe accepted", answer.state.value)
     if world.draining_since_ms is not None:

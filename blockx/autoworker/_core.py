@@ -38,6 +38,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
+from blockx.autoworker import _outcome
 from blockx.errors import Misuse
 from blockx.hub.protocol import (
     AttemptRef,
@@ -70,7 +71,6 @@ MAX_HEARTBEAT_MS: Final = 5_000
 SETTLED_REMEMBERED: Final = 10_000
 """How many settled attempt ids are remembered, so a repeated offer never runs one twice."""
 MIN_RENEW_MS: Final = 20
-INVALID_HANDLER_RESULT: Final = "INVALID_HANDLER_RESULT"
 
 
 class Phase(enum.Enum):
@@ -183,6 +183,11 @@ class Notice:
     task_id: str = ""
     attempt_id: str = ""
     detail: str = ""
+
+    @classmethod
+    def about(cls, type_: str, offer: Offer, detail: str = "") -> Notice:
+        """A notice about the attempt `offer` made."""
+        return cls(type=type_, task_id=offer.task_id, attempt_id=offer.attempt_id, detail=detail)
 
 
 Command: TypeAlias = Send | RunHandler | SetLease | CancelHandler | Notice
@@ -395,9 +400,13 @@ class WorkerCore:
             commands.append(Notice(type="reconnected"))
 
     def _set_ttl(self, now_ms: int, ttl_ms: int) -> None:
+        self._take_ttl(ttl_ms)
+        self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
+
+    def _take_ttl(self, ttl_ms: int) -> None:
+        """Heartbeats every third of the hub's session TTL, at most `MAX_HEARTBEAT_MS` apart."""
         self.session_ttl_ms = ttl_ms
         self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
-        self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
 
     def _declare(self, commands: list[Command]) -> None:
         """A heartbeat at once when the capacity to declare changed (rule 5)."""
@@ -416,8 +425,7 @@ class WorkerCore:
                 self._on_session_opened(now_ms, message, commands)
             case HeartbeatAck(session_ttl_ms=ttl_ms):
                 if self._link is Link.OPEN:
-                    self.session_ttl_ms = ttl_ms
-                    self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
+                    self._take_ttl(ttl_ms)
             case Offer():
                 self._on_offer(message, commands)
             case Resumed():
@@ -436,24 +444,10 @@ class WorkerCore:
         if known or self._draining:
             return
         if offer.capability not in self._capabilities:
-            commands.append(
-                Notice(
-                    type="offer_ignored",
-                    task_id=offer.task_id,
-                    attempt_id=offer.attempt_id,
-                    detail="capability",
-                )
-            )
+            commands.append(Notice.about("offer_ignored", offer, "capability"))
             return
         if len(self._attempts) >= 2 * self.capacity:
-            commands.append(
-                Notice(
-                    type="offer_ignored",
-                    task_id=offer.task_id,
-                    attempt_id=offer.attempt_id,
-                    detail="full",
-                )
-            )
+            commands.append(Notice.about("offer_ignored", offer, "full"))
             return
         self._attempts[offer.attempt_id] = _Attempt(offer=offer)
 
@@ -504,9 +498,7 @@ class WorkerCore:
         attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
         self.counters.started += 1
         commands.append(RunHandler(offer=attempt.offer, lease_deadline_ms=deadline_ms))
-        commands.append(
-            Notice(type="started", task_id=attempt.offer.task_id, attempt_id=attempt.attempt_id)
-        )
+        commands.append(Notice.about("started", attempt.offer))
 
     def _adopt_lease(
         self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: list[Command]
@@ -529,12 +521,7 @@ class WorkerCore:
                 if attempt.phase is Phase.STARTING:
                     del self._attempts[attempt.attempt_id]  # never ran: nothing to report
                     commands.append(
-                        Notice(
-                            type="start_refused",
-                            task_id=attempt.offer.task_id,
-                            attempt_id=attempt.attempt_id,
-                            detail=message.code.value,
-                        )
+                        Notice.about("start_refused", attempt.offer, message.code.value)
                     )
             case Renew():
                 if message.code is not RefusalCode.NOT_STARTED:
@@ -547,20 +534,14 @@ class WorkerCore:
     ) -> None:
         self._stale_results.discard(attempt.attempt_id)
         if message.code in (RefusalCode.TOO_LARGE, RefusalCode.INVALID_REPORT) and not (
-            isinstance(finish.outcome, Unknown) and finish.outcome.code == INVALID_HANDLER_RESULT
+            isinstance(finish.outcome, Unknown)
+            and finish.outcome.code == _outcome.INVALID_HANDLER_RESULT
         ):
             # Checked before sending, so this is a hub with other limits: report that.
-            self._finish(attempt, Unknown(code=INVALID_HANDLER_RESULT), commands)
+            self._finish(attempt, Unknown(code=_outcome.INVALID_HANDLER_RESULT), commands)
             return
         self._settle(attempt)  # the attempt is over at the hub
-        commands.append(
-            Notice(
-                type="report_refused",
-                task_id=attempt.offer.task_id,
-                attempt_id=attempt.attempt_id,
-                detail=message.code.value,
-            )
-        )
+        commands.append(Notice.about("report_refused", attempt.offer, message.code.value))
 
     def _on_recorded(self, message: Recorded, commands: list[Command]) -> None:
         request = self._pending.pop(message.reply_to, None)
@@ -571,14 +552,7 @@ class WorkerCore:
         self.counters.reports_confirmed += 1
         if message.disposition is Disposition.EVIDENCE_ONLY:
             self.counters.evidence_confirmed += 1
-        commands.append(
-            Notice(
-                type="confirmed",
-                task_id=attempt.offer.task_id,
-                attempt_id=attempt.attempt_id,
-                detail=message.disposition.value,
-            )
-        )
+        commands.append(Notice.about("confirmed", attempt.offer, message.disposition.value))
 
     def _on_drain_ack(self, reply_to: str, commands: list[Command]) -> None:
         if self._pending.pop(reply_to, None) is None:
@@ -601,18 +575,11 @@ class WorkerCore:
             # The lease monitor cancelled it before this machine's own timer came due.
             self._lose(attempt, commands)
         if attempt.phase is Phase.LOST and isinstance(outcome, Unknown):
-            outcome = Unknown(code="LEASE_LOST")
+            outcome = _outcome.lease_lost()
         self._finish(attempt, outcome, commands)
         kind = type(outcome).__name__.upper()
         code = getattr(outcome, "code", "")
-        commands.append(
-            Notice(
-                type="returned",
-                task_id=attempt.offer.task_id,
-                attempt_id=attempt_id,
-                detail=f"{kind}/{code}" if code else kind,
-            )
-        )
+        commands.append(Notice.about("returned", attempt.offer, f"{kind}/{code}" if code else kind))
 
     def _finish(self, attempt: _Attempt, outcome: Outcome, commands: list[Command]) -> None:
         attempt.phase = Phase.FINISHING
@@ -643,13 +610,7 @@ class WorkerCore:
                 attempt.phase = Phase.LOST
                 attempt.renew_due_ms = None
                 commands.append(CancelHandler(attempt_id=attempt.attempt_id))
-                commands.append(
-                    Notice(
-                        type="lease_lost",
-                        task_id=attempt.offer.task_id,
-                        attempt_id=attempt.attempt_id,
-                    )
-                )
+                commands.append(Notice.about("lease_lost", attempt.offer))
             case Phase.OFFERED | Phase.STARTING:
                 del self._attempts[attempt.attempt_id]
             case Phase.LOST | Phase.FINISHING:

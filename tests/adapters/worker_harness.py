@@ -174,6 +174,11 @@ class Harness:
         result: T = await trio_asyncio.aio_as_trio(method)(*args)
         return result
 
+    async def watch(self, *task_ids: str) -> list[pb.TaskUpdate]:
+        """Every update of a watch on `task_ids`, until all of them ended."""
+        stream = self.stub.watch_tasks(pb.WatchTasksRequest(task_ids=list(task_ids)))
+        return [update async for update in trio_asyncio.aio_as_trio(stream)]
+
 
 def worker_config(**overrides: object) -> WorkerConfig:
     values: dict[str, object] = {

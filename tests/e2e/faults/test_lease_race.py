@@ -33,13 +33,7 @@ async def submit(worker: Harness, task_id: str, slot_id: str, into: dict[str, ob
 
 
 async def terminal_updates(worker: Harness, task_id: str) -> list[pb.TaskUpdate]:
-    stream = worker.stub.watch_tasks(pb.WatchTasksRequest(task_ids=[task_id]))
-    updates = await worker.call(_collect, stream)
-    return [update for update in updates if update.is_terminal]
-
-
-async def _collect(stream: object) -> list[pb.TaskUpdate]:
-    return [update async for update in stream]  # type: ignore[attr-defined]
+    return [update for update in await worker.watch(task_id) if update.is_terminal]
 
 
 @pytest.mark.parametrize("steps", [0, 3, 6, 10, 20, None])

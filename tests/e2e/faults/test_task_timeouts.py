@@ -18,7 +18,7 @@ from blockx._proto.blockx.worker import v1 as pb
 from blockx.calls import CallSpec
 from blockx.phases import builders
 from blockx.phases.builders import BuildRequest
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import call_list_task, running_worker, worker_config
 
 TIMEOUT_MS = 1_000
 SLOW_S = 3_600
@@ -58,15 +58,6 @@ def slow_plugin_task() -> pb.TaskSpec:
     )
 
 
-async def updates_of(worker: Harness, task_id: str) -> list[pb.TaskUpdate]:
-    stream = worker.stub.watch_tasks(pb.WatchTasksRequest(task_ids=[task_id]))
-    return await worker.call(_collect, stream)
-
-
-async def _collect(stream: object) -> list[pb.TaskUpdate]:
-    return [update async for update in stream]  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize(
     ("make", "phase"),
     [
@@ -90,12 +81,12 @@ async def test_the_task_deadline_ends_each_phase_once_and_on_time(
     async with running_worker(config) as worker:
         started = trio.current_time()
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=make()))
-        updates = await updates_of(worker, "slow")
+        updates = await worker.watch("slow")
         ended_after_s = trio.current_time() - started
         status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
         after = call_list_task("after", ("demo.add", [2, 2]))
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=after))
-        served = [u for u in await updates_of(worker, "after") if u.is_terminal]
+        served = [u for u in await worker.watch("after") if u.is_terminal]
         cancelled_calls = list(worker.calls.cancelled)
 
     terminal = [update for update in updates if update.is_terminal]

@@ -43,9 +43,13 @@ class ServeProcess:
     logged: trio.Event
     """Replaced by a fresh event, after being set, whenever a line is logged."""
 
-    async def wait_for_line(self, text: str) -> None:
-        """Until the worker has logged a line containing `text`."""
-        while not any(text in line for line in self.log):
+    async def wait_for_line(self, text: str, start: int = 0) -> int:
+        """Until the worker has logged a line containing `text` (from line `start` on);
+        that line's index."""
+        while True:
+            for index in range(start, len(self.log)):
+                if text in self.log[index]:
+                    return index
             await self.logged.wait()
 
     async def call(self, method: object, request: object) -> object:

@@ -72,15 +72,6 @@ def backing_off(worker: ServeProcess) -> set[str]:
     return {executor for executor in EXECUTORS if f"executor {executor} restarted" in log}
 
 
-async def line_after(worker: ServeProcess, start: int, text: str) -> int:
-    """The index of the first line from `start` on containing `text`, once logged."""
-    while True:
-        for index in range(start, len(worker.log)):
-            if text in worker.log[index]:
-                return index
-        await worker.logged.wait()
-
-
 async def test_spent_restart_budgets_make_the_worker_not_ready_until_the_back_off_ends(
     tmp_path: Path,
 ) -> None:
@@ -107,7 +98,7 @@ async def test_spent_restart_budgets_make_the_worker_not_ready_until_the_back_of
                 results.append(await terminal(worker, task_id))
             # The readiness change that follows the later back-off.
             last_off = max(i for i, line in enumerate(worker.log) if "restarted" in line)
-            down = await line_after(worker, last_off, "no executor is up")
+            down = await worker.wait_for_line("no executor is up", last_off)
             down_health = await health(worker)
             down_status = await worker.call(
                 worker.stub.get_worker_status, pb.GetWorkerStatusRequest()
@@ -121,7 +112,7 @@ async def test_spent_restart_budgets_make_the_worker_not_ready_until_the_back_of
             else:
                 raise AssertionError("a reservation was admitted while no executor was up")
 
-            await line_after(worker, down, "an executor is up again")
+            await worker.wait_for_line("an executor is up again", down)
             up_health = await health(worker)
             await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task("t", "ok")))
             served = await terminal(worker, "t")

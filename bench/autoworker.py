@@ -20,7 +20,8 @@ warm-up of 200 tasks:
   or RUNNING (polled every 10 ms once the last submission was answered); each of
   them must have SUCCEEDED. auto_to_submit_ratio: the first over the second.
   hub_cpu_ms_per_task, worker_cpu_ms_per_task: the CPU the hub process and the
-  worker processes (together) used over that phase, per task (from /proc).
+  worker processes (together) used over that phase, per task (from /proc);
+  producer_cpu_ms_per_task: this process's.
 * submit_p50_ms (baseline): one submission at a time, request -> answer.
 * sqlite_commit_p50_ms (baseline): one row committed per transaction, one after
   another, to a SQLite file beside the hub's with its settings (WAL,
@@ -40,6 +41,7 @@ Targets (2 cores): auto_tasks_per_s >= 1,000 and auto_latency_p50_ms <= 10.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -50,8 +52,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import h11
@@ -67,6 +70,8 @@ from blockx.autoworker import (
     WorkerOptions,
 )
 from blockx.hub import ANY_QUEUE, Right, Store, TaskState, create_credential, create_queue
+
+T = TypeVar("T")
 
 QUEUE: Final = "bench"
 IDLE_QUEUE: Final = "bench-idle"
@@ -303,6 +308,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def with_cpu(phase: Awaitable[T], pids: list[int]) -> tuple[T, list[float]]:
+    """What `phase` returns, and the CPU seconds each of `pids`, then this process, used."""
+    before = [cpu_seconds(pid) for pid in pids] + [time.process_time()]
+    value = await phase
+    after = [cpu_seconds(pid) for pid in pids] + [time.process_time()]
+    return value, [b - a for a, b in zip(before, after, strict=True)]
+
+
+@contextlib.contextmanager
+def profiled(output: str | None, pid: int) -> Iterator[None]:
+    """Samples process PID with py-spy (collapsed stacks to OUTPUT) while the block runs."""
+    if output is None:
+        yield
+        return
+    command = ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--output", output]
+    with subprocess.Popen([*command, "--rate", "250"], stdout=subprocess.DEVNULL) as spy:
+        time.sleep(0.5)  # py-spy attaches
+        try:
+            yield
+        finally:
+            spy.send_signal(signal.SIGINT)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -357,6 +385,7 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
         )
         for n in range(args.workers)
     ]
+    pids = [process.pid for process in workers]
     client = PooledClient(url=url, credential=token)
     try:
         with trio.fail_after(PHASE_TIMEOUT_S):
@@ -364,9 +393,10 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
             fresh = HubClient(url=url, credential=token)
             fresh_per_s = await submit_rate(fresh, args.tasks, args.clients)
             submits_per_s = await submit_rate(client, args.tasks, args.clients)
-            cpu_before = [cpu_seconds(process.pid) for process in (hub, *workers)]
-            seconds = await through_workers(client, args.tasks, args.clients)
-            cpu = [cpu_seconds(p.pid) - c for p, c in zip((hub, *workers), cpu_before, strict=True)]
+            with profiled(args.profile_hub, hub.pid):
+                seconds, cpu = await with_cpu(
+                    through_workers(client, args.tasks, args.clients), [hub.pid, *pids]
+                )
             submit_ms = await submit_latencies(client, args.latency_tasks)
             commit_ms = commit_latencies(directory / "floor.sqlite3", args.latency_tasks)
             task_ms = await task_latencies(client, args.latency_tasks, WAIT_MS)
@@ -389,7 +419,8 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     result("auto_tasks_per_s", auto_per_s)
     result("auto_to_submit_ratio", auto_per_s / submits_per_s, 2)
     result("hub_cpu_ms_per_task", cpu[0] * 1000 / args.tasks, 2)
-    result("worker_cpu_ms_per_task", sum(cpu[1:]) * 1000 / args.tasks, 2)
+    result("worker_cpu_ms_per_task", sum(cpu[1:-1]) * 1000 / args.tasks, 2)
+    result("producer_cpu_ms_per_task", cpu[-1] * 1000 / args.tasks, 2)
     result("submit_p50_ms", statistics.median(submit_ms), 2)
     result("sqlite_commit_p50_ms", statistics.median(commit_ms), 2)
     result("auto_latency_p50_ms", statistics.median(task_ms), 2)
@@ -409,6 +440,9 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=8)
     parser.add_argument(
         "--hub-env", action="append", default=[], metavar="NAME=VALUE", help="e.g. HUB_POLL_MS=50"
+    )
+    parser.add_argument(
+        "--profile-hub", metavar="PATH", help="py-spy's collapsed stacks of the hub in auto phase"
     )
     parser.add_argument("--keep", action="store_true", help="keep the directory (logs, database)")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)

@@ -120,6 +120,10 @@ class Committer:
             operations = [*operations, self._tail.operation()]
         if not self._use_thread:
             results = self.store.run_batch(operations)
+        elif (now := self.store.run_batch_now(operations)) is not None:
+            # SQLite: run here, where the rest of the hub's Python runs anyway (one
+            # interpreter lock); a hand-off to a thread and back costs more than the fsync.
+            results = now
         else:
             # Not abandoned on cancellation: a commit that started is let finish.
             results = await trio.to_thread.run_sync(self.store.run_batch, operations)

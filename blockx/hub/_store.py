@@ -1,10 +1,11 @@
 """The hub's durable state: a SQLite file by default, PostgreSQL by URL.
 
 Owns the schema (and its migrations), the mapping between records and rows,
-and transactions. Every call blocks (file or network IO): the hub runs them
-in a worker thread through its committer, which hands a whole batch of
-operations to `run_batch` to run in one transaction, committed with one
-fsync. A transaction is a unit of work (`Tx`): the rows a batch names are
+and transactions. Every call blocks (file or network IO). The hub's committer
+hands a whole batch of operations to run in one transaction, committed with
+one fsync: on SQLite on the hub's own thread (`run_batch_now`) unless another
+connection holds the write lock, else, and on PostgreSQL, in a worker thread
+(`run_batch`). A transaction is a unit of work (`Tx`): the rows a batch names are
 read in one query per table and its changes written with one statement per
 kind. Nothing here decides anything: the rules do (`_rules`).
 
@@ -20,7 +21,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
@@ -186,6 +187,14 @@ _INSERT_NOTE: Final = (
 _INSERT_RECEIPT: Final = (
     "INSERT INTO receipts (instance_id, message_id, digest, answer, at_ms) VALUES (?, ?, ?, ?, ?)"
 )
+_TABLE_OF: Final = {
+    _INSERT_TASK: "tasks",
+    _UPDATE_TASK: "tasks",
+    _INSERT_ATTEMPT: "attempts",
+    _UPDATE_ATTEMPT: "attempts",
+    _INSERT_RECEIPT: "receipts",
+}
+"""The table each kept write goes to (history notes are kept apart)."""
 CHUNK: Final = 500
 """Keys per IN (...) query (SQLite allows 32,766 parameters; this keeps statements short)."""
 
@@ -219,8 +228,9 @@ class Tx:
     Rows looked up by key (tasks, attempts, receipts) are read once per
     transaction, `prefetch` reading a whole batch's in one query per table,
     and kept; changes are kept too and written together (one `executemany`
-    per statement) when the transaction ends, or before any other query so
-    that every query sees them. On PostgreSQL every row read to be changed is
+    per statement) when the transaction ends, or before a query of their table
+    so that every query sees them. Queues and credentials looked up are kept
+    for the transaction too. On PostgreSQL every row read to be changed is
     locked until the commit.
     """
 
@@ -237,13 +247,19 @@ class Tx:
         self._tasks: dict[str, Task | None] = {}
         self._attempts: dict[str, Attempt | None] = {}
         self._receipts: dict[tuple[str, str], tuple[str, bytes] | None] = {}
+        self._queues: dict[str, bool] = {}
+        self._credentials: dict[str, tuple[Credential, str] | None] = {}
         self._writes: dict[str, dict[object, tuple[object, ...]]] = {}
         """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
         self._notes: list[tuple[object, ...]] = []
         self._ended: set[str] = set()
 
-    def rows(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
-        self.flush()
+    def rows(
+        self, sql: str, *params: object, reads: Collection[str] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """The rows `sql` selects, once the changes kept for the tables it `reads` (all of
+        them when not said) are written."""
+        self.flush(reads)
         rows: list[tuple[Any, ...]] = self._execute(sql, params).fetchall()
         return rows
 
@@ -251,15 +267,12 @@ class Tx:
         self.flush()
         self._execute(sql, params)
 
-    def flush(self) -> None:
-        """Write the changes kept so far."""
-        writes, notes = self._writes, self._notes
-        if not writes and not notes:
-            return
-        self._writes, self._notes = {}, []
-        for sql, rows in writes.items():
-            self._execute_many(sql, list(rows.values()))
-        if notes:
+    def flush(self, tables: Collection[str] | None = None) -> None:
+        """Write the changes kept so far (to `tables`, or to all)."""
+        for sql in [sql for sql in self._writes if tables is None or _TABLE_OF[sql] in tables]:
+            self._execute_many(sql, list(self._writes.pop(sql).values()))
+        if self._notes and (tables is None or "history" in tables):
+            notes, self._notes = self._notes, []
             self._execute_many(_INSERT_NOTE, notes)
 
     def _write(self, sql: str, key: object, row: tuple[object, ...]) -> None:
@@ -285,7 +298,7 @@ class Tx:
         for chunk in _chunks(sorted(task_ids)):
             marks = ", ".join("?" * len(chunk))
             sql = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id IN ({marks}) ORDER BY task_id"
-            for row in self.rows(self._lock(sql), *chunk):
+            for row in self.rows(self._lock(sql), *chunk, reads=("tasks",)):
                 self._tasks[row[0]] = _task(row)
         by_instance: dict[str, list[str]] = {}
         for instance_id, message_id in receipt_keys:
@@ -298,7 +311,8 @@ class Tx:
                     "SELECT message_id, digest, answer FROM receipts "
                     f"WHERE instance_id = ? AND message_id IN ({marks})"
                 )
-                for message_id, kept_digest, answer in self.rows(sql, instance_id, *chunk):
+                rows = self.rows(sql, instance_id, *chunk, reads=("receipts",))
+                for message_id, kept_digest, answer in rows:
                     self._receipts[(instance_id, message_id)] = (kept_digest, bytes(answer))
 
     # --- tasks -------------------------------------------------------------------------
@@ -306,7 +320,7 @@ class Tx:
     def task(self, task_id: str) -> Task | None:
         if task_id not in self._tasks:
             sql = self._lock(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?")
-            rows = self.rows(sql, task_id)
+            rows = self.rows(sql, task_id, reads=("tasks",))
             self._tasks[task_id] = _task(rows[0]) if rows else None
         return self._tasks[task_id]
 
@@ -346,7 +360,7 @@ class Tx:
         found = [
             self._keep_task(row)
             for capability in dict.fromkeys(capabilities)
-            for row in self.rows(sql, queue_id, capability, now_ms, now_ms, limit)
+            for row in self.rows(sql, queue_id, capability, now_ms, now_ms, limit, reads=("tasks",))
         ]
         if len(capabilities) > 1:
             found.sort(key=lambda task: (task.available_at_ms, task.created_at_ms))
@@ -358,7 +372,7 @@ class Tx:
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND deadline_at_ms <= ? "
             "ORDER BY deadline_at_ms LIMIT ?"
         )
-        rows = self.rows(self._lock(sql, skip_locked=True), now_ms, limit)
+        rows = self.rows(self._lock(sql, skip_locked=True), now_ms, limit, reads=("tasks",))
         return [self._keep_task(row) for row in rows]
 
     def _keep_task(self, row: Sequence[Any]) -> Task:
@@ -370,7 +384,7 @@ class Tx:
         where = "queue_id = ?" + (" AND state = ?" if state else "")
         params: tuple[object, ...] = (queue_id, state) if state else (queue_id,)
         sql = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE {where} ORDER BY created_at_ms LIMIT ?"
-        return [_task(row) for row in self.rows(sql, *params, limit)]
+        return [_task(row) for row in self.rows(sql, *params, limit, reads=("tasks",))]
 
     # --- attempts ----------------------------------------------------------------------
 
@@ -386,11 +400,12 @@ class Tx:
             f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id IN ({marks}) "
             "ORDER BY attempt_id"
         )
-        return [_attempt(row) for row in self.rows(self._lock(sql), *attempt_ids)]
+        rows = self.rows(self._lock(sql), *attempt_ids, reads=("attempts",))
+        return [_attempt(row) for row in rows]
 
     def attempts_of(self, task_id: str) -> list[Attempt]:
         sql = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ? ORDER BY epoch"
-        return [_attempt(row) for row in self.rows(sql, task_id)]
+        return [_attempt(row) for row in self.rows(sql, task_id, reads=("attempts",))]
 
     def due_attempts(self, now_ms: int, limit: int) -> list[Attempt]:
         """Live attempts whose offer or lease has run out, earliest first."""
@@ -398,7 +413,8 @@ class Tx:
             f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state IN ('OFFERED', 'RUNNING') "
             "AND due_at_ms <= ? ORDER BY due_at_ms LIMIT ?"
         )
-        found = [_attempt(r) for r in self.rows(self._lock(sql, skip_locked=True), now_ms, limit)]
+        rows = self.rows(self._lock(sql, skip_locked=True), now_ms, limit, reads=("attempts",))
+        found = [_attempt(row) for row in rows]
         self._attempts.update((attempt.attempt_id, attempt) for attempt in found)
         return found
 
@@ -433,6 +449,7 @@ class Tx:
             "SELECT task_id, at_ms, kind, attempt_id, detail FROM history "
             "WHERE task_id = ? ORDER BY entry_id",
             task_id,
+            reads=("history",),
         )
         return [
             HistoryEntry(task_id=r[0], at_ms=r[1], kind=r[2], attempt_id=r[3], detail=r[4])
@@ -460,10 +477,14 @@ class Tx:
     # --- queues and credentials --------------------------------------------------------
 
     def queue_exists(self, queue_id: str) -> bool:
-        return bool(self.rows("SELECT 1 FROM queues WHERE queue_id = ?", queue_id))
+        if queue_id not in self._queues:
+            sql = "SELECT 1 FROM queues WHERE queue_id = ?"
+            self._queues[queue_id] = bool(self.rows(sql, queue_id, reads=()))
+        return self._queues[queue_id]
 
     def create_queue(self, queue_id: str, now_ms: int) -> None:
         self.run("INSERT INTO queues (queue_id, created_at_ms) VALUES (?, ?)", queue_id, now_ms)
+        self._queues[queue_id] = True
 
     def queues(self) -> list[str]:
         return [row[0] for row in self.rows("SELECT queue_id FROM queues ORDER BY queue_id")]
@@ -479,24 +500,29 @@ class Tx:
             int(credential.revoked),
             now_ms,
         )
+        self._credentials.pop(credential.credential_id, None)
 
     def credential(self, credential_id: str) -> tuple[Credential, str] | None:
-        rows = self.rows(
-            "SELECT credential_id, queue_id, rights, revoked, secret_hash FROM credentials "
-            "WHERE credential_id = ?",
-            credential_id,
-        )
-        if not rows:
-            return None
-        row = rows[0]
-        rights = frozenset(Right(name) for name in row[2].split(",") if name)
-        credential = Credential(
-            credential_id=row[0], queue_id=row[1], rights=rights, revoked=bool(row[3])
-        )
-        return credential, row[4]
+        """The credential and its secret's hash (looked up once per transaction)."""
+        if credential_id not in self._credentials:
+            sql = (
+                "SELECT credential_id, queue_id, rights, revoked, secret_hash FROM credentials "
+                "WHERE credential_id = ?"
+            )
+            rows = self.rows(sql, credential_id, reads=())
+            self._credentials[credential_id] = _credential(rows[0]) if rows else None
+        return self._credentials[credential_id]
 
 
 # ------------------------------------------------------------------------------ rows
+
+
+def _credential(row: Sequence[Any]) -> tuple[Credential, str]:
+    rights = frozenset(Right(name) for name in row[2].split(",") if name)
+    credential = Credential(
+        credential_id=row[0], queue_id=row[1], rights=rights, revoked=bool(row[3])
+    )
+    return credential, row[4]
 
 
 def _task_row(task: Task) -> tuple[object, ...]:
@@ -650,6 +676,24 @@ class Store:
                     raise StoreError(url=self.name, reason=str(error)) from error
                 raise
 
+    def run_batch_now(self, operations: Sequence[Callable[[Tx], T]]) -> list[T] | None:
+        """SQLite: `run_batch`, unless it would wait for the database's write lock (held by
+        another connection): then None, and nothing is done.
+
+        For the caller's own thread when that thread is busy anyway: a batch's
+        operations are Python, and its commit one fsync. None on PostgreSQL, whose
+        queries wait on the network.
+        """
+        if self.postgres:
+            return None
+        with self._lock:
+            try:
+                return self._sqlite_transaction(lambda tx: _run_all(tx, operations), wait=False)
+            except _Busy:
+                return None
+            except sqlite3.Error as error:
+                raise StoreError(url=self.name, reason=str(error)) from error
+
     def read(self, operation: Callable[[Tx], T]) -> T:
         """One operation in its own transaction (for commands and tests)."""
         return self.run_batch([operation])[0]
@@ -661,16 +705,32 @@ class Store:
                 result = work(tx)
                 tx.flush()
                 return result
+        return self._sqlite_transaction(work, wait=True)
+
+    def _sqlite_transaction(self, work: Callable[[Tx], T], *, wait: bool) -> T:
+        """`work` in one transaction; `_Busy` if another connection holds the write lock and
+        not `wait` (else waits for it, up to `BUSY_TIMEOUT_S`)."""
         connection = self._sqlite
-        connection.execute("BEGIN IMMEDIATE")
+        if wait:
+            connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000:.0f}")
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            if not wait and error.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                raise _Busy from error
+            raise
+        finally:
+            if wait:
+                connection.execute("PRAGMA busy_timeout = 0")
         try:
             tx = Tx(connection.execute, connection.executemany, locks=False)
             result = work(tx)
             tx.flush()
+            connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
             raise
-        connection.execute("COMMIT")
         return result
 
     def _migrate(self) -> None:
@@ -708,6 +768,10 @@ class Store:
         self._transaction(migrate)
 
 
+class _Busy(Exception):
+    """Another connection holds the database's write lock."""
+
+
 def _run_all(tx: Tx, operations: Sequence[Callable[[Tx], T]]) -> list[T]:
     tx.prefetch(keys for op in operations if (keys := getattr(op, "keys", None)) is not None)
     return [op(tx) for op in operations]
@@ -717,9 +781,7 @@ def _connect_sqlite(url: str) -> sqlite3.Connection:
     path = url.removeprefix("sqlite:///").removeprefix("sqlite:")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    connection = sqlite3.connect(
-        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-    )
+    connection = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = FULL")
     connection.execute("PRAGMA foreign_keys = ON")

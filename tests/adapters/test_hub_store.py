@@ -9,13 +9,24 @@ import itertools
 import re
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
 
-from blockx.hub import Idempotency, StoreError, Submission, Submitted, create_queue, submit
+from blockx.hub import (
+    Idempotency,
+    Right,
+    StoreError,
+    Submission,
+    Submitted,
+    TaskState,
+    create_queue,
+    submit,
+)
 from blockx.hub._committer import Committer
+from blockx.hub._model import Credential
 from blockx.hub._ops import offer
 from blockx.hub._rules import Timing
 from blockx.hub._store import _MIGRATIONS, Store, Tx
@@ -155,6 +166,65 @@ async def test_a_failing_operation_fails_alone(tmp_path: Path) -> None:
     assert "UNIQUE" in answers[2].reason
     assert answers[3] is None
     assert store.read(lambda tx: tx.queues()) == ["a", "b"]
+    store.close()
+
+
+def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite3"))
+    queue_tasks(store, 2)
+    credential = Credential(credential_id="c1", queue_id="q", rights=frozenset({Right.PRODUCER}))
+
+    def work(tx: Tx) -> tuple[object, ...]:
+        looked_up_before = (tx.credential("c1"), tx.queue_exists("r"))
+        offers = offer(
+            "q", [CAPABILITY], "w", room=1, now_ms=50, timing=TIMING, new_id=lambda: "a1"
+        )(tx)
+        task_id = offers[0].task_id
+        seen = (
+            [task.state for task in tx.tasks_of_queue("q", None, 10)],
+            [attempt.attempt_id for attempt in tx.attempts_of(task_id)],
+            [entry.kind for entry in tx.history(task_id)],
+        )
+        tx.create_credential(credential, "hash", 60)
+        tx.create_queue("r", 60)
+        return (looked_up_before, *seen, (tx.credential("c1"), tx.queue_exists("r")))
+
+    before, states, attempts, kinds, after = store.read(work)
+    store.close()
+    assert before == (None, False)
+    assert sorted(states) == [TaskState.OFFERED, TaskState.QUEUED]
+    assert attempts == ["a1"]
+    assert kinds == ["SUBMITTED", "OFFERED"]
+    assert after == ((credential, "hash"), True)
+
+
+async def test_a_batch_waits_in_a_thread_while_another_connection_holds_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "hub.sqlite3")
+    store = Store(path)
+    committer = Committer(store)
+    waiting = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+    run_batch = store.run_batch
+
+    def run_batch_in_thread(operations: list[Callable[[Tx], object]]) -> list[object]:
+        token.run_sync_soon(waiting.set)
+        return run_batch(operations)
+
+    store.run_batch = run_batch_in_thread  # type: ignore[method-assign]
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(committer.run)
+        nursery.start_soon(committer.do, lambda tx: tx.create_queue("late", 0))
+        await waiting.wait()  # this loop runs on while the batch waits for the lock
+        assert other.execute("SELECT count(*) FROM queues").fetchall() == [(0,)]
+        other.execute("ROLLBACK")
+        await committer.do(lambda tx: None)
+        nursery.cancel_scope.cancel()
+    other.close()
+    assert store.read(lambda tx: tx.queues()) == ["late"]
     store.close()
 
 

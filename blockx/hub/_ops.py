@@ -424,7 +424,8 @@ def submit(
             state=TaskState.QUEUED,
             available_at_ms=now_ms,
         )
-        existing = tx.task(task.task_id)
+        # An id made here is new; only a producer's own id may name a task already there.
+        existing = tx.task(task.task_id) if submission.task_id else None
         if existing is not None:
             if _same_submission(existing, task):
                 return Submitted(task=existing, created=False)

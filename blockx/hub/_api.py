@@ -22,11 +22,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
 import attrs
-import h11
 import trio
 
 from blockx._clock import WorkerClock
-from blockx._http import BodyTooLarge, header, read_body, respond_keeping
+from blockx._http import BadRequest, Connection, Request, header, read_body, respond_keeping
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
 from blockx.hub._auth import check
@@ -300,7 +299,7 @@ class ProducerApi:
         """Called once a submission queued a new task."""
 
     async def serve(
-        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
+        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
     ) -> bool:
         """Answer `request`; whether the connection is kept for the client's next one."""
         try:
@@ -308,10 +307,12 @@ class ProducerApi:
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
         text = json.dumps(body) + "\n"
-        return await respond_keeping(stream, connection, status, text, "application/json")
+        return await respond_keeping(
+            stream, connection, request, status, text, content_type="application/json"
+        )
 
     async def _answer(
-        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, request: h11.Request
+        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
     ) -> Answer:
         """The answer to `request`: its credential is checked in the same transaction as
         the work it asks for (one commit), and a refusal for the credential comes first."""
@@ -330,8 +331,8 @@ class ProducerApi:
     async def _route(
         self,
         stream: trio.abc.HalfCloseableStream,
-        connection: h11.Connection,
-        request: h11.Request,
+        connection: Connection,
+        request: Request,
         target: urllib.parse.SplitResult,
     ) -> tuple[str | None, Work, bool]:
         """What `request` asks for, the queue it needs the producer right on (None: the
@@ -339,7 +340,7 @@ class ProducerApi:
         if (match := _QUEUE_TASKS.fullmatch(target.path)) is not None:
             queue_id = urllib.parse.unquote(match[1])
             if request.method == b"POST":
-                submission = await self._submission(stream, connection, queue_id)
+                submission = await self._submission(stream, connection, request, queue_id)
                 return queue_id, submission, not isinstance(submission, _Fixed)
             if request.method == b"GET":
                 return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query)), False
@@ -373,13 +374,17 @@ class ProducerApi:
                 self._watch.forget(task_id, reader)
 
     async def _submission(
-        self, stream: trio.abc.HalfCloseableStream, connection: h11.Connection, queue_id: str
+        self,
+        stream: trio.abc.HalfCloseableStream,
+        connection: Connection,
+        request: Request,
+        queue_id: str,
     ) -> Work:
         """What submitting the request's body does: queue the task, or refuse the body."""
         try:
-            body = await read_body(stream, connection, MAX_BODY_BYTES)
-        except BodyTooLarge as error:
-            return _fixed(413, str(error))
+            body = await read_body(stream, connection, request, MAX_BODY_BYTES)
+        except BadRequest as error:
+            return _fixed(error.status, str(error))
         try:
             submission = submission_from_json(json.loads(body), queue_id)
         except ValueError as error:

@@ -27,16 +27,16 @@ from collections.abc import Callable
 from typing import Final
 
 import attrs
-import h11
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
 
 from blockx._clock import WorkerClock
 from blockx._http import (
+    Connection,
+    Request,
     accept_websocket,
     is_websocket_upgrade,
-    new_connection,
     read_request_head,
     respond,
     serve_guarded,
@@ -247,7 +247,7 @@ class Hub:
         await serve_guarded(stream, self._serve, logger)
 
     async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:
-        connection = new_connection()
+        connection = Connection()
         received = bytearray()
         request = await read_request_head(stream, connection, received)
         if request is not None and is_websocket_upgrade(request) and _path(request) == WORKER_PATH:
@@ -258,7 +258,7 @@ class Hub:
         while request is not None:  # the producers' requests, while the client keeps it
             if _path(request) == WORKER_PATH:
                 message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
-                await respond(stream, connection, 400, message)
+                await respond(stream, 400, message)
                 return
             kept = False
             with trio.move_on_after(REQUEST_TIMEOUT_S):
@@ -575,7 +575,7 @@ class Hub:
             self._sweep_by.deadline = min(self._sweep_by.deadline, self._clock.trio_time(due_ms))
 
 
-def _path(request: h11.Request) -> str:
+def _path(request: Request) -> str:
     return request.target.decode("ascii", "replace").partition("?")[0]
 
 

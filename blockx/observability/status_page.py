@@ -1,6 +1,6 @@
 """The worker's metrics port: `/metrics`, a live status page at `/` and its WebSocket `/ws`.
 
-HTTP/1.1 is parsed by h11 and served on Trio, one request per connection
+HTTP/1.1 is parsed by httptools and served on Trio, one request per connection
 (every response says `Connection: close`): a scraper or a browser needs no
 more. `/ws` hands the connection, with the bytes already read replayed, to
 trio-websocket, which pushes a JSON snapshot of the worker every
@@ -22,16 +22,16 @@ import socket
 from typing import Any, Final
 
 import attrs
-import h11
 import trio
 import trio_websocket
 
 from blockx._http import (
     RESPONSE_TIMEOUT_S,
+    Connection,
+    Request,
     accept_websocket,
     header,
     is_websocket_upgrade,
-    new_connection,
     read_request_head,
     respond,
     serve_guarded,
@@ -75,7 +75,7 @@ class StatusServer:
         )
 
     async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:
-        connection = new_connection()
+        connection = Connection()
         received = bytearray()
         request = await read_request_head(stream, connection, received)
         if request is None:
@@ -90,44 +90,41 @@ class StatusServer:
     async def _respond_http(
         self,
         stream: trio.abc.HalfCloseableStream,
-        connection: h11.Connection,
-        request: h11.Request,
+        connection: Connection,
+        request: Request,
         path: str,
     ) -> None:
         if request.method not in (b"GET", b"HEAD"):
-            await respond(
-                stream, connection, 405, "only GET and HEAD\n", extra=[("allow", "GET, HEAD")]
-            )
+            await respond(stream, 405, "only GET and HEAD\n", extra=[("allow", "GET, HEAD")])
             return
         head = request.method == b"HEAD"
         if path == "/metrics":
             snapshot = await self.probe.snapshot()
             body, content_type = self.metrics.render(snapshot, header(request, b"accept"))
-            await respond(stream, connection, 200, body, content_type, head=head)
+            await respond(stream, 200, body, content_type, head=head)
         elif path in ("/", "/index.html"):
-            await respond(stream, connection, 200, PAGE, "text/html; charset=utf-8", head=head)
+            await respond(stream, 200, PAGE, "text/html; charset=utf-8", head=head)
         else:
-            await respond(stream, connection, 404, f"not found: {path}\n", head=head)
+            await respond(stream, 404, f"not found: {path}\n", head=head)
 
     async def _websocket(
         self,
         stream: trio.abc.HalfCloseableStream,
-        connection: h11.Connection,
-        request: h11.Request,
+        connection: Connection,
+        request: Request,
         received: bytes,
     ) -> None:
         if not is_websocket_upgrade(request):
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
                 await respond(
                     stream,
-                    connection,
                     400,
                     f"{WEBSOCKET_PATH} takes a WebSocket upgrade (GET with Upgrade: websocket)\n",
                 )
             return
         if self._websockets_open >= MAX_WEBSOCKETS:
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
-                await respond(stream, connection, 503, "too many status-page sockets open\n")
+                await respond(stream, 503, "too many status-page sockets open\n")
             return
         self._websockets_open += 1
         try:

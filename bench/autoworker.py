@@ -7,7 +7,7 @@ One run starts a `python -m blockx hub` process on a fresh SQLite file in a
 temporary directory (the default store: WAL, synchronous=FULL) and WORKERS
 processes of this script in `--worker` mode, each one automatic `Worker` of
 capacity CAPACITY whose handler returns its payload. This process is the
-producer, over HTTP: `HubClient`'s requests on connections kept open between
+producer, over HTTP: `HubClient(keep_alive=True)`'s requests on connections kept open between
 requests while the hub keeps them (HTTP/1.1 keep-alive), unless said. After a
 warm-up of 200 tasks:
 
@@ -56,14 +56,11 @@ from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-import attrs
-import h11
 import trio
 
 from blockx.autoworker import (
     Capability,
     HubClient,
-    HubRequestFailed,
     Worker,
     WorkerExecution,
     WorkerHandler,
@@ -80,7 +77,6 @@ CAPABILITY: Final = Capability(handler="bench.echo", handler_version="1", payloa
 WARM_UP_TASKS: Final = 200
 LIVE: Final = (TaskState.QUEUED, TaskState.OFFERED, TaskState.RUNNING)
 DONE_POLL_S: Final = 0.01
-IDLE_S: Final = 5.0
 WAIT_MS: Final = 10_000
 START_TIMEOUT_S: Final = 30.0
 PHASE_TIMEOUT_S: Final = 600.0
@@ -159,64 +155,6 @@ async def stop(process: trio.Process, timeout_s: float = 30.0) -> None:
 
 
 # ------------------------------------------------------------------------ producers
-
-
-@attrs.frozen(kw_only=True)
-class PooledClient(HubClient):
-    """`HubClient` whose requests reuse connections the hub kept open (HTTP/1.1 keep-alive);
-    one idle for longer than `IDLE_S` is not reused (the hub closes them after 10 s)."""
-
-    idle: list[tuple[float, trio.abc.Stream, h11.Connection]] = attrs.field(
-        factory=list, init=False, repr=False, eq=False
-    )
-
-    async def request(self, method: str, target: str, body: Any = None) -> Any:
-        data = b"" if body is None else json.dumps(body).encode()
-        headers = [
-            ("host", f"{self.host}:{self.port}"),
-            ("authorization", f"Bearer {self.credential}"),
-            ("content-type", "application/json"),
-            ("content-length", str(len(data))),
-        ]
-        stream, connection = await self._connection()
-        status, content = 0, bytearray()
-        try:
-            await stream.send_all(
-                connection.send(h11.Request(method=method, target=target, headers=headers))
-                + connection.send(h11.Data(data=data))
-                + connection.send(h11.EndOfMessage())
-            )
-            while not isinstance(event := connection.next_event(), h11.EndOfMessage):
-                if event is h11.NEED_DATA:
-                    connection.receive_data(bytes(await stream.receive_some()))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    content += event.data
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
-        if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
-            connection.start_next_cycle()
-            self.idle.append((time.monotonic(), stream, connection))
-        else:
-            await stream.aclose()
-        answer = json.loads(content) if content else None
-        if status >= 300:
-            raise HubRequestFailed(status=status, body=answer)
-        return answer
-
-    async def _connection(self) -> tuple[trio.abc.Stream, h11.Connection]:
-        while self.idle:
-            used_at, stream, connection = self.idle.pop()
-            if time.monotonic() - used_at < IDLE_S:
-                return stream, connection
-            await stream.aclose()
-        return await self.open_stream(), h11.Connection(h11.CLIENT)
-
-    async def aclose(self) -> None:
-        while self.idle:
-            await self.idle.pop()[1].aclose()
 
 
 async def submit_all(
@@ -386,7 +324,7 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
         for n in range(args.workers)
     ]
     pids = [process.pid for process in workers]
-    client = PooledClient(url=url, credential=token)
+    client = HubClient(url=url, credential=token, keep_alive=True)
     try:
         with trio.fail_after(PHASE_TIMEOUT_S):
             await through_workers(client, WARM_UP_TASKS, args.clients)

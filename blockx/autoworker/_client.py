@@ -2,8 +2,10 @@
 
 `HubClient` opens the connections an automatic worker runs over and makes the
 producers' HTTP requests (submit a task, read one) that examples, benches and
-tests need. A test may subclass it to reach a hub some other way (in memory,
-or through a proxy that injects faults) by overriding `open_stream`.
+tests need: each on a connection of its own, or, with `keep_alive`, on
+connections the hub keeps open between requests. A test may subclass it to
+reach a hub some other way (in memory, or through a proxy that injects
+faults) by overriding `open_stream`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from blockx.hub.protocol import Capability
 
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+REUSE_IDLE_S = 5.0
+"""A kept connection idle longer than this is not used again: the hub closes its kept
+connections after 10 s idle, and a request must not cross that close."""
 
 
 class HubRequestFailed(BlockxError):
@@ -62,6 +67,12 @@ class HubClient:
     credential: str = attrs.field(repr=False)
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, repr=False)
     """For https/wss: the context to verify the hub with (default: the system's CAs)."""
+    keep_alive: bool = False
+    """Producer requests reuse the connections the hub keeps open (HTTP/1.1 keep-alive),
+    until `aclose`; else each request has a connection of its own."""
+    _idle: list[tuple[float, trio.abc.Stream, h11.Connection]] = attrs.field(
+        factory=list, init=False, repr=False, eq=False
+    )
     host: str = attrs.field(init=False)
     port: int = attrs.field(init=False)
     tls: bool = attrs.field(init=False)
@@ -114,18 +125,17 @@ class HubClient:
             ("authorization", f"Bearer {self.credential}"),
             ("content-type", "application/json"),
             ("content-length", str(len(data))),
-            ("connection", "close"),
+            *(() if self.keep_alive else (("connection", "close"),)),
         ]
-        connection = h11.Connection(h11.CLIENT)
+        stream, connection = await self._connection()
         status, content = 0, bytearray()
-        async with await self.open_stream() as stream:
+        try:
             await stream.send_all(
                 connection.send(h11.Request(method=method, target=target, headers=headers))
                 + connection.send(h11.Data(data=data))
                 + connection.send(h11.EndOfMessage())
             )
-            while True:
-                event = connection.next_event()
+            while not isinstance(event := connection.next_event(), h11.EndOfMessage):
                 if event is h11.NEED_DATA:
                     connection.receive_data(bytes(await stream.receive_some()))
                 elif isinstance(event, h11.Response):
@@ -134,9 +144,28 @@ class HubClient:
                     content += event.data
                     if len(content) > MAX_RESPONSE_BYTES:
                         raise HubRequestFailed(status=status, body="answer too large")
-                elif isinstance(event, h11.EndOfMessage):
-                    break
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        if self.keep_alive and connection.our_state is connection.their_state is h11.DONE:
+            connection.start_next_cycle()
+            self._idle.append((trio.current_time(), stream, connection))
+        else:
+            await stream.aclose()
         answer = json.loads(content) if content else None
         if status >= 300:
             raise HubRequestFailed(status=status, body=answer)
         return answer
+
+    async def _connection(self) -> tuple[trio.abc.Stream, h11.Connection]:
+        while self._idle:
+            used_at, stream, connection = self._idle.pop()
+            if trio.current_time() - used_at < REUSE_IDLE_S:
+                return stream, connection
+            await stream.aclose()
+        return await self.open_stream(), h11.Connection(h11.CLIENT)
+
+    async def aclose(self) -> None:
+        """Close the connections kept for later requests."""
+        while self._idle:
+            await self._idle.pop()[1].aclose()

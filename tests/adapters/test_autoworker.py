@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from blockx.autoworker import (
+    HubRequestFailed,
     WorkerAlreadyRun,
     WorkerExecution,
     WorkerFailure,
     WorkerRunError,
     WorkerShutdownTimeout,
 )
-from tests.adapters.autoworker_rig import SQLITE, options, state_of, worker
-from tests.adapters.hub_harness import running_hub
+from blockx.autoworker._client import REUSE_IDLE_S
+from tests.adapters.autoworker_rig import SQLITE, RigClient, options, state_of, worker
+from tests.adapters.hub_harness import CAPABILITY, QUEUE, running_hub
 
 
 @SQLITE
@@ -193,3 +196,35 @@ async def test_events_are_kept_up_to_128_then_dropped_and_counted(
     kinds = {event.type for event in events}
     assert {"started", "returned", "confirmed"} <= kinds
     assert not any("v1" in repr(event) for event in events)  # never a payload or result
+
+
+@SQLITE
+async def test_a_keep_alive_client_reuses_a_connection_until_it_has_idled_too_long(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    opened: list[trio.abc.Stream] = []
+
+    @attrs.frozen(kw_only=True)
+    class Counting(RigClient):
+        async def open_stream(self) -> trio.abc.Stream:
+            opened.append(await super().open_stream())
+            return opened[-1]
+
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        kept = Counting(url="http://hub.test:80", credential=token, endpoint=rig, keep_alive=True)
+        tasks = [await kept.submit(QUEUE, CAPABILITY, {"n": n}) for n in range(3)]
+        read = await kept.task(tasks[0]["task_id"])
+        assert len(opened) == 1
+        await trio.sleep(REUSE_IDLE_S)
+        with pytest.raises(HubRequestFailed) as refused:
+            await kept.task("no-such-task")
+        assert len(opened) == 2
+        await kept.aclose()
+        once = Counting(url="http://hub.test:80", credential=token, endpoint=rig)
+        await once.submit(QUEUE, CAPABILITY, {"n": 3})
+        await once.submit(QUEUE, CAPABILITY, {"n": 4})
+        assert len(opened) == 4
+    assert [task["payload"] for task in tasks] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert read["state"] == "QUEUED"
+    assert refused.value.status == 404

@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -260,6 +261,8 @@ def profiled(output: str | None, pid: int) -> Iterator[None]:
     if output is None:
         yield
         return
+    if shutil.which("py-spy") is None:
+        raise SystemExit("--profile-hub needs py-spy on PATH (uv tool install py-spy)")
     command = ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--output", output]
     with subprocess.Popen([*command, "--rate", "250"], stdout=subprocess.DEVNULL) as spy:
         time.sleep(0.5)  # py-spy attaches

@@ -104,6 +104,9 @@ class Connection:
             self.closed = True  # the rest is another protocol's
         except httptools.HttpParserError as error:
             self._fail(400, str(error) or type(error).__name__)
+        self._check_head_size()
+
+    def _check_head_size(self) -> None:
         if self._head_bytes > MAX_REQUEST_HEAD_BYTES:
             self._fail(431, f"a request head of more than {MAX_REQUEST_HEAD_BYTES} bytes")
 
@@ -130,8 +133,9 @@ class Connection:
 
     def on_headers_complete(self) -> None:
         self._head_bytes = len(self._url) + sum(len(n) + len(v) + 4 for n, v in self._headers)
-        if self._head_bytes > MAX_REQUEST_HEAD_BYTES:
-            return  # refused once `feed` returns
+        self._check_head_size()
+        if self.closed:
+            return  # nothing from here on is taken
         self._head_bytes = 0
         request = Request(
             method=self._parser.get_method(),

@@ -152,7 +152,8 @@ async def test_bodies_over_the_limit_or_badly_framed_are_refused_naming_why() ->
         (b"\x16\x03\x01 not http at all\r\n\r\n", "HTTP/1.1 400 Bad Request"),
         (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", "HTTP/1.1 400 Bad Request"),
         (
-            b"GET / HTTP/1.1\r\nx: " + b"a" * MAX_REQUEST_HEAD_BYTES + b"\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx: " + b"a" * MAX_REQUEST_HEAD_BYTES + b"\r\n\r\n"
+            b"GET /after HTTP/1.1\r\nhost: h\r\n\r\n",
             "HTTP/1.1 431 Request Header Fields Too Large",
         ),
     ],

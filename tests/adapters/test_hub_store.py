@@ -9,8 +9,9 @@ import itertools
 import re
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
@@ -31,6 +32,8 @@ from blockx.hub._ops import offer
 from blockx.hub._rules import Timing
 from blockx.hub._store import _MIGRATIONS, Store, Tx
 from blockx.hub.protocol import Capability, Offer
+
+T = TypeVar("T")
 
 CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")
 TIMING = Timing(lease_ms=1_000, offer_ttl_ms=60_000, retry_backoff_ms=10, max_retry_backoff_ms=10)
@@ -174,7 +177,9 @@ def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Pa
     queue_tasks(store, 2)
     credential = Credential(credential_id="c1", queue_id="q", rights=frozenset({Right.PRODUCER}))
 
-    def work(tx: Tx) -> tuple[object, ...]:
+    Seen = tuple[tuple[object, bool], list[TaskState], list[str], list[str], tuple[object, bool]]
+
+    def work(tx: Tx) -> Seen:
         looked_up_before = (tx.credential("c1"), tx.queue_exists("r"))
         offers = offer(
             "q", [CAPABILITY], "w", room=1, now_ms=50, timing=TIMING, new_id=lambda: "a1"
@@ -208,7 +213,7 @@ async def test_a_batch_waits_in_a_thread_while_another_connection_holds_the_writ
     token = trio.lowlevel.current_trio_token()
     run_batch = store.run_batch
 
-    def run_batch_in_thread(operations: list[Callable[[Tx], object]]) -> list[object]:
+    def run_batch_in_thread(operations: Sequence[Callable[[Tx], T]]) -> list[T]:
         token.run_sync_soon(waiting.set)
         return run_batch(operations)
 

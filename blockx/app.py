@@ -169,7 +169,7 @@ async def serve(
                     front_end = await _serve_rpcs(
                         config, actors, listener, metrics, shadow, tls=tls
                     )
-                    held.callback(front_end.unpin)
+                    held.callback(front_end.release)
                     metrics_port = await _start_observing(
                         system, config, metrics, metrics_socket, actors.probe
                     )

@@ -160,6 +160,16 @@ class LoopThread:
             raise
         return future.result()
 
+    def stop_now(self, timeout_s: float, *, first: Callable[[], object] = lambda: None) -> None:
+        """`close` without Trio, for a worker cancelled before it could close: call
+        `first` on the loop, stop it and wait up to `timeout_s` for the thread (blocking)."""
+        if self.loop is None or self._thread is None:
+            return
+        with contextlib.suppress(RuntimeError):  # already closed
+            self.loop.call_soon_threadsafe(first)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+
     async def close(self) -> None:
         """Stop the loop (cancelling what still runs on it) and wait for the thread."""
         if self.loop is None or self._thread is None:

@@ -22,7 +22,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import trio
 import trio_asyncio
@@ -273,6 +273,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+THREAD_STOP_TIMEOUT_S: Final = 5.0
+
+
 class GrpcFrontEnd:
     """Owns the grpclib `Server` and the health status; Trio-facing methods."""
 
@@ -384,6 +387,20 @@ class GrpcFrontEnd:
             await self._thread.close()
         finally:
             self.unpin()
+
+    def release(self) -> None:
+        """What a worker ended by cancellation (never `stop`ped) must still give back:
+        its loop thread, and the CPUs the Trio thread was pinned away from."""
+        if self._thread is not None:
+            server = self._server
+
+            def close() -> None:  # at once: no grace for the cancelled
+                if server is not None:
+                    server.close()
+                    server.abort_connections()
+
+            self._thread.stop_now(THREAD_STOP_TIMEOUT_S, first=close)
+        self.unpin()
 
     def unpin(self) -> None:
         """Give the Trio thread back every CPU (see `pinLoopThreads`); once is enough."""

@@ -287,6 +287,16 @@ async def test_the_server_runs_on_its_own_thread_unless_told_to_share_the_worker
         assert events(responses) == [("accepted", "t"), ("finished", "t")]
 
 
+async def test_a_worker_ended_by_cancellation_stops_its_loop_thread_too() -> None:
+    with trio.CancelScope() as scope:
+        async with running_worker():
+            assert loop_threads() == ["grpc-loop"]
+            scope.cancel()  # the worker never sees its stop event
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert loop_threads() == []
+
+
 async def test_a_unary_call_that_ends_without_its_request_is_told_so() -> None:
     async with running_worker() as worker:
 

@@ -59,6 +59,7 @@ from blockx.actors import (
     run_actors,
 )
 from blockx.api import GrpcFrontEnd, WorkerService, bind_listener
+from blockx.auth import bearer_token
 from blockx.client import ShadowForwarder
 from blockx.config import ConfigError, WorkerConfig, load_config, parse_listen_addr
 from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
@@ -139,7 +140,7 @@ async def serve(
     ones (tests). What cannot start raises StartupError or ConfigError before anything runs."""
     profile.check(config)
     clock = WorkerClock()
-    source, first, tls = _check_start(config, source)
+    source, first, tls, token = _check_start(config, source)
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
@@ -167,7 +168,7 @@ async def serve(
                     if shadow is not None:
                         await system.start(shadow.run)
                     front_end = await _serve_rpcs(
-                        config, actors, listener, metrics, shadow, tls=tls
+                        config, actors, listener, metrics, shadow, tls=tls, token=token
                     )
                     held.callback(front_end.release)
                     metrics_port = await _start_observing(
@@ -217,13 +218,14 @@ def _bind(addr: str, *, hint: str = "") -> socket.socket:
 
 def _check_start(
     config: WorkerConfig, given: FunctionSource | None
-) -> tuple[FunctionSource, FunctionSnapshot | None, ssl.SSLContext | None]:
+) -> tuple[FunctionSource, FunctionSnapshot | None, ssl.SSLContext | None, str | None]:
     """What would fail only later, checked before anything starts: the executors'
-    interpreter, the function code (`_code_source`) and the TLS files (`_server_tls`).
-    Returns the code source, its first snapshot if read, and the gRPC port's TLS context."""
+    interpreter, the function code (`_code_source`), the TLS files (`_server_tls`) and the
+    bearer token's file. Returns the code source, its first snapshot if read, the gRPC
+    port's TLS context and the token."""
     _check_executor_python(config)
     source, first = _code_source(config, given)
-    return source, first, _server_tls(config)
+    return source, first, _server_tls(config), bearer_token(config.grpc.auth_token_file)
 
 
 def _check_executor_python(config: WorkerConfig) -> None:
@@ -339,9 +341,10 @@ async def _serve_rpcs(
     shadow: ShadowForwarder | None,
     *,
     tls: ssl.SSLContext | None,
+    token: str | None,
 ) -> GrpcFrontEnd:
-    """The gRPC server on `listener`, over TLS with `tls`; accepted submits feed `shadow`,
-    if any."""
+    """The gRPC server on `listener`, over TLS with `tls`, asking for bearer `token` (None:
+    for none); accepted submits feed `shadow`, if any."""
     service = WorkerService(
         slot_table=actors.inboxes.slot_table,
         identity=actors.probe.identity,
@@ -350,7 +353,7 @@ async def _serve_rpcs(
         shadow=shadow.offer if shadow is not None else None,
     )
     on_rpc = metrics.rpc_finished if metrics is not None else None
-    front_end = GrpcFrontEnd(service, config.grpc, on_rpc=on_rpc, tls=tls)
+    front_end = GrpcFrontEnd(service, config.grpc, on_rpc=on_rpc, tls=tls, token=token)
     await front_end.start(listener)
     return front_end
 

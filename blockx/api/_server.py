@@ -48,7 +48,7 @@ from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
 from blockx.api._http2 import Http2Protocol, RequestHandler
 from blockx.api._service import WorkerService
-from blockx.auth import bearer_token, check_bearer
+from blockx.auth import check_bearer
 from blockx.config import GrpcSection
 from blockx.errors import shown
 
@@ -286,12 +286,14 @@ class GrpcFrontEnd:
         *,
         on_rpc: RpcObserver | None = None,
         tls: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
-        """`tls`: serve TLS with this context (see `blockx.tls`); None, plain text."""
+        """`tls`: serve TLS with this context (see `blockx.tls`); None, plain text. `token`:
+        the bearer token every RPC but health needs (`blockx.auth`); None, no token."""
         self.service = service
         self._tls = tls
         self._on_rpc = on_rpc
-        self._token = bearer_token(settings.auth_token_file)
+        self._token = token
         self.health_status = ServiceStatus()
         self.health_status.set(False)
         self.first_serving = trio.Event()

@@ -21,12 +21,20 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.app import serve
 from blockx.client import PlacementClient, WorkerCallError, WorkerClient, WorkerUnreachable
 from blockx.config import ConfigError, load_config
 from blockx.discovery import WorkerDirectory, WorkerHeartbeat
+from blockx.functions import MemorySource
+from blockx.profiles import BLOCK
 from blockx.tls import ClientTls, server_context
 from tests.adapters.certificates import Pki, make_pki
-from tests.adapters.worker_harness import call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import (
+    FakeExecutors,
+    call_list_task,
+    running_worker,
+    worker_config,
+)
 
 FAIL_AFTER_S = 10
 
@@ -350,3 +358,23 @@ def test_the_client_settings_come_from_the_variables(pki: Pki) -> None:
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname
     assert ClientTls.from_env({"WORKER_TLS_SERVER_NAME": "w1"}) == ClientTls(server_name="w1")
+
+
+async def test_a_token_file_that_cannot_be_read_stops_the_start_before_any_executor(
+    tmp_path: Path,
+) -> None:
+    spawned: list[object] = []
+
+    def executors(*args: object) -> FakeExecutors:
+        spawned.append(args)
+        raise AssertionError("an executor pool was made")
+
+    config = worker_config(grpcAuthTokenFile=str(tmp_path / "missing"))
+    source = MemorySource()
+    source.publish({"demo": "def add(a, b):\n    return a + b\n"})  # nothing else to wait for
+    with (
+        trio.fail_after(FAIL_AFTER_S),
+        pytest.raises(ConfigError, match=r"grpcAuthTokenFile .*a readable file"),
+    ):
+        await serve(config, BLOCK, stop=trio.Event(), source=source, executors=executors)
+    assert spawned == []

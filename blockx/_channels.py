@@ -13,6 +13,7 @@ certificate.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Sequence
@@ -60,19 +61,27 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 class _Channel(Channel):
-    """grpclib's channel, noting whether its current connection has heard the server."""
+    """grpclib's channel, noting whether its current connection has heard the server, and
+    its transport."""
 
     heard = False
+    transport: asyncio.Transport | None = None
 
     def _protocol_factory(self) -> H2Protocol:
         protocol = super()._protocol_factory()
         self.heard = False
-        received = protocol.data_received
+        made, received = protocol.connection_made, protocol.data_received
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            if isinstance(transport, asyncio.Transport):
+                self.transport = transport
+            made(transport)
 
         def data_received(data: bytes) -> None:
             self.heard = True
             received(data)
 
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
         protocol.data_received = data_received  # type: ignore[method-assign]
         return protocol
 
@@ -92,6 +101,10 @@ async def _open(host: str, port: int, tls: ssl.SSLContext | None, server_name: s
 
 async def _close(channel: Channel) -> None:
     channel.close()
+    if isinstance(channel, _Channel) and channel.transport is not None:
+        # At once: a TLS transport's close waits for the server's close_notify, which a
+        # loop closing next would never see, leaving its socket open.
+        channel.transport.abort()
 
 
 @contextlib.asynccontextmanager

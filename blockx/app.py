@@ -86,7 +86,7 @@ from blockx.observability.metrics import WorkerMetrics, log_memory_diagnostics
 from blockx.observability.status_page import StatusServer
 from blockx.observability.tracing import TaskTracing, open_tracing
 from blockx.profiles import Profile
-from blockx.tls import server_context
+from blockx.tls import ClientTls, server_context
 
 logger = logging.getLogger("blockx.app")
 
@@ -144,7 +144,7 @@ async def serve(
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
-        shadow = _shadow(config, identity)  # a bad target is refused before anything starts
+        shadow = _shadow(config, identity, token)  # a bad target is refused before any start
         tracing_cm = _tracing(config, profile, identity, tracer)
         async with trio_asyncio.open_loop(), tracing_cm as tracing, trio.open_nursery() as system:
             started = trio.Event()
@@ -358,16 +358,25 @@ async def _serve_rpcs(
     return front_end
 
 
-def _shadow(config: WorkerConfig, identity: WorkerIdentity) -> ShadowForwarder | None:
-    """The shadow sender `shadowSubmit*` asks for, or None."""
+def _shadow(
+    config: WorkerConfig, identity: WorkerIdentity, token: str | None = None
+) -> ShadowForwarder | None:
+    """The shadow sender `shadowSubmit*` asks for, or None. It presents this worker's
+    bearer `token` (a fleet shares one) and speaks TLS as the command line does, when a
+    client variable (`WORKER_TLS_CA_FILE`, ...) is set; the files are read as it starts."""
     shadow = config.shadow
     if not shadow.enabled:
         return None
+    tls = ClientTls.from_env()
+    if tls is not None:
+        tls.context()  # its files are read now: one that cannot be stops the start
     try:
         return ShadowForwarder(
             target_addr=shadow.target_addr,
             sample_rate=shadow.sample_rate,
             source_addr=identity.worker_addr,
+            token=token,
+            tls=tls,
         )
     except BlockxError as error:
         raise ConfigError(

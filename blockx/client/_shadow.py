@@ -11,9 +11,10 @@ when the queue is full. It never waits and never raises: the primary's reply
 is not slowed by the shadow target. One sender (`run`, a Trio task in the
 worker's system nursery) owns one channel to the target (a `WorkerClient`) and
 submits the queued tasks one at a time, each under `SEND_TIMEOUT_S`, into a
-slot reserved inline. A failure (target down, refusing, slow) is counted and
-logged at most once per `REPORT_INTERVAL_S`; nothing about it reaches the
-primary's task.
+slot reserved inline, with the bearer token and TLS settings a client of the
+target needs (the worker passes its own token and the client TLS variables).
+A failure (target down, refusing, slow) is counted and logged at most once
+per `REPORT_INTERVAL_S`; nothing about it reaches the primary's task.
 
 The mark: a mirrored task carries the reserved label `blockx.shadow`
 (`blockx.slots.SHADOW_LABEL`) whose value is the source worker's address; its
@@ -38,6 +39,7 @@ import trio
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client._worker import WorkerClient, parse_worker_address
 from blockx.slots import SHADOW_LABEL
+from blockx.tls import ClientTls
 
 logger = logging.getLogger("blockx.shadow")
 
@@ -67,10 +69,16 @@ class ShadowForwarder:
         target_addr: str,
         sample_rate: float,
         source_addr: str,
+        token: str | None = None,
+        tls: ClientTls | None = None,
         queue_tasks: int = QUEUE_TASKS,
         draw: Callable[[], float] = random.random,
     ) -> None:
+        """`token` and `tls`: what the sender presents to the target and trusts it with
+        (`WorkerClient.connect`); None, plain text without a token."""
         self.target_addr = shadow_target(target_addr)
+        self._token = token
+        self._tls = tls
         parse_worker_address(self.target_addr)  # InvalidWorkerAddress now, not in the sender
         self.sample_rate = sample_rate
         self.source_addr = source_addr
@@ -109,7 +117,9 @@ class ShadowForwarder:
         target that is down shows as failed sends, not as an error here.
         """
         try:
-            async with WorkerClient.connect(self.target_addr) as client:
+            async with WorkerClient.connect(
+                self.target_addr, token=self._token, tls=self._tls
+            ) as client:
                 task_status.started()
                 async for task in self._receive:
                     await self._send_one(client, task)

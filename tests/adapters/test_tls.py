@@ -29,12 +29,14 @@ from blockx.functions import MemorySource
 from blockx.profiles import BLOCK
 from blockx.tls import ClientTls, server_context
 from tests.adapters.certificates import Pki, make_pki
+from tests.adapters.test_shadow import forwarder_of
 from tests.adapters.worker_harness import (
     FakeExecutors,
     call_list_task,
     running_worker,
     worker_config,
 )
+from tests.worker_results import result_once_there
 
 FAIL_AFTER_S = 10
 
@@ -378,3 +380,36 @@ async def test_a_token_file_that_cannot_be_read_stops_the_start_before_any_execu
     ):
         await serve(config, BLOCK, stop=trio.Event(), source=source, executors=executors)
     assert spawned == []
+
+
+async def test_shadow_submits_reach_a_target_that_asks_for_the_token_and_mutual_tls(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "token").write_text("s3cret\n")
+    fleet = {"grpcAuthTokenFile": str(tmp_path / "token")}  # one token for the fleet
+    for name, value in pki.client_env(with_cert=True).items():
+        monkeypatch.setenv(name, value)  # what the primary trusts the target with
+    with trio.fail_after(FAIL_AFTER_S):
+        async with tls_worker(pki, grpcTlsClientCaFile=pki.ca_file, **fleet) as target:
+            config = worker_config(
+                shadowSubmitTargetAddr=target, shadowSubmitSampleRate=1.0, **fleet
+            )
+            async with running_worker(config) as primary:
+                address = f"127.0.0.1:{primary.serving.port}"
+                result = await run_one(address, "t1", token="s3cret")
+                tls = pki.client(with_cert=True)
+                async with WorkerClient.connect(target, token="s3cret", tls=tls) as client:
+                    shadow = await result_once_there(client, "t1", poll_s=0.05)
+                forwarder = forwarder_of(primary)
+    assert (result.state, shadow.state) == (pb.TaskState.SUCCEEDED, pb.TaskState.SUCCEEDED)
+    assert (forwarder.sent, forwarder.failed) == (1, 0)
+
+
+async def test_a_shadow_tls_file_that_cannot_be_read_stops_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_TLS_CA_FILE", str(tmp_path / "missing.pem"))
+    config = worker_config(shadowSubmitTargetAddr="127.0.0.1:9", shadowSubmitSampleRate=1.0)
+    with trio.fail_after(FAIL_AFTER_S), pytest.raises(ConfigError) as raised:
+        await serve(config, BLOCK, stop=trio.Event(), source=MemorySource())
+    assert raised.value.field == "WORKER_TLS_CA_FILE"

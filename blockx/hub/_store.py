@@ -3,11 +3,12 @@
 Owns the schema (and its migrations), the mapping between records and rows,
 and transactions. Every call blocks (file or network IO). The hub's committer
 hands a whole batch of operations to run in one transaction, committed with
-one fsync: on SQLite on the hub's own thread (`run_batch_now`) unless another
-connection holds the write lock, else, and on PostgreSQL, in a worker thread
-(`run_batch`). A transaction is a unit of work (`Tx`): the rows a batch names are
-read in one query per table and its changes written with one statement per
-kind. Nothing here decides anything: the rules do (`_rules`).
+one fsync. A SQLite batch runs on the hub's own thread (`run_batch_now`); a
+PostgreSQL batch, or a SQLite one that must wait for another connection's
+write lock, runs in a worker thread (`run_batch`). A transaction is a unit of
+work (`Tx`): the rows a batch names are read in one query per table and its
+changes written with one statement per kind. Nothing here decides anything:
+the rules do (`_rules`).
 
 SQLite runs in WAL mode with `synchronous=FULL`, so a committed transaction
 survives a crash of the process or the machine. With PostgreSQL several hub

@@ -2,6 +2,7 @@
 
     uv run python bench/autoworker.py [--tasks 5000] [--latency-tasks 200] [--clients 32]
                                       [--workers 2] [--capacity 8] [--hub-env NAME=VALUE ...]
+                                      [--profile-hub FILE] [--keep]
 
 One run starts a `python -m blockx hub` process on a fresh SQLite file in a
 temporary directory (the default store: WAL, synchronous=FULL) and WORKERS

@@ -782,10 +782,13 @@ def _connect_sqlite(url: str) -> sqlite3.Connection:
     path = url.removeprefix("sqlite:///").removeprefix("sqlite:")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    connection = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+    connection = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = FULL")
     connection.execute("PRAGMA foreign_keys = ON")
+    connection.execute("PRAGMA busy_timeout = 0")  # from now on a transaction says if it waits
     return connection
 
 

@@ -8,8 +8,8 @@ One run starts a `python -m blockx hub` process on a fresh SQLite file in a
 temporary directory (the default store: WAL, synchronous=FULL) and WORKERS
 processes of this script in `--worker` mode, each one automatic `Worker` of
 capacity CAPACITY whose handler returns its payload. This process is the
-producer, over HTTP: `HubClient(keep_alive=True)`'s requests on connections kept open between
-requests while the hub keeps them (HTTP/1.1 keep-alive), unless said. After a
+producer, over HTTP: `HubClient(keep_alive=True)`, whose requests reuse the
+connections the hub keeps open (HTTP/1.1 keep-alive), unless said. After a
 warm-up of 200 tasks:
 
 * hub_submits_per_s (baseline): TASKS submissions to a queue no worker serves,

@@ -137,14 +137,15 @@ class Connection:
         if self.closed:
             return  # nothing from here on is taken
         self._head_bytes = 0
+        upgrade = self._parser.should_upgrade()
         request = Request(
             method=self._parser.get_method(),
             target=bytes(self._url),
             headers=self._headers,
-            keep_alive=self._parser.should_keep_alive() and not self._parser.should_upgrade(),
-            upgrade=self._parser.should_upgrade(),
+            keep_alive=self._parser.should_keep_alive() and not upgrade,
+            upgrade=upgrade,
+            complete=upgrade,
         )
-        request.complete = request.upgrade
         self._reading = request
         self._heads.append(request)
 

@@ -28,11 +28,11 @@ import attrs
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 
-from blockx._process import tune_gc
 from blockx.actors import CallEngine
 from blockx.calls import CallSpec, encode_args
 from blockx.config import DispatcherSection, default_config
 from blockx.functions import FunctionSnapshot
+from blockx.process.lifecycle import tune_gc
 
 WORK = "def echo(i):\n    return i\n"
 FLOOR_BATCH = 256

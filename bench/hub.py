@@ -47,7 +47,7 @@ from blockx.hub import (
     create_queue,
 )
 from blockx.hub._ops import new_id, submit
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Capability,

@@ -75,10 +75,10 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.server import Server
 
-from blockx._process import tune_gc
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.api._convert import Encoded
 from blockx.api._server import SizeLimitedCodec
+from blockx.process.lifecycle import tune_gc
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "functions"

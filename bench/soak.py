@@ -100,10 +100,10 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from serve import HOST, SLOTS, WorkerProcess, result, rss_mib, start_worker, stop_worker
 
-from blockx._process import tune_gc
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import TaskOutcome, WorkerCallError, WorkerClient, task_outputs, task_spec
 from blockx.errors import BlockxError
+from blockx.process.lifecycle import tune_gc
 
 RETENTION_MS = 30_000
 """The worker's result retention: short, so that retained results reach their steady

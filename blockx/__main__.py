@@ -1,6 +1,6 @@
 """`python -m blockx`: the command line (see `blockx.cli`)."""
 
-from blockx._process import cache_own_bytecode
+from blockx.process.lifecycle import cache_own_bytecode
 
 cache_own_bytecode()  # before the imports it speeds up, and the executors' imports
 

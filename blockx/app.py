@@ -4,7 +4,7 @@ Start: check that a function-code directory and the TLS files can be read ->
 bind the gRPC port (the worker's address, and with it its identity) and the
 metrics port (either of these failing is a one-line StartupError, before
 anything runs) ->
-tracing -> function code (first epoch loaded) -> actors (watch hub,
+tracing -> function code (first epoch loaded) -> actors (watch fan-out,
 executors, dispatcher, slot table) -> gRPC serve (and the shadow sender) ->
 status page on the metrics port (unless `metricsListenAddr` is "none") and
 memory diagnostics -> ready (the slot table admits work, health SERVING) once
@@ -19,7 +19,7 @@ deregister from etcd (bounded by a short timeout) -> wait for live tasks up to
 result that its watchers receive) -> stop executors -> close watch streams
 after they deliver what they hold -> stop the server -> close the metrics port
 -> flush trace spans. A second signal exits at once (the same signal again
-within a second is the same request: see `SignalRule`), removing the
+within a second is the same request: see `blockx.process.signals`), removing the
 executors' runtime directory; executors ignore signals, notice their closed
 sockets and exit.
 """
@@ -27,16 +27,13 @@ sockets and exit.
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import gc
 import logging
 import os
 import shutil
-import signal
 import socket
 import ssl
-import sys
 import time
 from collections.abc import Mapping
 
@@ -45,8 +42,6 @@ import trio
 import trio_asyncio
 from opentelemetry.trace import Tracer
 
-from blockx._clock import WorkerClock
-from blockx._process import lone_errors, remove_private_dirs, tune_gc
 from blockx.actors import (
     ActorParts,
     ActorProbe,
@@ -59,7 +54,6 @@ from blockx.actors import (
     run_actors,
 )
 from blockx.api import GrpcFrontEnd, WorkerService, bind_listener
-from blockx.auth import bearer_token
 from blockx.client import ShadowForwarder
 from blockx.config import ConfigError, WorkerConfig, load_config, parse_listen_addr
 from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
@@ -75,6 +69,8 @@ from blockx.functions import (
     run_code_refresher,
 )
 from blockx.identity import WorkerIdentity, version
+from blockx.net.auth import bearer_token
+from blockx.net.tls import ClientTls, server_context
 from blockx.observability.logs import (
     LOG_FLUSH_S,
     flush_logs,
@@ -85,8 +81,10 @@ from blockx.observability.logs import (
 from blockx.observability.metrics import WorkerMetrics, log_memory_diagnostics
 from blockx.observability.status_page import StatusServer
 from blockx.observability.tracing import TaskTracing, open_tracing
+from blockx.process.clock import EpochClock
+from blockx.process.lifecycle import lone_errors, tune_gc
+from blockx.process.signals import watch_signals
 from blockx.profiles import Profile
-from blockx.tls import ClientTls, server_context
 
 logger = logging.getLogger("blockx.app")
 
@@ -139,7 +137,7 @@ async def serve(
     start-up abandons it. `source`, `executors` and `tracer` stand in for the configured
     ones (tests). What cannot start raises StartupError or ConfigError before anything runs."""
     profile.check(config)
-    clock = WorkerClock()
+    clock = EpochClock()
     source, first, tls, token = _check_start(config, source)
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
@@ -288,7 +286,7 @@ def _tracing(
 
 
 def _identity(
-    config: WorkerConfig, profile: Profile, clock: WorkerClock, listener: socket.socket
+    config: WorkerConfig, profile: Profile, clock: EpochClock, listener: socket.socket
 ) -> WorkerIdentity:
     return WorkerIdentity(
         worker_addr=config.resolve_worker_addr(int(listener.getsockname()[1])),
@@ -310,7 +308,7 @@ async def _load_code(
     config: WorkerConfig,
     source: FunctionSource,
     inboxes: Inboxes,
-    clock: WorkerClock,
+    clock: EpochClock,
     *,
     first: FunctionSnapshot | None,
 ) -> FunctionCodeView:
@@ -481,7 +479,7 @@ async def _stop_serving(actors: WorkerActors, front_end: GrpcFrontEnd) -> None:
     """Watch streams end once they delivered what they hold; then the server stops."""
     actors.inboxes.slot_table.post(CloseAllStreams())
     with trio.move_on_after(STREAM_CLOSE_GRACE_S):
-        await actors.hub.all_closed()
+        await actors.fanout.all_closed()
     await front_end.stop(SERVER_STOP_GRACE_S)
 
 
@@ -491,8 +489,8 @@ async def _drain(
     front_end: GrpcFrontEnd,
     registrar: Registrar | None,
 ) -> None:
-    # The seed's order: stop admitting, then leave etcd, then wait for live tasks. A
-    # coordinator still placing here in between gets UNAVAILABLE and places elsewhere.
+    # Stop admitting, then leave etcd, then wait for live tasks: a coordinator still
+    # placing here in between gets UNAVAILABLE and places elsewhere.
     front_end.set_serving(False)
     actors.start_drain()
     logger.info("draining: admitting no new tasks")
@@ -531,7 +529,7 @@ def run(
 async def _main(config: WorkerConfig, profile: Profile) -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, stop)
+        nursery.start_soon(watch_signals, stop)
         nursery.start_soon(_flush_logs)
         nursery.start_soon(_collect_garbage, config.gc_collect_interval_ms)
         await serve(config, profile, stop=stop)
@@ -567,55 +565,3 @@ async def _flush_logs() -> None:
     while True:
         await trio.sleep(LOG_FLUSH_S)
         flush_logs()
-
-
-REPEAT_WINDOW_S = 1.0
-"""A repeat of the first signal within this long is the same request (a process manager
-signalling the whole group reaches both `uv run` and the worker, and `uv run` forwards
-it), not a second one."""
-
-
-class SignalAction(enum.Enum):
-    DRAIN = "drain"
-    """The first request to stop: drain."""
-    REPEAT = "repeat"
-    """The first signal again, at once: the same request, delivered twice."""
-    EXIT = "exit"
-    """A second request: exit at once."""
-
-
-@attrs.define
-class SignalRule:
-    """What each SIGINT/SIGTERM asks for, given when it came (seconds, any clock)."""
-
-    _first: tuple[int, float] | None = None
-
-    def on_signal(self, signum: int, now_s: float) -> SignalAction:
-        if self._first is None:
-            self._first = (signum, now_s)
-            return SignalAction.DRAIN
-        first_signum, first_at = self._first
-        if signum == first_signum and now_s - first_at < REPEAT_WINDOW_S:
-            return SignalAction.REPEAT
-        return SignalAction.EXIT
-
-
-async def _watch_signals(stop: trio.Event) -> None:
-    rule = SignalRule()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            match rule.on_signal(signum, trio.current_time()):
-                case SignalAction.DRAIN:
-                    logger.info("%s: shutting down (send it again to exit at once)", _name(signum))
-                    stop.set()
-                case SignalAction.REPEAT:
-                    logger.info("%s again at once: the same request, still draining", _name(signum))
-                case SignalAction.EXIT:
-                    logger.warning("%s again: exiting at once", _name(signum))
-                    remove_private_dirs()
-                    sys.stderr.flush()
-                    os._exit(128 + signum)
-
-
-def _name(signum: int) -> str:
-    return signal.Signals(signum).name

@@ -10,7 +10,7 @@ Subcommands:
   configuration overrides; `--print-config` prints the effective configuration.
 * `submit`, `watch`, `result` and `status` talk to a running worker through
   `blockx.client`, each in its own `trio.run` with trio-asyncio's loop, with
-  the bearer token (`blockx.auth`) and the TLS settings (`blockx.tls`) that
+  the bearer token (`blockx.net.auth`) and the TLS settings (`blockx.net.tls`) that
   the environment gives.
   `submit --etcd` places the task through the etcd registry instead
   (`PlacementClient`), and `workers --etcd` lists the registered fleet.
@@ -41,9 +41,7 @@ import trio
 import trio_asyncio
 from tqdm import tqdm
 
-from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.auth import TOKEN_FILE_ENV, bearer_token
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
     InvalidOutputs,
@@ -64,11 +62,13 @@ from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError, InvalidValue, StartupError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
 from blockx.hub import add_commands as add_hub_commands
+from blockx.net.auth import TOKEN_FILE_ENV, bearer_token
+from blockx.net.tls import ClientTls
 from blockx.phases import spelled
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
+from blockx.process.lifecycle import lone_errors
 from blockx.profiles import BLOCK, PROFILES
-from blockx.tls import ClientTls
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -364,9 +364,9 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _worker_credentials() -> tuple[str | None, ClientTls | None]:
-    """The bearer token WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE gives (`blockx.auth`),
+    """The bearer token WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE gives (`blockx.net.auth`),
     as the worker reads them, and the TLS settings of the client's WORKER_TLS_* variables
-    (`blockx.tls.ClientTls.from_env`); None for each that is not set."""
+    (`blockx.net.tls.ClientTls.from_env`); None for each that is not set."""
     return bearer_token(os.environ.get(TOKEN_FILE_ENV, "")), ClientTls.from_env()
 
 

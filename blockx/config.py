@@ -13,10 +13,11 @@ Theory of operation:
   configs have none). `_SETTINGS` is the flat table walked from those
   declarations; the file, the environment, the overrides and `to_json_dict`
   all work from it.
-* A section is a JSON object (`worker.*`, `admission.*`) or, where the seed
+* A section is a JSON object (`worker.*`, `admission.*`) or, where the file
   names its settings with a prefix instead (`executorCount`, `etcdEndpoints`,
-  `grpcKeepaliveTimeMs`), a group of top-level JSON names that the code still
-  reads as one section (`config.executor.count`).
+  `grpcKeepaliveTimeMs`: the names the Go worker's configuration uses), a group
+  of top-level JSON names that the code still reads as one section
+  (`config.executor.count`).
 * Layers, later ones win: built-in defaults -> the profile's defaults -> the
   JSON file named by `WORKER_CONFIG` (only the keys it holds) -> environment
   variables -> explicit overrides (command-line flags). The loader records
@@ -472,13 +473,13 @@ class GrpcSection:
     trio-asyncio's loop in the worker's one thread (see `blockx.api._bridge`)."""
     pin_loop_threads: bool = _setting(True, "pinLoopThreads", "WORKER_PIN_LOOP_THREADS", _BOOL)
     """With `loop` "thread": keep Trio's and the server's loop threads on one CPU (they take
-    turns holding the GIL; see `blockx._affinity`). Other threads and the executors keep
+    turns holding the GIL; see `blockx.api._affinity`). Other threads and the executors keep
     every CPU the worker was given."""
     auth_token_file: str = _setting("", "grpcAuthTokenFile", "WORKER_AUTH_TOKEN_FILE", _STR)
-    """A file holding the bearer token every RPC but health must carry (`blockx.auth`;
+    """A file holding the bearer token every RPC but health must carry (`blockx.net.auth`;
     the token may also come from WORKER_AUTH_TOKEN). "" and no variable: no token."""
     tls_cert_file: str = _setting("", "grpcTlsCertFile", "WORKER_TLS_CERT_FILE", _STR)
-    """The PEM certificate (chain) the port serves TLS with (`blockx.tls`); set with
+    """The PEM certificate (chain) the port serves TLS with (`blockx.net.tls`); set with
     `tls_key_file`, or neither (plain text)."""
     tls_key_file: str = _setting("", "grpcTlsKeyFile", "WORKER_TLS_KEY_FILE", _STR)
     """The certificate's unencrypted PEM private key."""
@@ -630,7 +631,7 @@ class WorkerConfig:
 
     def _check_tls(self) -> None:
         """The TLS files go together: certificate and key, and a client CA only with them.
-        What they hold is checked when the worker starts (`blockx.tls`)."""
+        What they hold is checked when the worker starts (`blockx.net.tls`)."""
         grpc = self.grpc
         check_paired((grpc.tls_cert_file, "grpcTlsCertFile"), (grpc.tls_key_file, "grpcTlsKeyFile"))
         ConfigError.check(

@@ -3,7 +3,7 @@
 * `SlotTableActor`: the one owner of the slot machine and the function code view.
 * task actors (`run_task`): one per task whose builder or plugin waits on IO.
 * `DispatcherActor`: the one owner of the dispatch core, driving the executors.
-* `WatchHub`: fans task updates out to watch streams (part of the slot-table actor).
+* `WatchFanout`: fans task updates out to watch streams (part of the slot-table actor).
 
 An actor is one task with one inbox (`Inbox`); its messages are all in
 `blockx.actors._messages`, re-exported here. `run_actors` starts the graph;
@@ -56,7 +56,7 @@ from blockx.actors._streams import (
     WatchStream,
 )
 from blockx.actors._task import Admission, TaskRuntime, TaskStart, run_task
-from blockx.actors._watch import WatchHub
+from blockx.actors._watch import WatchFanout
 
 __all__ = [
     "Accepted",
@@ -98,7 +98,7 @@ __all__ = [
     "TransportFactory",
     "Unsubscribe",
     "WatchChanged",
-    "WatchHub",
+    "WatchFanout",
     "WatchStream",
     "WorkerActors",
     "WorkerStatus",

@@ -2,7 +2,7 @@
 
 Every inbox is opened before any actor exists (`Inboxes`), so each actor is
 built with everything it talks to and nothing is wired later. `run_actors`
-starts the executors, the dispatcher and the slot-table actor (with its watch hub)
+starts the executors, the dispatcher and the slot-table actor (with its watch fan-out)
 with `nursery.start`, each reporting ready; task actors run in a nursery of
 their own, which closes (every task actor ended) before the executors stop.
 `ActorProbe` reads the worker's state the way everyone else must: through the
@@ -18,8 +18,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
-from blockx._process import rss_bytes
 from blockx.actors._dispatcher import DispatcherActor
 from blockx.actors._inbox import Inbox
 from blockx.actors._messages import (
@@ -35,7 +33,7 @@ from blockx.actors._messages import (
 from blockx.actors._readiness import Readiness
 from blockx.actors._slot_table import SlotTableActor
 from blockx.actors._task import Admission, TaskRuntime
-from blockx.actors._watch import WatchHub
+from blockx.actors._watch import WatchFanout
 from blockx.calls import StimulusIds
 from blockx.config import WorkerConfig
 from blockx.executors import ExecutorPoolConfig, ExecutorTransport, PoolEvent
@@ -46,11 +44,13 @@ from blockx.observability.metrics import WorkerSnapshot
 from blockx.observability.tracing import TaskTracing
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
+from blockx.process.clock import EpochClock
+from blockx.process.lifecycle import rss_bytes
 from blockx.profiles import Profile
 from blockx.slots import SlotMachine, TaskResult
 
 TransportFactory = Callable[
-    [ExecutorPoolConfig, trio.MemorySendChannel[PoolEvent], WorkerClock], ExecutorTransport
+    [ExecutorPoolConfig, trio.MemorySendChannel[PoolEvent], EpochClock], ExecutorTransport
 ]
 """Makes the executors (`ExecutorPoolManager`, or a test's fake) from their settings, the
 channel their events go to (the dispatcher's inbox) and the worker's clock."""
@@ -78,7 +78,7 @@ class WorkerActors:
 
     inboxes: Inboxes
     transport: ExecutorTransport
-    hub: WatchHub
+    fanout: WatchFanout
     probe: ActorProbe
     drained: trio.Event
     """Set once draining started and no task is live any more."""
@@ -106,10 +106,10 @@ class ActorProbe:
     """Reads the worker's state from its actors; see `blockx.observability.metrics.WorkerProbe`."""
 
     slot_table: Inbox[SlotTableMessage]
-    hub: WatchHub
+    fanout: WatchFanout
     transport: ExecutorTransport
     identity: WorkerIdentity
-    clock: WorkerClock
+    clock: EpochClock
 
     async def snapshot(self) -> WorkerSnapshot:
         status: WorkerStatus = await self.slot_table.ask(lambda reply: GetStatus(reply=reply))
@@ -120,7 +120,7 @@ class ActorProbe:
             slots=status.slots,
             tasks=status.tasks,
             executors=self.transport.snapshot(),
-            watch_streams=self.hub.open_streams,
+            watch_streams=self.fanout.open_streams,
             worker_rss_bytes=rss_bytes(),
         )
 
@@ -136,7 +136,7 @@ class ActorParts:
     """Holds the first snapshot of function code; the slot-table actor owns it from now on."""
     executors: TransportFactory
     identity: WorkerIdentity
-    clock: WorkerClock
+    clock: EpochClock
     tracing: TaskTracing
     on_finished: Sequence[Callable[[TaskResult], None]] = ()
     draws: random.Random | None = None
@@ -150,7 +150,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
     the executors. The slot table keeps running until `nursery` ends."""
     config, inboxes = parts.config, parts.inboxes
     stimuli = StimulusIds()
-    hub = WatchHub(slot_table=inboxes.slot_table)
+    fanout = WatchFanout(slot_table=inboxes.slot_table)
     transport = parts.executors(config.pool_config(), inboxes.executor_events(), parts.clock)
     await nursery.start(transport.run)
     executors_up, readiness = Readiness(), Readiness()
@@ -172,7 +172,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 machine=SlotMachine(config.worker.slot_config()),
                 code=parts.code,
                 inbox=inboxes.slot_table,
-                hub=hub,
+                fanout=fanout,
                 dispatcher=inboxes.dispatcher,
                 runtime=runtime,
                 task_nursery=task_nursery,
@@ -185,7 +185,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
             nursery.start_soon(_follow_readiness, executors_up, inboxes.slot_table, readiness)
             probe = ActorProbe(
                 slot_table=inboxes.slot_table,
-                hub=hub,
+                fanout=fanout,
                 transport=transport,
                 identity=parts.identity,
                 clock=parts.clock,
@@ -193,7 +193,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
             yield WorkerActors(
                 inboxes=inboxes,
                 transport=transport,
-                hub=hub,
+                fanout=fanout,
                 probe=probe,
                 drained=slot_table.drained,
                 readiness=readiness,

@@ -25,7 +25,6 @@ from typing import assert_never
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.actors._call_ids import CallIds
 from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Inbox, take_until
@@ -80,6 +79,7 @@ from blockx.executors import (
     encode_run_calls_frame,
 )
 from blockx.functions import FunctionCodeError, FunctionSnapshot, UnknownModule
+from blockx.process.clock import EpochClock
 
 _LEFT_CODE = {DownReason.WEDGED: FailureCode.EXECUTOR_WEDGED}
 
@@ -94,7 +94,7 @@ class DispatcherActor:
         transport: ExecutorTransport,
         slot_table: Inbox[SlotTableMessage],
         settings: DispatcherSection,
-        clock: WorkerClock,
+        clock: EpochClock,
         stimuli: StimulusIds,
         rng: random.Random | None = None,
         readiness: Readiness | None = None,

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Sequence
 
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.actors._assembly import TransportFactory
 from blockx.actors._dispatcher import DispatcherActor
 from blockx.actors._inbox import Inbox
@@ -29,6 +28,7 @@ from blockx.config import DispatcherSection, default_config
 from blockx.errors import Misuse
 from blockx.executors import ExecutorPoolConfig, ExecutorPoolManager, ExecutorTransport
 from blockx.functions import FunctionSnapshot
+from blockx.process.clock import EpochClock
 
 DEFAULT_RETRY = default_config().worker.slot_config().default_retry_policy
 """The worker's default retry policy."""
@@ -52,7 +52,7 @@ class CallEngine:
         executors: TransportFactory = ExecutorPoolManager,
     ) -> AsyncIterator[CallEngine]:
         """Start the executors and the dispatcher; stop both on exit."""
-        clock = WorkerClock()
+        clock = EpochClock()
         inbox = Inbox[DispatcherMessage]()
         reports = Inbox[SlotTableMessage]()
         transport = executors(pool_config, inbox.sender, clock)

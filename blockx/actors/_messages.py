@@ -11,7 +11,7 @@ A task's path through the actors, one message per hop:
            -> dispatcher -> CallsDone -> slot table -> StartPluginPhase -> task actor
            -> PhaseDone(PLUGIN)
            (a task without a result handler: its plugin phase succeeds in the slot table)
-           -> slot table -> its watch hub (every step above) -> WatchStream -> client
+           -> slot table -> its watch fan-out (every step above) -> WatchStream -> client
 
 Each arrow is a `post` on the receiving actor's `Inbox` (see `_inbox`).
 """
@@ -96,7 +96,7 @@ class CallsDone:
     outcome: CallPhaseOutcome
 
 
-# from the watch hub, the code refresher and the application
+# from the watch fan-out, the code refresher and the application
 
 
 @attrs.frozen(kw_only=True)
@@ -132,7 +132,7 @@ class ForceDrain:
     """The drain timeout passed: every live task must end now."""
 
 
-# from the front end and the application, for the slot table's watch hub
+# from the front end and the application, for the slot table's watch fan-out
 
 
 @attrs.frozen(kw_only=True)

@@ -10,7 +10,7 @@ here (`_start_phase`; executor admission, and scan admission for a streamed
 task's call phase, are counted here); a task actor is
 started (with the code pinned for the task) in the task nursery for a phase
 that must wait, told to run its next phase or cancelled. Calls are cancelled
-in the dispatcher, and every change of a task is published to the watch hub
+in the dispatcher, and every change of a task is published to the watch fan-out
 and to the task's trace. The actor never waits on anyone it talks to. Others
 read its state only through its inbox (`GetStatus`, `GetResult`).
 """
@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Inbox, Reply, take_until
 from blockx.actors._messages import (
@@ -58,12 +57,13 @@ from blockx.actors._task import (
     build_inline,
     run_task,
 )
-from blockx.actors._watch import WatchHub
+from blockx.actors._watch import WatchFanout
 from blockx.calls import CallSpec, FailureCode, StimulusIds
 from blockx.errors import Misuse
 from blockx.functions import FunctionCodeError, FunctionCodeView, FunctionSnapshot
 from blockx.io import IOScopeError, TaskIOScope
 from blockx.observability.tracing import TaskTracing
+from blockx.process.clock import EpochClock
 from blockx.slots import (
     ActivationFailed,
     ActivationPrepared,
@@ -160,11 +160,11 @@ class SlotTableActor:
         machine: SlotMachine,
         code: FunctionCodeView,
         inbox: Inbox[SlotTableMessage],
-        hub: WatchHub,
+        fanout: WatchFanout,
         dispatcher: Inbox[DispatcherMessage],
         runtime: TaskRuntime,
         task_nursery: trio.Nursery,
-        clock: WorkerClock,
+        clock: EpochClock,
         stimuli: StimulusIds,
         tracing: TaskTracing,
         on_finished: Sequence[Callable[[TaskResult], None]] = (),
@@ -173,7 +173,7 @@ class SlotTableActor:
         self._machine = machine
         self._code = code
         self._receive = inbox.receive
-        self._hub = hub
+        self._fanout = fanout
         self._dispatcher = dispatcher
         self._runtime = runtime
         self._task_nursery = task_nursery
@@ -245,11 +245,11 @@ class SlotTableActor:
                 now_ms, stimulus_id = self._stamp("force")
                 self._apply(DrainDeadlinePassed(now_ms=now_ms, stimulus_id=stimulus_id))
             case Subscribe(stream=stream, snapshots=snapshots):
-                self._hub.subscribe(stream, snapshots)
+                self._fanout.subscribe(stream, snapshots)
             case Unsubscribe(stream=stream, broken=broken):
-                self._hub.unsubscribe(stream, broken=broken)
+                self._fanout.unsubscribe(stream, broken=broken)
             case CloseAllStreams():
-                self._hub.close_all()
+                self._fanout.close_all()
 
     def _on_request(
         self, message: RequestSlot | SubmitTask | GetResult | GetStatus | OpenWatch
@@ -284,7 +284,7 @@ class SlotTableActor:
                 except WorkerError as error:
                     stream.fail(error)
                     return
-                self._hub.subscribe(stream, snapshots)
+                self._fanout.subscribe(stream, snapshots)
 
     def _on_report(self, message: PhaseDone | CallsDone) -> None:
         now_ms, stimulus_id = self._stamp("report")
@@ -354,7 +354,7 @@ class SlotTableActor:
         assert step.reply is not None
         message.reply(step.reply)
         if not step.reply.is_terminal:
-            self._hub.follow(stream, message.spec.task_id)
+            self._fanout.follow(stream, message.spec.task_id)
         self._execute(step)
         return True
 
@@ -391,7 +391,7 @@ class SlotTableActor:
             case ForgetTask(task_id=task_id, reason=reason):
                 self._slot_freed = True
                 if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
-                    self._hub.forget(task_id)
+                    self._fanout.forget(task_id)
 
     def _start_phase(self, command: StartPhase) -> None:
         task_id = command.task_id
@@ -543,12 +543,12 @@ class SlotTableActor:
             self._release(task)  # after the cancel: the next calls go in behind it
         if self._code.pinned_epoch(task_id) is not None:
             self._code.unpin(task_id, self._clock.now_ms())
-        self._hub.publish(TaskSnapshot.of_result(result))
+        self._fanout.publish(TaskSnapshot.of_result(result))
         for hook in self._on_finished:
             hook(result)
 
     def _publish(self, task_id: str) -> None:
         """A live task's change, for the streams that want it (a `RunTasks` stream needs only
         the terminal update, which `_end_task` sends)."""
-        if self._hub.wants_changes(task_id):
-            self._hub.publish(self._machine.get_result(task_id))
+        if self._fanout.wants_changes(task_id):
+            self._fanout.publish(self._machine.get_result(task_id))

@@ -1,4 +1,4 @@
-"""The streams the watch hub feeds: a `WatchTasks` stream and a `RunTasks` stream.
+"""The streams the watch fan-out feeds: a `WatchTasks` stream and a `RunTasks` stream.
 
 A `WatchTasks` stream (`WatchStream`) follows the task ids it was opened
 with.
@@ -8,7 +8,7 @@ non-terminal update replaces an older one that the reader has not taken yet,
 and the terminal update is never replaced. So a slow reader costs memory in
 proportion to the tasks it follows, never to the updates it missed, and it
 always receives the terminal result. The front end takes updates from the
-stream; the hub is the only writer.
+stream; the fan-out is the only writer.
 
 A `RunTasks` stream (`TaskStream`) follows the tasks submitted on it as they
 are accepted, and carries the answers to those submits as well.
@@ -30,7 +30,7 @@ from blockx.slots import TaskSnapshot, WorkerError
 
 
 class HubStream(Protocol):
-    """What the watch hub needs of a stream."""
+    """What the watch fan-out needs of a stream."""
 
     abandoned: bool
     every_change: bool
@@ -152,7 +152,7 @@ class TaskStream:
     what it posted (`posted`), marks the end of its input (`end_input`) and
     takes the events in order (`take`). The slot-table actor answers each
     submit (`answer`: an accepted task is followed from then on) and counts
-    the submits it holds until a slot is free (`held`). The watch hub offers
+    the submits it holds until a slot is free (`held`). The watch fan-out offers
     the updates of the tasks followed (`offer`); only terminal updates become
     events. The stream is `full` (the handler stops reading submits) while
     `window` submits are unanswered or `window` events wait to be taken: a
@@ -233,7 +233,7 @@ class TaskStream:
             else:
                 self._answers[place] = Accepted(answer)
                 if not answer.is_terminal and task_id not in self._ended:
-                    self._following.add(task_id)  # from now on (the hub hears a step later)
+                    self._following.add(task_id)  # from now on (the fan-out hears a step later)
                     self._unsent.add(task_id)
             self._send_answers()
             room = was_full and not self._full()

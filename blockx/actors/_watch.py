@@ -1,4 +1,4 @@
-"""The watch hub: fans task updates out to the `WatchTasks` and `RunTasks` streams.
+"""The watch fan-out: fans task updates out to the `WatchTasks` and `RunTasks` streams.
 
 It is part of the slot-table actor (a plain object the actor calls, not an
 actor of its own): every update it delivers comes from the slot table, so a
@@ -19,7 +19,7 @@ from blockx.actors._streams import HubStream
 from blockx.slots import NotFound, TaskSnapshot
 
 
-class WatchHub:
+class WatchFanout:
     """The streams and who follows what; tells `slot_table` of first and last streams."""
 
     def __init__(self, *, slot_table: Inbox[SlotTableMessage]) -> None:
@@ -51,7 +51,7 @@ class WatchHub:
         """`stream` (subscribed) follows `task_id` from now on: it was accepted on it."""
         if stream in self._all:
             self._follow(task_id, stream)
-        else:  # its reader left before the hub heard of the task: a watch broken at once
+        else:  # its reader left before the fan-out heard of the task: a watch broken at once
             self._slot_table.post(WatchChanged(task_id=task_id, attached=False, broken=True))
 
     def wants_changes(self, task_id: str) -> bool:

@@ -35,7 +35,7 @@ import trio
 import trio.testing
 import uvloop
 
-from blockx._affinity import pin_this_thread
+from blockx.api._affinity import pin_this_thread
 
 logger = logging.getLogger("blockx.api")
 

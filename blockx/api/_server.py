@@ -4,7 +4,7 @@ inside the worker's `trio.run` (`grpcLoop`; see `_bridge` for both and why).
 One TCP port serves `WorkerService`, the standard health service and server
 reflection in both its versions (v1, and v1alpha: the official Python
 reflection client and many GUI clients speak only v1alpha), in plain text or,
-given a context (`blockx.tls.server_context`), all of them over TLS. Health answers
+given a context (`blockx.net.tls.server_context`), all of them over TLS. Health answers
 SERVING for the worker's service (and for "") only while the worker is ready
 (an executor is healthy) and not draining.
 The maximum message size is enforced both ways, with RESOURCE_EXHAUSTED naming
@@ -42,15 +42,15 @@ from grpclib.reflection._deprecated import ServerReflection as ServerReflectionV
 from grpclib.reflection.service import ServerReflection
 from grpclib.server import Server, Stream
 
-from blockx._affinity import choose_cpu, pin_loop_threads
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
+from blockx.api._affinity import choose_cpu, pin_loop_threads
 from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
 from blockx.api._convert import Encoded
 from blockx.api._http2 import Http2Protocol, RequestHandler
 from blockx.api._service import WorkerService
-from blockx.auth import check_bearer
 from blockx.config import GrpcSection
 from blockx.errors import shown
+from blockx.net.auth import check_bearer
 
 logger = logging.getLogger("blockx.api")
 
@@ -288,8 +288,8 @@ class GrpcFrontEnd:
         tls: ssl.SSLContext | None = None,
         token: str | None = None,
     ) -> None:
-        """`tls`: serve TLS with this context (see `blockx.tls`); None, plain text. `token`:
-        the bearer token every RPC but health needs (`blockx.auth`); None, no token."""
+        """`tls`: serve TLS with this context (see `blockx.net.tls`); None, plain text. `token`:
+        the bearer token every RPC but health needs (`blockx.net.auth`); None, no token."""
         self.service = service
         self._tls = tls
         self._on_rpc = on_rpc

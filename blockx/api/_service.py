@@ -5,7 +5,7 @@ slot-table actor together with a `reply` that resolves an asyncio future, and
 awaits the future. Actors never await handlers. If the request backlog is
 full, or the front end is closing, the answer is UNAVAILABLE at once.
 
-`WatchTasks` hands the watch hub a `WatchStream` whose wake-up sets an
+`WatchTasks` hands the watch fan-out a `WatchStream` whose wake-up sets an
 asyncio event; the handler sends what the stream holds whenever it is set.
 A stream that ends after the terminal update of every task it follows is a
 clean detach; a handler cancelled by its client going away is a disconnect.

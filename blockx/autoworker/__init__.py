@@ -1,4 +1,4 @@
-"""The automatic worker runtime: run task handlers against the hub (seed 002).
+"""The automatic worker runtime: run task handlers against the hub.
 
     worker = Worker(HubClient(url, credential), WorkerOptions(
         queue_id="images",
@@ -26,7 +26,7 @@ from blockx.autoworker._runtime import (
     WorkerShutdownTimeout,
     WorkerStats,
 )
-from blockx.hub.protocol import Capability
+from blockx.hubwire import Capability
 
 __all__ = [
     "Capability",

@@ -20,7 +20,7 @@ import h11
 import trio
 
 from blockx.errors import BlockxError, InvalidValue
-from blockx.hub.protocol import Capability
+from blockx.hubwire import Capability, queue_tasks_path, task_path
 
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -105,16 +105,14 @@ class HubClient:
             "payload": payload,
             **fields,
         }
-        quoted = urllib.parse.quote(queue_id, safe="")
-        task: dict[str, Any] = await self.request("POST", f"/v1/queues/{quoted}/tasks", document)
+        task: dict[str, Any] = await self.request("POST", queue_tasks_path(queue_id), document)
         return task
 
     async def task(self, task_id: str, *, wait_ms: int = 0) -> dict[str, Any]:
         """A task as the hub has it now, with its attempts and history; with `wait_ms`
         (at most 30,000), as soon as it has ended, or once that much time has passed."""
-        quoted = urllib.parse.quote(task_id, safe="")
         query = f"?wait_ms={wait_ms}" if wait_ms else ""
-        task: dict[str, Any] = await self.request("GET", f"/v1/tasks/{quoted}{query}")
+        task: dict[str, Any] = await self.request("GET", task_path(task_id) + query)
         return task
 
     async def request(self, method: str, target: str, body: Any = None) -> Any:

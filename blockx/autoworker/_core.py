@@ -40,7 +40,7 @@ import attrs
 
 from blockx.autoworker import _outcome
 from blockx.errors import Misuse
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     AttemptRef,
     AttemptStatus,
     Capability,

@@ -13,7 +13,7 @@ from typing import Any, Final
 import attrs
 
 from blockx.errors import InvalidValue
-from blockx.hub.protocol import MAX_ID_CHARS, Capability
+from blockx.hubwire import MAX_ID_CHARS, Capability
 
 DEFAULT_CAPACITY: Final = 4
 MAX_CAPACITY: Final = 256

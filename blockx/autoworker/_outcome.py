@@ -22,7 +22,7 @@ import math
 from typing import Any, Final
 
 from blockx.errors import BlockxError
-from blockx.hub.protocol import CODE_FORM, MAX_JSON_BYTES, Failed, Outcome, Succeeded, Unknown
+from blockx.hubwire import CODE_FORM, MAX_JSON_BYTES, Failed, Outcome, Succeeded, Unknown
 
 MAX_NESTING: Final = 64
 """Deepest nesting of arrays and objects in a result or details."""

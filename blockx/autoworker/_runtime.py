@@ -27,7 +27,6 @@ import attrs
 import trio
 import trio_websocket
 
-from blockx._clock import WorkerClock
 from blockx.autoworker import _outcome
 from blockx.autoworker._client import HubClient
 from blockx.autoworker._core import (
@@ -48,10 +47,10 @@ from blockx.autoworker._core import (
 )
 from blockx.autoworker._options import WorkerExecution, WorkerOptions
 from blockx.errors import BlockxError
-from blockx.hub import WORKER_PATH
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    WORKER_PATH,
     Error,
     ErrorCode,
     Failed,
@@ -64,6 +63,7 @@ from blockx.hub.protocol import (
     decode,
     encode,
 )
+from blockx.process.clock import EpochClock
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Worker:
         client: HubClient,
         options: WorkerOptions,
         *,
-        clock: WorkerClock | None = None,
+        clock: EpochClock | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._client = client
@@ -203,7 +203,7 @@ class Worker:
         if self._ran:
             raise WorkerAlreadyRun()
         self._ran = True
-        self._clock = self._clock or WorkerClock()
+        self._clock = self._clock or EpochClock()
         finished = trio.Event()
         failure: list[WorkerRunError] = []
         try:

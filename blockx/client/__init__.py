@@ -10,7 +10,6 @@ mirrors a sample of its submits to another worker.
 Every failure is a `BlockxError`.
 """
 
-from blockx._channels import NoAsyncioLoop
 from blockx.client._errors import (
     InvalidWorkerAddress,
     WatchEndedEarly,
@@ -36,6 +35,7 @@ from blockx.client._specs import (
     task_specs_from_lines,
 )
 from blockx.client._worker import TaskToRun, WorkerClient, parse_worker_address
+from blockx.net.channels import NoAsyncioLoop
 
 __all__ = [
     "DEFAULT_REGISTRY_PREFIX",

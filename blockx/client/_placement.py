@@ -25,7 +25,6 @@ import attrs
 import trio
 from grpclib.const import Status
 
-from blockx._channels import asyncio_loop
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client._errors import InvalidWorkerAddress, WorkerCallError, WorkerUnreachable
 from blockx.client._outcomes import TaskOutcome
@@ -34,7 +33,8 @@ from blockx.client._worker import WorkerClient, outcomes_of
 from blockx.config import default_config
 from blockx.discovery import EtcdClient, EtcdError, Rejected, WorkerDirectory, WorkerHeartbeat
 from blockx.errors import BlockxError
-from blockx.tls import ClientTls
+from blockx.net.channels import asyncio_loop
+from blockx.net.tls import ClientTls
 
 logger = logging.getLogger("blockx.client")
 

@@ -38,8 +38,8 @@ import trio
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client._worker import WorkerClient, parse_worker_address
+from blockx.net.tls import ClientTls
 from blockx.slots import SHADOW_LABEL
-from blockx.tls import ClientTls
 
 logger = logging.getLogger("blockx.shadow")
 

@@ -14,7 +14,7 @@ Theory of operation:
   loop, so a client cannot drift onto another loop.
 * The channel connects lazily: an unreachable worker shows on the first call,
   as `WorkerUnreachable`. A gRPC status other than OK is `WorkerCallError`.
-* With `tls` (`blockx.tls.ClientTls`) the channel speaks TLS; its files are read
+* With `tls` (`blockx.net.tls.ClientTls`) the channel speaks TLS; its files are read
   when `connect` is entered. A failed handshake is `WorkerUnreachable` on the
   first call: the client's own check of the worker's certificate says why;
   a worker that refuses the client (plain text to a TLS port, no accepted
@@ -52,10 +52,7 @@ from grpclib.events import SendRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import ProtocolError as H2ProtocolError
 
-from blockx._channels import asyncio_loop, closed_unheard, open_channels, split_host_port
-from blockx._process import lone_errors
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.auth import send_bearer
 from blockx.client._errors import (
     InvalidWorkerAddress,
     WatchEndedEarly,
@@ -64,7 +61,10 @@ from blockx.client._errors import (
 )
 from blockx.client._outcomes import RUN_TASKS_RPC, RunTasksLedger, TaskOutcome
 from blockx.errors import Misuse
-from blockx.tls import CA_FILE_ENV, CLIENT_CERT_FILE_ENV, ClientTls
+from blockx.net.auth import send_bearer
+from blockx.net.channels import asyncio_loop, closed_unheard, open_channels, split_host_port
+from blockx.net.tls import CA_FILE_ENV, CLIENT_CERT_FILE_ENV, ClientTls
+from blockx.process.lifecycle import lone_errors
 
 STREAM_CLOSE_GRACE_S = 5.0
 """How long closing a watch stream may take before it is abandoned."""
@@ -76,7 +76,7 @@ CLOSED_UNHEARD = {
     f"accepts ({CLIENT_CERT_FILE_ENV})",
 }
 """What a connection closed before the worker said anything most likely means, for a
-client without and with TLS (see `blockx._channels.closed_unheard`)."""
+client without and with TLS (see `blockx.net.channels.closed_unheard`)."""
 PLAIN_TEXT_ANSWER = "a worker serving plain text answers a TLS client so"
 
 _WATCH_TASKS_ROUTE = "/blockx.worker.v1.WorkerService/WatchTasks"
@@ -120,8 +120,8 @@ class WorkerClient:
     ) -> AsyncIterator[WorkerClient]:
         """A client of the worker at `address` ("host:port"); the channel closes on exit.
 
-        `token`: the worker's bearer token, sent with every call (`blockx.auth`).
-        `tls`: speak TLS, trusting and presenting what it names (`blockx.tls`); its
+        `token`: the worker's bearer token, sent with every call (`blockx.net.auth`).
+        `tls`: speak TLS, trusting and presenting what it names (`blockx.net.tls`); its
         files are read now (ConfigError naming the one at fault).
         Must be entered inside `async with trio_asyncio.open_loop():`. Connecting
         is lazy: an unreachable worker fails the first call, not this.

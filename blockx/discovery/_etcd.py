@@ -42,11 +42,11 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
-from blockx._channels import asyncio_loop, open_channels, split_host_port
 from blockx._proto import etcdserverpb as rpc
 from blockx._proto import mvccpb
 from blockx.discovery._directory import KeyEvent, KeyEventKind
 from blockx.errors import BlockxError, InvalidValue
+from blockx.net.channels import asyncio_loop, open_channels, split_host_port
 
 CALL_TIMEOUT_S = 5.0
 """How long one unary call may take on one endpoint before the next is tried."""

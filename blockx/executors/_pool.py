@@ -37,8 +37,6 @@ from typing import Final
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
-from blockx._process import add_private_dir, discard_private_dir
 from blockx.errors import Misuse, shown
 from blockx.executors._config import ExecutorPoolConfig
 from blockx.executors._errors import (
@@ -74,6 +72,8 @@ from blockx.executors._wire import (
     Welcome,
     encode_frame,
 )
+from blockx.process.clock import EpochClock
+from blockx.process.lifecycle import add_private_dir, discard_private_dir
 
 logger = logging.getLogger("blockx.executors")
 
@@ -178,7 +178,7 @@ class ExecutorPoolManager:
         self,
         config: ExecutorPoolConfig,
         events: trio.MemorySendChannel[PoolEvent],
-        clock: WorkerClock,
+        clock: EpochClock,
     ) -> None:
         self.config = config
         self._events = events

@@ -34,7 +34,6 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn, Protocol
 
-from blockx._process import rss_bytes, tune_gc
 from blockx.calls import (
     CallOutcome,
     FailureCode,
@@ -80,6 +79,7 @@ from blockx.functions import (
     UnknownFunction,
     UnknownModule,
 )
+from blockx.process.lifecycle import rss_bytes, tune_gc
 
 EXIT_SHUTDOWN: Final = 0
 """Exited after a Shutdown message."""

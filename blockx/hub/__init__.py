@@ -1,6 +1,6 @@
-"""The hub: a durable control plane for automatic workers (seed 002).
+"""The hub: a durable control plane for automatic workers.
 
-Workers connect over WebSocket (`blockx.hub.protocol`), take offered
+Workers connect over WebSocket (`blockx.hubwire`), take offered
 attempts of the tasks of their queue, renew leases and report outcomes;
 producers submit and read tasks over HTTP JSON. State lives in a database
 (SQLite file by default, PostgreSQL for several hubs), written only through
@@ -24,12 +24,11 @@ from blockx.hub._model import (
     TaskState,
 )
 from blockx.hub._ops import SubmitRefusal, Submitted
-from blockx.hub._server import WORKER_PATH, Hub
+from blockx.hub._server import Hub
 from blockx.hub._store import Store, StoreError
 
 __all__ = [
     "ANY_QUEUE",
-    "WORKER_PATH",
     "Attempt",
     "AttemptState",
     "Credential",

@@ -24,8 +24,6 @@ from typing import Any, Final, TypeAlias
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
-from blockx._http import BadRequest, Connection, Request, header, read_body, respond_keeping
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
 from blockx.hub._auth import check
@@ -41,7 +39,9 @@ from blockx.hub._model import (
     TaskState,
 )
 from blockx.hub._store import StoreError, Tx
-from blockx.hub.protocol import CONVERTER, MAX_ID_CHARS, MAX_JSON_BYTES, Capability
+from blockx.hubwire import CONVERTER, MAX_ID_CHARS, MAX_JSON_BYTES, Capability
+from blockx.net.http import BadRequest, Connection, Request, header, read_body, respond_keeping
+from blockx.process.clock import EpochClock
 
 MAX_BODY_BYTES: Final = MAX_JSON_BYTES + 64 * 1024
 DEFAULTS: Final[Mapping[str, object]] = {
@@ -279,7 +279,7 @@ class ProducerApi:
         self,
         committer: Committer,
         *,
-        clock: WorkerClock,
+        clock: EpochClock,
         new_id: Callable[[], str],
         on_queued: Callable[[], None],
         on_submit: Callable[[], None],

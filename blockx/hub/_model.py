@@ -11,7 +11,7 @@ from typing import Final
 
 import attrs
 
-from blockx.hub.protocol import Capability, Outcome
+from blockx.hubwire import Capability, Outcome
 
 
 class TaskState(enum.StrEnum):

@@ -23,7 +23,7 @@ from blockx.hub import _rules
 from blockx.hub._model import Attempt, Credential, Submission, Task, TaskState
 from blockx.hub._rules import Change, Refusal, Timing
 from blockx.hub._store import Keys, Tx
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     CODE_FORM,
     MAX_JSON_BYTES,
     Answer,

@@ -42,7 +42,7 @@ from blockx.hub._model import (
     Task,
     TaskState,
 )
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     AttemptStatus,
     Disposition,
     Failed,

@@ -1,6 +1,6 @@
 """The hub server: worker sessions over WebSocket and the producers' HTTP JSON API, one port.
 
-`GET /v1/worker` upgrades to the worker protocol (`blockx.hub.protocol`);
+`GET /v1/worker` upgrades to the worker protocol (`blockx.hubwire`);
 everything else under `/v1/` is the producers' API (see `_api`). Behind both
 is the committer (`_committer`), the only writer of the database: every
 answer a worker gets was committed first.
@@ -31,16 +31,6 @@ import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
 
-from blockx._clock import WorkerClock
-from blockx._http import (
-    Connection,
-    Request,
-    accept_websocket,
-    is_websocket_upgrade,
-    read_request_head,
-    respond,
-    serve_guarded,
-)
 from blockx.hub import _ops
 from blockx.hub._api import ProducerApi, TaskWatch
 from blockx.hub._auth import authenticate
@@ -48,11 +38,12 @@ from blockx.hub._committer import Committer
 from blockx.hub._config import HubConfig
 from blockx.hub._model import Credential, Right
 from blockx.hub._store import Store, StoreError
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_CAPACITY,
     MAX_FRAME_BYTES,
     MAX_FRAME_MESSAGES,
     PROTOCOL_VERSION,
+    WORKER_PATH,
     AttemptStatus,
     Capability,
     ControlMessage,
@@ -80,10 +71,19 @@ from blockx.hub.protocol import (
     encode_message,
     frame,
 )
+from blockx.net.http import (
+    Connection,
+    Request,
+    accept_websocket,
+    is_websocket_upgrade,
+    read_request_head,
+    respond,
+    serve_guarded,
+)
+from blockx.process.clock import EpochClock
 
 logger = logging.getLogger("blockx.hub")
 
-WORKER_PATH: Final = "/v1/worker"
 HELLO_TIMEOUT_S: Final = 10.0
 """How long a worker may take to send its hello once connected."""
 _FRAME_ROOM: Final = MAX_FRAME_BYTES - 3
@@ -188,7 +188,7 @@ class Hub:
         config: HubConfig,
         store: Store,
         *,
-        clock: WorkerClock | None = None,
+        clock: EpochClock | None = None,
         new_id: Callable[[], str] = _ops.new_id,
         use_thread: bool = True,
     ) -> None:
@@ -196,7 +196,7 @@ class Hub:
         watch = TaskWatch()
         self.committer = Committer(store, use_thread=use_thread, tail=watch)
         self.hub_id = new_id()
-        self._clock = clock or WorkerClock()
+        self._clock = clock or EpochClock()
         self._new_id = new_id
         self._timing = config.timing
         self._sessions: dict[str, _Session] = {}  # by instance id

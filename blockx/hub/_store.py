@@ -38,7 +38,7 @@ from blockx.hub._model import (
     Task,
     TaskState,
 )
-from blockx.hub.protocol import CONVERTER, Capability, Outcome
+from blockx.hubwire import CONVERTER, Capability, Outcome
 
 if TYPE_CHECKING:
     import psycopg

@@ -25,7 +25,8 @@ import attrs
 import trio
 import trio_websocket
 
-from blockx._http import (
+from blockx.executors import ExecutorView
+from blockx.net.http import (
     RESPONSE_TIMEOUT_S,
     Connection,
     Request,
@@ -36,7 +37,6 @@ from blockx._http import (
     respond,
     serve_guarded,
 )
-from blockx.executors import ExecutorView
 from blockx.observability.metrics import WorkerMetrics, WorkerProbe, WorkerSnapshot
 from blockx.slots import TaskResult
 

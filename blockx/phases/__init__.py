@@ -2,13 +2,13 @@
 
 `builders/` turn a task's payload into calls; `plugins/` store the outputs of
 the calls (the third phase, Plugin). What both share lives here: the
-name -> implementation registry (with the seed's spellings of the names,
-`SEED_SPELLINGS`), the phase error, and reading the JSON a task hands them.
+name -> implementation registry (with the camelCase aliases of the names,
+`CAMEL_CASE_ALIASES`), the phase error, and reading the JSON a task hands them.
 The calls phase itself is the dispatch core (`blockx.dispatch`).
 """
 
 from blockx.phases._registry import (
-    SEED_SPELLINGS,
+    CAMEL_CASE_ALIASES,
     DuplicateName,
     PhaseFailed,
     Registry,
@@ -18,7 +18,7 @@ from blockx.phases._registry import (
 )
 
 __all__ = [
-    "SEED_SPELLINGS",
+    "CAMEL_CASE_ALIASES",
     "DuplicateName",
     "PhaseFailed",
     "Registry",

@@ -5,9 +5,9 @@ by name at start-up: a registry is immutable once made, an unknown name is
 refused when the registry is assembled (never when a task first asks for it),
 and two implementations never share a name. A task naming a builder or plugin
 the worker lacks gets the same `UnknownName` (from `Registry.require`), when
-it is activated. A builder or plugin may answer to
-several names (the seed's spellings beside ours): `SEED_SPELLINGS` is the one
-table of them, and a registry, `select` and every message that lists names
+it is activated. A builder or plugin may answer to two names (its camelCase
+alias, the name the Go worker uses, beside ours): `CAMEL_CASE_ALIASES` is the
+one table of them, and a registry, `select` and every message that lists names
 read it. It never constructs an implementation itself: the packages pass their
 own factories in.
 """
@@ -21,7 +21,7 @@ from typing import ClassVar, Final, Generic, Protocol, TypeVar
 from blockx.calls import FailureCode
 from blockx.errors import BlockxError, shown
 
-SEED_SPELLINGS: Final[Mapping[str, str]] = MappingProxyType(
+CAMEL_CASE_ALIASES: Final[Mapping[str, str]] = MappingProxyType(
     {
         "callList": "call_list",
         "bundleScan": "bundle_scan",
@@ -29,29 +29,31 @@ SEED_SPELLINGS: Final[Mapping[str, str]] = MappingProxyType(
         "tableUpserts": "table_upserts",
     }
 )
-"""The seed's name of a builder or plugin -> ours, wherever the two differ.
+"""The camelCase alias of a builder or plugin (the name the Go worker uses) -> ours,
+wherever the two differ.
 
-Coordinators written against the seed name them this way; both spellings
-reach the same implementation. The seed's `dbscan` is spelt as ours. Names
-here need not be registered yet: the data-phase builders and writers come
-later, and answer to both spellings once they are.
+Coordinators written for the Go worker name them this way; both spellings
+reach the same implementation. `dbscan` is spelt the same in both. Names here
+need not be registered in every profile: a profile that has the builder or
+plugin answers to both spellings.
 """
 
-_SEED_SPELLING_OF: Final[Mapping[str, str]] = MappingProxyType(
-    {ours: seed for seed, ours in SEED_SPELLINGS.items()}
+_ALIAS_OF: Final[Mapping[str, str]] = MappingProxyType(
+    {ours: alias for alias, ours in CAMEL_CASE_ALIASES.items()}
 )
 
 
 def our_name(name: str) -> str:
     """`name` in our spelling (`callList` -> `call_list`); any other name as it is."""
-    return SEED_SPELLINGS.get(name, name)
+    return CAMEL_CASE_ALIASES.get(name, name)
 
 
 def spelled(name: str) -> str:
-    """`name` in our spelling followed by the seed's, where they differ: `call_list (callList)`."""
+    """`name` in our spelling followed by its camelCase alias, where they differ:
+    `call_list (callList)`."""
     ours = our_name(name)
-    seed = _SEED_SPELLING_OF.get(ours)
-    return f"{ours} ({seed})" if seed is not None else ours
+    alias = _ALIAS_OF.get(ours)
+    return f"{ours} ({alias})" if alias is not None else ours
 
 
 class UnknownName(BlockxError):
@@ -61,7 +63,7 @@ class UnknownName(BlockxError):
         self.kind = kind
         self.name = name
         self.known = known
-        other = SEED_SPELLINGS.get(name) or _SEED_SPELLING_OF.get(name)
+        other = CAMEL_CASE_ALIASES.get(name) or _ALIAS_OF.get(name)
         # A task names the type: quoted in full, an unbounded name would be kept in its
         # result for the retention window.
         asked = f"{name!r} ({other})" if other is not None else shown(name)
@@ -107,7 +109,7 @@ T = TypeVar("T", bound=Named)
 class Registry(Generic[T]):
     """An immutable mapping name -> implementation, in registration order.
 
-    Names are kept in our spelling; every lookup also takes the seed's.
+    Names are kept in our spelling; every lookup also takes the camelCase alias.
     """
 
     kind: ClassVar[str] = "implementation"
@@ -133,7 +135,7 @@ class Registry(Generic[T]):
         return implementation
 
     def names(self) -> tuple[str, ...]:
-        """The registered names, in our spelling (`spelled` adds the seed's)."""
+        """The registered names, in our spelling (`spelled` adds the camelCase alias)."""
         return tuple(self._by_name)
 
     def __contains__(self, name: object) -> bool:
@@ -149,7 +151,7 @@ class Registry(Generic[T]):
 def select(kind: str, names: Iterable[str], factories: Mapping[str, Callable[[], T]]) -> list[T]:
     """One fresh implementation per distinct name, in the order first named.
 
-    `factories` are keyed by our spelling; `names` may use the seed's. Raises
+    `factories` are keyed by our spelling; `names` may use the camelCase aliases. Raises
     `UnknownName` for the first name that `factories` lacks. A name listed
     twice (in either spelling) is registered once: profiles are unions of
     name lists.

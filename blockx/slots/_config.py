@@ -1,4 +1,4 @@
-"""Settings of the slot table (the seed's `worker.*` fields) and their checks.
+"""Settings of the slot table (the `worker.*` fields of the configuration) and their checks.
 
 The defaults are declared once, in `blockx.config`; this class only checks
 that the values it is given fit together.

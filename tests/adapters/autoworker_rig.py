@@ -14,7 +14,6 @@ import attrs
 import pytest
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.autoworker import (
     HubClient,
     Worker,
@@ -22,7 +21,8 @@ from blockx.autoworker import (
     WorkerHandler,
     WorkerOptions,
 )
-from blockx.hub.protocol import Capability
+from blockx.hubwire import Capability
+from blockx.process.clock import EpochClock
 from tests.adapters.hub_harness import CAPABILITY, EPOCH_MS, QUEUE, HubEndpoint
 
 SQLITE: Final = pytest.mark.parametrize("hub_url", ["sqlite"], indirect=True)
@@ -58,7 +58,7 @@ def options(
 
 def worker(endpoint: HubEndpoint, token: str, opts: WorkerOptions | None = None) -> Worker:
     return Worker(
-        rig_client(endpoint, token), opts or options(), clock=WorkerClock(epoch_ms=EPOCH_MS)
+        rig_client(endpoint, token), opts or options(), clock=EpochClock(epoch_ms=EPOCH_MS)
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import trustme
 
-from blockx.tls import ClientTls
+from blockx.net.tls import ClientTls
 
 
 @attrs.frozen

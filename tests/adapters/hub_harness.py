@@ -24,9 +24,7 @@ import trio
 import trio.testing
 import trio_websocket
 
-from blockx._clock import WorkerClock
 from blockx.hub import (
-    WORKER_PATH,
     Hub,
     HubConfig,
     Right,
@@ -34,9 +32,10 @@ from blockx.hub import (
     create_credential,
     create_queue,
 )
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    WORKER_PATH,
     Answer,
     Capability,
     ControlMessage,
@@ -54,6 +53,7 @@ from blockx.hub.protocol import (
     decode,
     encode,
 )
+from blockx.process.clock import EpochClock
 
 EPOCH_MS: Final = 1_800_000_000_000
 """The hub's clock reading when a test starts: every time in a test is this plus virtual time."""
@@ -308,7 +308,7 @@ async def running_hub(url: str, config: HubConfig = TEST_CONFIG) -> AsyncIterato
     on exit."""
     store = Store(url)
     try:
-        hub = Hub(config, store, clock=WorkerClock(epoch_ms=EPOCH_MS), use_thread=False)
+        hub = Hub(config, store, clock=EpochClock(epoch_ms=EPOCH_MS), use_thread=False)
         create_queue(store, QUEUE, hub.now_ms())
         async with trio.open_nursery() as nursery:
             await nursery.start(hub.run_actors)

@@ -1,4 +1,4 @@
-"""The automatic worker's timing rules (seed 002, section 4), at exact virtual times.
+"""The automatic worker's timing rules, at exact virtual times.
 
 * a heartbeat every third of the session TTL, at most every 5 s;
 * a renewal a third of the way through the remaining lease, never sooner than
@@ -23,9 +23,9 @@ import pytest
 import trio
 import trio.testing
 
-from blockx._clock import WorkerClock
 from blockx.autoworker import HubClient, Worker, WorkerEvent, WorkerExecution, WorkerOptions
-from blockx.hub.protocol import Heartbeat, Message, Renew, Start
+from blockx.hubwire import Heartbeat, Message, Renew, Start
+from blockx.process.clock import EpochClock
 from tests.adapters.autoworker_rig import SQLITE, options, state_of
 from tests.adapters.hub_harness import EPOCH_MS, TEST_CONFIG, HubRig, running_hub
 from tests.adapters.ws_wire import WireReader
@@ -128,7 +128,7 @@ def tapped_worker(
     line: TappedLine, token: str, opts: WorkerOptions, rng: random.Random | None = None
 ) -> Worker:
     client = TappedClient(url="http://hub.test:80", credential=token, line=line)
-    return Worker(client, opts, clock=WorkerClock(epoch_ms=EPOCH_MS), rng=rng)
+    return Worker(client, opts, clock=EpochClock(epoch_ms=EPOCH_MS), rng=rng)
 
 
 async def notice(worker: Worker, type_: str) -> WorkerEvent:

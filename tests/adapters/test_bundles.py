@@ -11,9 +11,16 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from blockx.bundles import FORMAT, MANIFEST, BundleError, read_manifest, verify_bundle, write_bundle
 from blockx.calls import decode_args
 from blockx.phases.builders import BuilderFailed, BundleScanBuilder
+from blockx.phases.bundles import (
+    FORMAT,
+    MANIFEST,
+    BundleError,
+    read_manifest,
+    verify_bundle,
+    write_bundle,
+)
 from blockx.phases.plugins import BundleWritePlugin, PluginFailed
 from blockx.slots import PluginResult
 from tests.plugin_runs import run_plugin, run_stream

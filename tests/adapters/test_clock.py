@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from blockx._clock import WorkerClock
+from blockx.process.clock import EpochClock
 
 EPOCH_MS = 1_700_000_000_000
 
@@ -15,7 +15,7 @@ async def test_waking_at_the_trio_time_of_a_millisecond_reads_that_millisecond(
 ) -> None:
     # A timer armed for `due_ms` wakes at `trio_time(due_ms)`; reading one millisecond
     # more there (float rounding: 2.007 * 1000 > 2007) made timers fire late.
-    clock = WorkerClock(epoch_ms=EPOCH_MS)
+    clock = EpochClock(epoch_ms=EPOCH_MS)
     late = []
     for ms in range(1, 5_000):
         await trio.sleep_until(clock.trio_time(EPOCH_MS + ms))
@@ -27,7 +27,7 @@ async def test_waking_at_the_trio_time_of_a_millisecond_reads_that_millisecond(
 async def test_a_reading_between_two_milliseconds_is_the_later_one(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    clock = WorkerClock(epoch_ms=EPOCH_MS)
+    clock = EpochClock(epoch_ms=EPOCH_MS)
     assert clock.now_ms() == EPOCH_MS
     await trio.sleep_until(2.0005)
     assert clock.now_ms() == EPOCH_MS + 2_001

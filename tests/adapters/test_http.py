@@ -1,4 +1,4 @@
-"""The HTTP/1.1 layer the hub's port and the metrics port share (`blockx._http`), over an
+"""The HTTP/1.1 layer the hub's port and the metrics port share (`blockx.net.http`), over an
 in-memory stream: requests one after another on a kept connection (also sent without
 waiting), bodies in pieces or chunked, when a connection is kept or closed, and the 4xx
 answers to what cannot be read."""
@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from blockx._http import (
+from blockx.net.http import (
     MAX_REQUEST_HEAD_BYTES,
     BadRequest,
     Connection,

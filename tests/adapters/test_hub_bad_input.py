@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from blockx.hub import Right
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_FRAME_BYTES,
     MAX_FRAME_MESSAGES,
     MAX_JSON_BYTES,

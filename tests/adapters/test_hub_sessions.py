@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from blockx.hub import Right, create_queue
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_JSON_BYTES,
     AttemptRef,
     AttemptStatus,

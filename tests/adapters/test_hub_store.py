@@ -31,7 +31,7 @@ from blockx.hub._model import Credential
 from blockx.hub._ops import offer
 from blockx.hub._rules import Timing
 from blockx.hub._store import _MIGRATIONS, Store, Tx
-from blockx.hub.protocol import Capability, Offer
+from blockx.hubwire import Capability, Offer
 
 T = TypeVar("T")
 

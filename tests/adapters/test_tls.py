@@ -26,8 +26,8 @@ from blockx.client import PlacementClient, WorkerCallError, WorkerClient, Worker
 from blockx.config import ConfigError, load_config
 from blockx.discovery import WorkerDirectory, WorkerHeartbeat
 from blockx.functions import MemorySource
+from blockx.net.tls import ClientTls, server_context
 from blockx.profiles import BLOCK
-from blockx.tls import ClientTls, server_context
 from tests.adapters.certificates import Pki, make_pki
 from tests.adapters.test_shadow import forwarder_of
 from tests.adapters.worker_harness import (

@@ -177,10 +177,10 @@ async def test_failed_calls_and_unknown_builders_end_failed_with_their_codes() -
         assert "'dbscan9'" in results["f2"].message
 
 
-async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() -> None:
-    """Coordinators written against the seed say `callList` for `call_list`."""
+async def test_a_task_naming_its_builder_by_its_camel_case_alias_runs_as_ours() -> None:
+    """Coordinators written for the Go worker say `callList` for `call_list`."""
     async with running_worker() as worker:
-        task = call_list_task("seed", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
+        task = call_list_task("first", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
         task.function_call = pb.FunctionCallConfig(type="callList")
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
         scan = pb.FunctionCallConfig(type="bundleScan")  # reaches bundle_scan, which says why
@@ -191,9 +191,9 @@ async def test_a_task_naming_its_builder_in_the_seeds_spelling_runs_as_ours() ->
         missing = pb.FunctionCallConfig(type="tableScan")
         unknown = pb.TaskSpec(task_id="later", function_call=missing)
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=unknown))
-        updates = await watch(worker, "seed", "scan", "later")
+        updates = await watch(worker, "first", "scan", "later")
         results = {u.task_id: u.result for u in updates if u.is_terminal}
-        succeeded = results["seed"]
+        succeeded = results["first"]
         assert succeeded is not None
         assert (succeeded.state, succeeded.failure_code) == (pb.TaskState.SUCCEEDED, "")
         assert succeeded.call_stats is not None

@@ -19,7 +19,6 @@ import trio_asyncio
 from grpclib.client import Channel
 from opentelemetry.trace import Tracer
 
-from blockx._clock import WorkerClock
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.app import Serving, serve
 from blockx.calls import CallOutcome, FailureCode, decode_args, encode_value
@@ -39,6 +38,7 @@ from blockx.executors import (
     decode_payload,
 )
 from blockx.functions import MemorySource
+from blockx.process.clock import EpochClock
 from blockx.profiles import BLOCK
 
 T = TypeVar("T")
@@ -200,7 +200,7 @@ async def running_worker(
     made: list[FakeExecutors] = []
 
     def executors(
-        config: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: WorkerClock
+        config: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: EpochClock
     ) -> FakeExecutors:
         made.append(FakeExecutors(config, events, clock, healthy=healthy))
         return made[0]

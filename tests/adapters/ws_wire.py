@@ -15,7 +15,7 @@ from typing import Final
 
 import attrs
 
-from blockx.hub.protocol import Message, ProtocolError, decode
+from blockx.hubwire import Message, ProtocolError, decode
 
 BINARY: Final = 0x2
 _HEAD_END: Final = b"\r\n\r\n"

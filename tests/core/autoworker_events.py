@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from blockx.autoworker._core import Command, Send
-from blockx.hub.protocol import Capability, Offer
+from blockx.hubwire import Capability, Offer
 
 CAP = Capability(handler="text.normalize", handler_version="v1", payload_version="v1")
 OTHER = Capability(handler="text.normalize", handler_version="v2", payload_version="v1")

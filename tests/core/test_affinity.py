@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from blockx._affinity import choose_cpu, pin_loop_threads
+from blockx.api._affinity import choose_cpu, pin_loop_threads
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,

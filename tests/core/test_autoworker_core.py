@@ -22,7 +22,7 @@ from blockx.autoworker._core import (
     WorkerCore,
 )
 from blockx.errors import Misuse
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     AttemptRef,
     AttemptStatus,
     Disposition,

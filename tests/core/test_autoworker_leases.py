@@ -18,7 +18,7 @@ from blockx.autoworker._core import (
     Send,
     TimePassed,
 )
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     Capability,
     Finish,
     Granted,

@@ -15,7 +15,7 @@ from blockx.autoworker import (
     WorkerOptions,
 )
 from blockx.autoworker._outcome import MAX_NESTING, json_text, raised, returned
-from blockx.hub.protocol import MAX_JSON_BYTES, Failed, Succeeded, Unknown
+from blockx.hubwire import MAX_JSON_BYTES, Failed, Succeeded, Unknown
 
 CAP = Capability(handler="text.normalize", handler_version="v1", payload_version="v1")
 

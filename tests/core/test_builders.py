@@ -10,7 +10,7 @@ import pytest
 
 from blockx.actors._task import build_inline
 from blockx.calls import CallSpec, FailureCode, RetryPolicy, decode_args
-from blockx.phases import SEED_SPELLINGS, DuplicateName, Registry, UnknownName
+from blockx.phases import CAMEL_CASE_ALIASES, DuplicateName, Registry, UnknownName
 from blockx.phases.builders import (
     KNOWN_BUILDERS,
     Builder,
@@ -495,11 +495,11 @@ def test_an_unknown_name_is_quoted_cut_short() -> None:
     assert str(error) == f"unknown builder '{'x' * 76}...; known builders: call_list (callList)"
 
 
-# --- the seed's spellings ---------------------------------------------------------------------
+# --- camelCase aliases (the names the Go worker uses) ----------------------------------------
 
 
-def test_the_seeds_spellings_map_to_ours() -> None:
-    assert dict(SEED_SPELLINGS) == {
+def test_the_camel_case_aliases_map_to_our_names() -> None:
+    assert dict(CAMEL_CASE_ALIASES) == {
         "callList": "call_list",
         "bundleScan": "bundle_scan",
         "bundleWrite": "bundle_write",
@@ -507,7 +507,7 @@ def test_the_seeds_spellings_map_to_ours() -> None:
     }
 
 
-def test_a_builder_answers_to_the_seeds_spelling_of_its_name() -> None:
+def test_a_builder_answers_to_the_camel_case_alias_of_its_name() -> None:
     registry = builder_registry(["callList", "static", "call_list"])
     assert registry.names() == ("call_list", "static")
     builder = registry.get("callList")
@@ -540,7 +540,7 @@ class Named:
 
 
 @pytest.mark.parametrize(
-    ("seed", "ours"),
+    ("alias", "ours"),
     [
         ("dbscan", "dbscan"),
         ("bundleScan", "bundle_scan"),
@@ -548,14 +548,14 @@ class Named:
         ("tableUpserts", "table_upserts"),
     ],
 )
-def test_a_data_phase_name_answers_to_both_spellings_once_registered(seed: str, ours: str) -> None:
+def test_a_data_phase_name_answers_to_both_spellings_once_registered(alias: str, ours: str) -> None:
     implementation = Named(name=ours)
     registry = Registry([implementation])
     assert registry.names() == (ours,)
-    assert registry.require(seed) is implementation
+    assert registry.require(alias) is implementation
     assert registry.require(ours) is implementation
     with pytest.raises(DuplicateName):
-        Registry([implementation, Named(name=seed)])
+        Registry([implementation, Named(name=alias)])
 
 
 def test_registry_of_builder_instances_refuses_two_with_one_name() -> None:

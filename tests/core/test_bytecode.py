@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import compileall
 import sys
 from pathlib import Path
 
 import pytest
 
-from blockx._process import cache_own_bytecode
+import blockx
+from blockx.process.lifecycle import cache_own_bytecode
 
 
 def package(tmp_path: Path) -> Path:
@@ -41,3 +43,16 @@ def test_when_python_writes_bytecode_itself_nothing_is_done(
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     cache_own_bytecode(str(root))
     assert cached(root) == []
+
+
+def test_by_default_the_whole_blockx_package_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled: list[str] = []
+
+    def compile_dir(root: str, **_: object) -> bool:
+        compiled.append(root)
+        return True
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(compileall, "compile_dir", compile_dir)
+    cache_own_bytecode()
+    assert compiled == [str(Path(blockx.__file__).parent)]

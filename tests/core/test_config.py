@@ -48,7 +48,7 @@ def error_text(excinfo: pytest.ExceptionInfo[ConfigError]) -> str:
 
 # --- defaults ------------------------------------------------------------------------------
 
-SEED_DEFAULTS = [
+DOCUMENTED_DEFAULTS = [
     ("listenAddr", ":8081"),
     ("workerAddr", ""),
     ("etcdEndpoints", "localhost:2379"),
@@ -91,8 +91,8 @@ def json_at(document: dict[str, object], path: str) -> object:
     return value
 
 
-@pytest.mark.parametrize(("path", "expected"), SEED_DEFAULTS)
-def test_defaults_match_the_seed_table(path: str, expected: object) -> None:
+@pytest.mark.parametrize(("path", "expected"), DOCUMENTED_DEFAULTS)
+def test_defaults_match_the_documented_table(path: str, expected: object) -> None:
     assert json_at(default_config().to_json_dict(), path) == expected
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     MAX_CAPACITY,
     MAX_FRAME_BYTES,
     MAX_FRAME_MESSAGES,

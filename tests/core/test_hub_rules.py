@@ -20,7 +20,7 @@ from blockx.hub._rules import (
     start,
     time_out,
 )
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     AttemptStatus,
     Capability,
     Disposition,

@@ -1,10 +1,10 @@
-"""What each SIGINT/SIGTERM asks of the worker (`blockx.app.SignalRule`)."""
+"""What each SIGINT/SIGTERM asks of the worker (`blockx.process.signals.SignalRule`)."""
 
 from __future__ import annotations
 
 import signal
 
-from blockx.app import REPEAT_WINDOW_S, SignalAction, SignalRule
+from blockx.process.signals import REPEAT_WINDOW_S, SignalAction, SignalRule
 
 TERM, INT = signal.SIGTERM, signal.SIGINT
 

@@ -13,9 +13,9 @@ import sys
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.config import default_config
 from blockx.executors import ExecutorPoolManager, ExecutorUp, PoolEvent
+from blockx.process.clock import EpochClock
 
 
 async def host(executor_count: int) -> None:
@@ -25,7 +25,7 @@ async def host(executor_count: int) -> None:
         heartbeat_interval_ms=50,
     )
     send, events = trio.open_memory_channel[PoolEvent](math.inf)
-    pool = ExecutorPoolManager(config, send, WorkerClock())
+    pool = ExecutorPoolManager(config, send, EpochClock())
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         pids: dict[str, int] = {}

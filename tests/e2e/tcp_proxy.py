@@ -26,7 +26,7 @@ from typing import Final, TypeVar
 import attrs
 import trio
 
-from blockx.hub.protocol import Message
+from blockx.hubwire import Message
 from tests.adapters.ws_wire import WireReader
 
 TO_HUB: Final = "to_hub"

@@ -18,9 +18,9 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.auth import bearer_token
 from blockx.client import WorkerClient
 from blockx.config import ConfigError
+from blockx.net.auth import bearer_token
 from tests.e2e.serve_process import REPO, serve_process
 
 TOKEN = "s3cret-token-for-tests"

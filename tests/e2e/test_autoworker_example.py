@@ -1,8 +1,8 @@
 """examples/autoworker_normalize.py, in its own process, against a real hub process.
 
 The set-up is the one its docstring gives (a queue and a credential with both
-rights, made on the hub's database); the output must be exactly the seed's
-walk-through: one line per task in the order submitted, then the drain's line.
+rights, made on the hub's database); the output must be exactly the documented
+walk-through's: one line per task in the order submitted, then the drain's line.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Faults between an automatic worker and a real hub, each ending as seed 002 promises.
+"""Faults between an automatic worker and a real hub, each ending as the runtime promises.
 
 A `python -m blockx hub` on SQLite; the worker (`blockx.autoworker`) runs in
 this process, or in a process of its own (tests/e2e/autoworker_runner.py) when
@@ -47,7 +47,7 @@ from blockx.autoworker import (
     WorkerOptions,
 )
 from blockx.hub import Right, Store, create_credential, create_queue
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     AttemptStatus,
     Disposition,
     Finish,

@@ -24,7 +24,6 @@ import attrs
 import pytest
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.calls import decode_value, encode_args
 from blockx.config import default_config
 from blockx.executors import (
@@ -48,6 +47,7 @@ from blockx.executors import (
     UnknownExecutor,
     encode_frame,
 )
+from blockx.process.clock import EpochClock
 from tests.e2e.processes import alive
 
 FAST: dict[str, Any] = {
@@ -86,7 +86,7 @@ def new_pool(
 ) -> tuple[ExecutorPoolManager, trio.MemoryReceiveChannel[PoolEvent]]:
     """A pool manager and the receiving end of the channel its events go to."""
     send, receive = trio.open_memory_channel[PoolEvent](math.inf)
-    return ExecutorPoolManager(pool_config(**overrides), send, WorkerClock()), receive
+    return ExecutorPoolManager(pool_config(**overrides), send, EpochClock()), receive
 
 
 async def run_pool(

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from blockx.hub import Right, Store, create_credential, create_queue
-from blockx.hub.protocol import Answer, Disposition, Finish, Granted, Offer, Recorded, Succeeded
+from blockx.hubwire import Answer, Disposition, Finish, Granted, Offer, Recorded, Succeeded
 from tests.adapters.hub_harness import QUEUE, HubClient
 from tests.e2e.hub_process import HubProcess, hub_process
 

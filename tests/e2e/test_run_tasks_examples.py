@@ -13,7 +13,7 @@ import sys
 import pyarrow.parquet as pq
 import trio
 
-from blockx.bundles import verify_bundle
+from blockx.phases.bundles import verify_bundle
 from tests.e2e.serve_process import REPO, serve_process
 
 RUN_TIMEOUT_S = 60

@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.bundles import write_bundle
+from blockx.phases.bundles import write_bundle
 from tests.e2e.serve_process import serve_process
 
 ROWS = 1_000_000

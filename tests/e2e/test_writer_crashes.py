@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.bundles import verify_bundle, write_bundle
+from blockx.phases.bundles import verify_bundle, write_bundle
 from tests.e2e.serve_process import serve_process
 
 ROWS = 100_000  # the static builder's most

@@ -3,7 +3,7 @@
 The test plays the hub: it offers attempts, answers (or never answers) the
 core's control messages, drops and remakes the connection, lets time pass and
 returns handlers, and keeps its own record from the commands alone. After every
-step it checks the seed's guarantees: a handler runs only under a granted
+step it checks the runtime's guarantees: a handler runs only under a granted
 start and at most once per attempt; never more handlers than the capacity; at
 most twice the capacity of attempts known; a message id always names the same
 message; nothing but the session's opening and resume goes out before the
@@ -36,7 +36,7 @@ from blockx.autoworker._core import (
     TimePassed,
     WorkerCore,
 )
-from blockx.hub.protocol import (
+from blockx.hubwire import (
     AttemptStatus,
     ControlMessage,
     Disposition,

@@ -40,7 +40,7 @@ from blockx.hub._rules import (
     start,
     time_out,
 )
-from blockx.hub.protocol import Capability, Disposition, Failed, Outcome, Succeeded, Unknown
+from blockx.hubwire import Capability, Disposition, Failed, Outcome, Succeeded, Unknown
 
 TIMING = Timing(lease_ms=1_000, offer_ttl_ms=500, retry_backoff_ms=100, max_retry_backoff_ms=400)
 CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")

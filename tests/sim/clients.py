@@ -2,7 +2,7 @@
 
 A handler of `blockx.api.WorkerService` turns a request into a message with a
 reply and posts it to the slot-table actor's inbox; a watch is a
-`WatchStream` and a `RunTasks` call a `TaskStream` that the watch hub feeds,
+`WatchStream` and a `RunTasks` call a `TaskStream` that the watch fan-out feeds,
 ended by an `Unsubscribe` (broken when the client went away). The clients
 here do exactly that, without sockets, at random over simulated time:
 reserve a slot and submit into it (sometimes after its lease lapsed,

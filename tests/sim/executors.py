@@ -10,7 +10,7 @@ meanwhile. It answers a cancel (at once if queued, by interrupting if
 running, unless the call is stuck; a call waiting on a subcall gives up) and
 a revoke (only if queued) as the real child does.
 
-Faults come from the seed: a crash ends an incarnation at once (its calls are
+Faults come from the run's random seed: a crash ends an incarnation at once (its calls are
 never answered; `ExecutorDown(EXITED)` follows after a reap), a hang silences
 it until the heartbeat timeout declares it lost (`ExecutorDown(LOST)`), and
 `replace` (from the dispatcher) kills it (`ExecutorDown(WEDGED)`). Either way

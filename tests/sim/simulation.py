@@ -31,7 +31,6 @@ import attrs
 import trio
 import trio.testing
 
-from blockx._clock import WorkerClock
 from blockx.actors import (
     ActorParts,
     CloseAllStreams,
@@ -50,6 +49,7 @@ from blockx.executors import ExecutorPoolConfig, PoolEvent
 from blockx.functions import FunctionCodeView, FunctionSnapshot
 from blockx.identity import WorkerIdentity
 from blockx.observability.tracing import TaskTracing
+from blockx.process.clock import EpochClock
 from blockx.profiles import BLOCK
 from blockx.slots import (
     FunctionCall,
@@ -264,7 +264,7 @@ async def _main(
     world = World(
         rng=rng,
         faults=faults,
-        clock=WorkerClock(epoch_ms=EPOCH_MS),
+        clock=EpochClock(epoch_ms=EPOCH_MS),
         faults_until_ms=duration_ms,
         phase_io_timeout_ms=shape.phase_io_timeout_ms,
         task_deadline_ms=TASK_DEADLINE_MS,
@@ -334,7 +334,7 @@ def _parts(
     )
 
     def executors(
-        pool: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: WorkerClock
+        pool: ExecutorPoolConfig, events: trio.MemorySendChannel[PoolEvent], clock: EpochClock
     ) -> SimExecutors:
         return SimExecutors(world, pool, events, settings)
 

@@ -26,8 +26,8 @@ REPLAYED_SEED = 20_240_611
 """The seed `test_replay` runs when no seed is named."""
 EXAMPLES = max(10, settings().max_examples // 2)
 FAILED_ONCE = {
-    15: "a task's deadline fired a millisecond late (WorkerClock's rounding)",
-    65: "a task's deadline fired a millisecond late (WorkerClock's rounding)",
+    15: "a task's deadline fired a millisecond late (EpochClock's rounding)",
+    65: "a task's deadline fired a millisecond late (EpochClock's rounding)",
     3321: "the probe came while the only executor restarted: not ready is right, so it waits",
 }
 """Seeds that found a bug, and what it was (each fixed with a test of its own)."""

@@ -17,9 +17,9 @@ import random
 import attrs
 import trio
 
-from blockx._clock import WorkerClock
 from blockx.calls import CallOutcome, RetryPolicy
 from blockx.executors import DownReason
+from blockx.process.clock import EpochClock
 from blockx.slots import TaskResult, TaskSnapshot, TaskSpec
 
 EPOCH_MS = 1_700_000_000_000
@@ -131,7 +131,7 @@ class World:
 
     rng: random.Random
     faults: frozenset[Fault]
-    clock: WorkerClock
+    clock: EpochClock
     faults_until_ms: int
     """After this, no new fault is injected (so the worker can show it still serves)."""
     phase_io_timeout_ms: int

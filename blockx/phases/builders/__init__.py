@@ -36,7 +36,7 @@ _FACTORIES: Final[Mapping[str, Callable[[], Builder]]] = {
 
 KNOWN_BUILDERS: Final[tuple[str, ...]] = tuple(_FACTORIES)
 """Every builder name `builder_registry` accepts: call_list, dbscan, bundle_scan, static,
-payload (and the seed's spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
+payload (and their camelCase aliases, `blockx.phases.CAMEL_CASE_ALIASES`)."""
 
 
 def builder_registry(names: Iterable[str]) -> BuilderRegistry:

@@ -3,7 +3,7 @@
 Config: `{"path": "DIR", "columns": ["col", ...]}` plus the row keys of
 `blockx.phases.builders._rows` (`function`, `rows_per_call`, `rows`,
 `args`). Reads the bundle at DIR (under the worker's `io.bundleRoot` when that is set;
-`blockx.bundles`) file by file, in manifest
+`blockx.phases.bundles`) file by file, in manifest
 order: each file is checked against the manifest's size, checksum and row
 count before a row of it becomes a call, so a damaged bundle fails the task
 naming the file. `columns` picks and orders the columns (all, in the
@@ -17,13 +17,13 @@ from typing import Any, Final
 
 import trio
 
-from blockx.bundles import BundleError, open_verified, read_manifest
 from blockx.calls import CallSpec
 from blockx.errors import shown
 from blockx.io import IOScopeError
 from blockx.phases.builders._json import parse_config
 from blockx.phases.builders._model import BuilderFailed, BuildRequest, collect
 from blockx.phases.builders._rows import ROW_KEYS, ROWS_USAGE, RowCalls
+from blockx.phases.bundles import BundleError, open_verified, read_manifest
 
 NAME: Final = "bundle_scan"
 

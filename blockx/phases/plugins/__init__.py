@@ -31,7 +31,7 @@ _FACTORIES: Final[Mapping[str, Callable[[], Plugin]]] = {
 
 KNOWN_PLUGINS: Final[tuple[str, ...]] = tuple(_FACTORIES)
 """Every plugin name `plugin_registry` accepts: log, test, jsonl, result, table_upserts,
-bundle_write (and the seed's spellings of them, `blockx.phases.SEED_SPELLINGS`)."""
+bundle_write (and their camelCase aliases, `blockx.phases.CAMEL_CASE_ALIASES`)."""
 
 
 def plugin_registry(names: Iterable[str]) -> PluginRegistry:

@@ -4,7 +4,7 @@ Each output is a row (an object of column values) or an array of rows.
 
 Config: `{"path": "DIR", "rows_per_file": N}` (N default 100,000); DIR is
 taken under the worker's `io.bundleRoot` when that is set. The bundle
-at DIR is written whole or not at all (`blockx.bundles.write_bundle`): a
+at DIR is written whole or not at all (`blockx.phases.bundles.write_bundle`): a
 reader never sees a half-written one, and a task run again leaves one bundle
 at DIR. Runs on a worker thread, never cancelled half-way.
 """
@@ -16,10 +16,10 @@ from typing import Any, Final
 
 import trio
 
-from blockx.bundles import BundleError, write_bundle
 from blockx.errors import shown
 from blockx.io import IOScopeError
 from blockx.phases._config import config_integer
+from blockx.phases.bundles import BundleError, write_bundle
 from blockx.phases.plugins._model import PluginFailed, PluginRequest, decoded_output, parse_config
 from blockx.slots import PluginResult
 

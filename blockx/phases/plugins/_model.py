@@ -1,7 +1,7 @@
 """What a plugin is: its request, its protocol, its error and its registry, and the
 JSON form of an output that the plugins writing JSON share.
 
-A plugin (the seed's writer plugin) runs the third phase of a task: it stores
+A plugin (a "writer" in older task files) runs the third phase of a task: it stores
 the outputs of the task's successful calls, in call order, where the task's
 result handler says. It runs after every call has finished and must never
 block the Trio thread: file and network IO go to a worker thread.

@@ -29,7 +29,8 @@ def cache_own_bytecode(root: str | None = None) -> None:
     step compiles, so the entry point does (about 4 ms when the cache is current; a
     tree that cannot be written is left as it is). `root`: another tree (tests)."""
     if sys.dont_write_bytecode:
-        compileall.compile_dir(root or os.path.dirname(os.path.abspath(__file__)), quiet=2)
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # blockx/
+        compileall.compile_dir(root or package, quiet=2)
 
 
 def tune_gc() -> None:

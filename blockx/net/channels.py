@@ -4,7 +4,7 @@ Both call gRPC servers with grpclib on trio-asyncio's loop. grpclib binds its
 objects to the loop that runs when they are made, so a channel is made and
 closed on that loop, through `aio_as_trio`; closing is shielded, so a
 cancelled caller never leaks a channel. A channel speaks TLS when given an
-`ssl.SSLContext` (see `blockx.tls.ClientTls`), and notes whether its server
+`ssl.SSLContext` (see `blockx.net.tls.ClientTls`), and notes whether its server
 has sent anything yet (`closed_unheard`): a gRPC server starts each connection
 with its HTTP/2 settings, so a connection closed before that was refused,
 most often for speaking plain text to TLS or lacking an accepted client

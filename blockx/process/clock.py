@@ -1,11 +1,12 @@
-"""The worker's one clock: epoch milliseconds read from Trio's clock.
+"""The one clock of a blockx process: epoch milliseconds read from Trio's clock.
 
-Leases, deadlines and results carry epoch milliseconds to clients, so the
-worker's time is the wall clock, anchored once at start and then advanced by
-Trio's clock: it never goes backwards, and tests run a whole worker on Trio's
-virtual clock. Every part of the worker that reads time (the slot table, the
-dispatcher, the executor pool, the code refresher) reads this one, so their
-figures agree to the millisecond.
+Leases, deadlines and results carry epoch milliseconds to clients, so a
+process's time is the wall clock, anchored once at start and then advanced by
+Trio's clock: it never goes backwards, and tests run a whole worker, hub or
+automatic worker on Trio's virtual clock. Every part that reads time (the
+worker's slot table, dispatcher, executor pool and code refresher; the hub's
+sessions and API; the automatic worker's runtime) reads one `EpochClock`, so
+their figures agree to the millisecond.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 import trio
 
 
-class WorkerClock:
+class EpochClock:
+    """Epoch milliseconds that advance with `trio.current_time()` (see the module)."""
+
     def __init__(self, *, epoch_ms: int | None = None) -> None:
         anchor = int(time.time() * 1000) if epoch_ms is None else epoch_ms
         self._offset_ms = anchor - math.floor(_trio_ms())

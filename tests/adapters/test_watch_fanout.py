@@ -1,4 +1,4 @@
-"""The watch hub and its streams: bounded buffers and first/last stream bookkeeping."""
+"""The watch fan-out and its streams: bounded buffers and first/last stream bookkeeping."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from blockx.actors import (
     SlotTableMessage,
     TaskStream,
     WatchChanged,
-    WatchHub,
+    WatchFanout,
     WatchStream,
     _streams,
 )
 from blockx.slots import NotFound, TaskPhase, TaskResult, TaskSnapshot, TaskState
 
 
-def new_hub() -> tuple[WatchHub, Inbox[SlotTableMessage]]:
-    """A hub, and the slot table's inbox it tells."""
+def new_fanout() -> tuple[WatchFanout, Inbox[SlotTableMessage]]:
+    """A fan-out, and the slot table's inbox it tells."""
     slot_table = Inbox[SlotTableMessage]()
-    return WatchHub(slot_table=slot_table), slot_table
+    return WatchFanout(slot_table=slot_table), slot_table
 
 
 def told(slot_table: Inbox[SlotTableMessage]) -> list[SlotTableMessage]:
-    """Everything the hub has told the slot table so far."""
+    """Everything the fan-out has told the slot table so far."""
     messages: list[SlotTableMessage] = []
     while True:
         try:
@@ -70,14 +70,14 @@ def test_a_slow_reader_holds_one_pending_update_per_task_and_keeps_the_terminal_
 
 
 def test_the_hub_reports_first_and_last_streams_per_task() -> None:
-    hub, slot_table = new_hub()
+    fanout, slot_table = new_fanout()
     one = WatchStream(["t"], wake=lambda: None)
     two = WatchStream(["t", "u"], wake=lambda: None)
-    hub.subscribe(one, (running("t", TaskPhase.CALLS),))
-    hub.subscribe(two, ())
-    assert hub.open_streams == 2
-    hub.unsubscribe(one, broken=True)
-    hub.unsubscribe(two, broken=True)
+    fanout.subscribe(one, (running("t", TaskPhase.CALLS),))
+    fanout.subscribe(two, ())
+    assert fanout.open_streams == 2
+    fanout.unsubscribe(one, broken=True)
+    fanout.unsubscribe(two, broken=True)
     assert told(slot_table) == [
         WatchChanged(task_id="t", attached=True),
         WatchChanged(task_id="u", attached=True),
@@ -85,49 +85,49 @@ def test_the_hub_reports_first_and_last_streams_per_task() -> None:
         WatchChanged(task_id="u", attached=False, broken=True),
     ]
     assert [s.task_id for s in one.take()] == ["t"]
-    assert hub.open_streams == 0
+    assert fanout.open_streams == 0
 
 
 def test_a_terminal_update_ends_the_count_without_a_detach() -> None:
-    hub, slot_table = new_hub()
+    fanout, slot_table = new_fanout()
     stream = WatchStream(["t"], wake=lambda: None)
-    hub.subscribe(stream, ())
-    hub.publish(ended("t"))
-    hub.unsubscribe(stream, broken=False)
+    fanout.subscribe(stream, ())
+    fanout.publish(ended("t"))
+    fanout.unsubscribe(stream, broken=False)
     assert told(slot_table) == [WatchChanged(task_id="t", attached=True)]
     assert stream.take()[0].is_terminal
     assert stream.finished
 
 
 async def test_a_forgotten_task_fails_its_streams_and_close_all_ends_the_rest() -> None:
-    hub, _ = new_hub()
+    fanout, _ = new_fanout()
     gone = WatchStream(["r"], wake=lambda: None)
     other = WatchStream(["s"], wake=lambda: None)
-    hub.subscribe(gone, ())
-    hub.subscribe(other, ())
-    hub.forget("r")
-    hub.close_all()
+    fanout.subscribe(gone, ())
+    fanout.subscribe(other, ())
+    fanout.forget("r")
+    fanout.close_all()
     assert isinstance(gone.error, NotFound)
     assert gone.finished
     assert other.closed
     assert other.finished
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hub.all_closed)
+        nursery.start_soon(fanout.all_closed)
         await trio.testing.wait_all_tasks_blocked()
-        assert hub.open_streams == 1  # still waiting for the last reader
-        hub.unsubscribe(other, broken=False)
-    assert hub.open_streams == 0
+        assert fanout.open_streams == 1  # still waiting for the last reader
+        fanout.unsubscribe(other, broken=False)
+    assert fanout.open_streams == 0
 
 
 def test_a_stream_abandoned_before_it_was_subscribed_is_never_followed() -> None:
-    hub, slot_table = new_hub()
+    fanout, slot_table = new_fanout()
     stream = WatchStream(["t"], wake=lambda: None)
     # The reader left while its OpenWatch was still queued at the slot table.
     stream.abandoned = True
-    hub.unsubscribe(stream, broken=True)
-    hub.subscribe(stream, (running("t", TaskPhase.CALLS),))
+    fanout.unsubscribe(stream, broken=True)
+    fanout.subscribe(stream, (running("t", TaskPhase.CALLS),))
     assert told(slot_table) == []
-    assert hub.open_streams == 0
+    assert fanout.open_streams == 0
 
 
 def test_a_run_stream_ends_each_task_id_once_and_remembers_a_bounded_number(

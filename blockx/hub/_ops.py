@@ -53,12 +53,39 @@ Claim: TypeAlias = Callable[[Tx], list[Offer]]
 
 
 def new_id() -> str:
-    """A new task or attempt id: 32 hex digits, the first 12 the time in milliseconds.
-
-    Ids made one after another sort one after another (as UUIDv7s do), so
-    new rows go to the end of the tables' indexes instead of anywhere in them.
-    """
+    """A one-off id (a hub's own, a command's task): 32 hex digits, the first 12 the time in
+    milliseconds. A hub makes its task and attempt ids with a `TimeOrderedIds`."""
     return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+
+
+_COUNTER_LIMIT: Final = 0x10000
+
+
+@attrs.define
+class TimeOrderedIds:
+    """Makes task and attempt ids that sort in the order they were made, by this maker.
+
+    32 hex digits: 12 of the time in milliseconds (`now_ms`), 4 of a counter
+    within that millisecond, 16 random (as a UUIDv7 with a counter, RFC 9562
+    section 6.2). New rows go to the end of the tables' indexes instead of
+    anywhere in them, and tasks submitted in one millisecond are offered in the
+    order they came (the queue's order breaks ties of time by id). A clock that
+    steps back, or more than 65,536 ids in a millisecond, borrow from the next.
+    """
+
+    now_ms: Callable[[], int]
+    _last_ms: int = 0
+    _counter: int = 0
+
+    def __call__(self) -> str:
+        now_ms = self.now_ms()
+        if now_ms > self._last_ms:
+            self._last_ms, self._counter = now_ms, 0
+        else:
+            self._counter += 1
+            if self._counter == _COUNTER_LIMIT:
+                self._last_ms, self._counter = self._last_ms + 1, 0
+        return f"{self._last_ms:012x}{self._counter:04x}{secrets.token_hex(8)}"
 
 
 class Reused:

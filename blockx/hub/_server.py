@@ -189,15 +189,16 @@ class Hub:
         store: Store,
         *,
         clock: EpochClock | None = None,
-        new_id: Callable[[], str] = _ops.new_id,
+        new_id: Callable[[], str] | None = None,
         use_thread: bool = True,
     ) -> None:
+        """`new_id` makes task and attempt ids (default: `TimeOrderedIds` on `clock`)."""
         self.config = config
         watch = TaskWatch()
         self.committer = Committer(store, use_thread=use_thread, tail=watch)
-        self.hub_id = new_id()
+        self.hub_id = _ops.new_id()
         self._clock = clock or EpochClock()
-        self._new_id = new_id
+        self._new_id = new_id = new_id or _ops.TimeOrderedIds(self._clock.now_ms)
         self._timing = config.timing
         self._sessions: dict[str, _Session] = {}  # by instance id
         self._wake_dispatcher = trio.Event()

@@ -355,7 +355,8 @@ class Tx:
         sql = self._lock(
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND queue_id = ? "
             "AND capability = ? AND available_at_ms <= ? AND deadline_at_ms > ? "
-            "AND started_attempts < max_attempts ORDER BY available_at_ms, created_at_ms LIMIT ?",
+            "AND started_attempts < max_attempts "
+            "ORDER BY available_at_ms, created_at_ms, task_id LIMIT ?",
             skip_locked=True,
         )
         found = [

@@ -54,8 +54,8 @@ from blockx.actors import (
     run_actors,
 )
 from blockx.api import GrpcFrontEnd, WorkerService, bind_listener
-from blockx.client import ShadowForwarder
-from blockx.config import ConfigError, WorkerConfig, load_config, parse_listen_addr
+from blockx.client import ClientSettings, ShadowForwarder
+from blockx.config import WorkerConfig, load_config
 from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
 from blockx.errors import BlockxError, StartupError
 from blockx.executors import ExecutorPoolManager
@@ -70,7 +70,7 @@ from blockx.functions import (
 )
 from blockx.identity import WorkerIdentity, version
 from blockx.net.auth import bearer_token
-from blockx.net.tls import ClientTls, server_context
+from blockx.net.tls import server_context
 from blockx.observability.logs import (
     LOG_FLUSH_S,
     flush_logs,
@@ -85,6 +85,7 @@ from blockx.process.clock import EpochClock
 from blockx.process.lifecycle import lone_errors, tune_gc
 from blockx.process.signals import watch_signals
 from blockx.profiles import Profile
+from blockx.settings import ConfigError, parse_listen_addr
 
 logger = logging.getLogger("blockx.app")
 
@@ -131,18 +132,20 @@ async def serve(
     source: FunctionSource | None = None,
     executors: TransportFactory = ExecutorPoolManager,
     tracer: Tracer | None = None,
+    client: ClientSettings | None = None,
     task_status: trio.TaskStatus[Serving] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one worker until `stop` is set, then shut it down in order; `stop` set during
     start-up abandons it. `source`, `executors` and `tracer` stand in for the configured
-    ones (tests). What cannot start raises StartupError or ConfigError before anything runs."""
+    ones (tests); `client` is how the shadow sender reaches its target (default: plain
+    text). What cannot start raises StartupError or ConfigError before anything runs."""
     profile.check(config)
     clock = EpochClock()
     source, first, tls, token = _check_start(config, source)
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
-        shadow = _shadow(config, identity, token)  # a bad target is refused before any start
+        shadow = _shadow(config, identity, token, client)  # a bad target: refused at once
         tracing_cm = _tracing(config, profile, identity, tracer)
         async with trio_asyncio.open_loop(), tracing_cm as tracing, trio.open_nursery() as system:
             started = trio.Event()
@@ -223,7 +226,8 @@ def _check_start(
     port's TLS context and the token."""
     _check_executor_python(config)
     source, first = _code_source(config, given)
-    return source, first, _server_tls(config), bearer_token(config.grpc.auth_token_file)
+    grpc = config.grpc
+    return source, first, _server_tls(config), bearer_token(grpc.auth_token, grpc.auth_token_file)
 
 
 def _check_executor_python(config: WorkerConfig) -> None:
@@ -260,9 +264,9 @@ def _code_source(
 def _server_tls(config: WorkerConfig) -> ssl.SSLContext | None:
     """The gRPC port's TLS context, or None for plain text. A file that cannot be read or
     holds the wrong thing stops the start at once (a ConfigError naming its setting)."""
-    context = server_context(config.grpc)
+    grpc = config.grpc
+    context = server_context(*grpc.tls_files())
     if context is not None:
-        grpc = config.grpc
         clients = (
             f"required, signed by a CA of {grpc.tls_client_ca_file} (mutual TLS)"
             if grpc.tls_client_ca_file
@@ -357,15 +361,19 @@ async def _serve_rpcs(
 
 
 def _shadow(
-    config: WorkerConfig, identity: WorkerIdentity, token: str | None = None
+    config: WorkerConfig,
+    identity: WorkerIdentity,
+    token: str | None,
+    client: ClientSettings | None,
 ) -> ShadowForwarder | None:
     """The shadow sender `shadowSubmit*` asks for, or None. It presents this worker's
     bearer `token` (a fleet shares one) and speaks TLS as the command line does, when a
-    client variable (`WORKER_TLS_CA_FILE`, ...) is set; the files are read as it starts."""
+    client variable (`WORKER_TLS_CA_FILE`, ...) is set in `client`; the files are read as
+    it starts."""
     shadow = config.shadow
     if not shadow.enabled:
         return None
-    tls = ClientTls.from_env()
+    tls = None if client is None else client.tls()
     if tls is not None:
         tls.context()  # its files are read now: one that cannot be stops the start
     try:
@@ -510,29 +518,34 @@ def run(
     overrides: Mapping[str, object] | None = None,
     flags: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
+    file: str | None = None,
 ) -> int:
     """The worker process: load configuration, serve until signalled. Returns the exit status.
-    `flags` names the command-line flag of each override, for errors (see `load_config`).
+    `flags` names the command-line flag of each override, for errors; `file` is the
+    configuration file a flag named (see `load_config`).
 
     A failure to start (BlockxError) is raised as itself, never inside an exception group,
     so that the command line reports it as one line."""
-    config = load_config(profile=profile.defaults, env=env, overrides=overrides, flags=flags)
+    config = load_config(
+        profile=profile.defaults, env=env, overrides=overrides, flags=flags, file=file
+    )
     profile.check(config)
+    client = ClientSettings.load(env)
     setup_logging(config.observability.log_format, hold=True)
     lean_records()
     tune_gc()
     with lone_errors(BlockxError):
-        trio.run(_main, config, profile)
+        trio.run(_main, config, profile, client)
     return 0
 
 
-async def _main(config: WorkerConfig, profile: Profile) -> None:
+async def _main(config: WorkerConfig, profile: Profile, client: ClientSettings) -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_signals, stop)
         nursery.start_soon(_flush_logs)
         nursery.start_soon(_collect_garbage, config.gc_collect_interval_ms)
-        await serve(config, profile, stop=stop)
+        await serve(config, profile, stop=stop, client=client)
         nursery.cancel_scope.cancel()
     flush_logs()
 

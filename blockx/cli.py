@@ -28,7 +28,6 @@ import contextlib
 import datetime
 import functools
 import json
-import os
 import re
 import sys
 import textwrap
@@ -44,6 +43,7 @@ from tqdm import tqdm
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
+    ClientSettings,
     InvalidOutputs,
     InvalidTaskLines,
     InvalidTaskSpec,
@@ -57,18 +57,18 @@ from blockx.client import (
     task_spec_from_json,
     task_specs_from_lines,
 )
-from blockx.config import default_config, load_config
+from blockx.config import CONFIG_FILE_ENV, WorkerConfig, default_config, load_config
 from blockx.discovery import WorkerHeartbeat
-from blockx.errors import BlockxError, InvalidValue, StartupError
+from blockx.errors import BlockxError, StartupError
 from blockx.functions import DEFAULT_REDIS_PREFIX, publish_directory
 from blockx.hub import add_commands as add_hub_commands
-from blockx.net.auth import TOKEN_FILE_ENV, bearer_token
 from blockx.net.tls import ClientTls
 from blockx.phases import spelled
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
 from blockx.process.lifecycle import lone_errors
 from blockx.profiles import BLOCK, PROFILES
+from blockx.settings import FlagError, help_lines
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -82,20 +82,11 @@ EXIT_INTERRUPTED = 130
 _BYTES_PER_MB = 1024 * 1024
 
 
-class InvalidArgument(InvalidValue):
-    """The value given to the flag `field` is wrong; `allowed` says what it must be."""
-
-    def describe(self) -> str:
-        return f"{self.field} {self.value!r}: {self.allowed}"
-
-
 # ------------------------------------------------------------------ parsing
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m blockx", description="The blockx command line."
-    )
+    parser = argparse.ArgumentParser(prog="blockx", description="The blockx command line.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
     _add_submit(commands)
@@ -125,12 +116,21 @@ def _add_serve(commands: _Commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="run a worker",
-        description=(
-            "Run a worker until SIGINT or SIGTERM (a second one exits at once). Flags override "
-            "the configuration file (WORKER_CONFIG) and the environment; --print-config shows "
-            "every setting. Function code comes from --functions, or from Redis when "
-            "FUNCTIONS_REDIS_URL is set (see `functions publish`)."
+        description=textwrap.fill(
+            "Run a worker until SIGINT or SIGTERM (the first drains it, a second exits at "
+            "once). Flags override the configuration file (--config, else the one "
+            f"{CONFIG_FILE_ENV} names) and the environment; --print-config shows the effective "
+            "configuration. Function code comes from --functions, or from Redis when "
+            "FUNCTIONS_REDIS_URL is set (see `functions publish`).",
+            width=78,
         ),
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"a JSON file of settings (default: the one {CONFIG_FILE_ENV} names, if any)",
     )
     serve.add_argument(
         "--profile", choices=("block", "bundle"), default="block", help="default: block"
@@ -164,6 +164,17 @@ def _add_serve(commands: _Commands) -> None:
         help="print the effective configuration as JSON instead of serving",
     )
     serve.set_defaults(run=_serve)
+
+
+def _settings_help() -> str:
+    """Every setting of the worker, with its variable and default, for `serve --help`."""
+    return "\n".join(
+        [
+            f"settings (the key in the --config file, or {CONFIG_FILE_ENV}'s; the",
+            "environment variable, - for none; the default):",
+            *help_lines(WorkerConfig),
+        ]
+    )
 
 
 def _add_worker_flag(parser: argparse.ArgumentParser) -> None:
@@ -345,11 +356,13 @@ def _serve(args: argparse.Namespace) -> int:
     given = {path: getattr(args, flag.removeprefix("--")) for path, flag in SERVE_FLAGS.items()}
     overrides = {path: value for path, value in given.items() if value is not None}
     if args.print_config:
-        config = load_config(profile=profile.defaults, overrides=overrides, flags=SERVE_FLAGS)
+        config = load_config(
+            profile=profile.defaults, overrides=overrides, flags=SERVE_FLAGS, file=args.config
+        )
         print(json.dumps(config.to_json_dict(), indent=2))
         return 0
     # Logging is set up by `app.run`: its format is configuration (logFormat).
-    return app.run(profile, overrides=overrides, flags=SERVE_FLAGS)
+    return app.run(profile, overrides=overrides, flags=SERVE_FLAGS, file=args.config)
 
 
 # ------------------------------------------------------------------ functions
@@ -364,10 +377,11 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _worker_credentials() -> tuple[str | None, ClientTls | None]:
-    """The bearer token WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE gives (`blockx.net.auth`),
-    as the worker reads them, and the TLS settings of the client's WORKER_TLS_* variables
-    (`blockx.net.tls.ClientTls.from_env`); None for each that is not set."""
-    return bearer_token(os.environ.get(TOKEN_FILE_ENV, "")), ClientTls.from_env()
+    """The bearer token WORKER_AUTH_TOKEN or WORKER_AUTH_TOKEN_FILE gives, as the worker
+    reads them, and the TLS settings of the client's WORKER_TLS_* variables
+    (`blockx.client.ClientSettings`); None for each that is not set."""
+    client = ClientSettings.load()
+    return client.token(), client.tls()
 
 
 def _run_client(address: str, action: Callable[[WorkerClient], Awaitable[int]]) -> int:
@@ -428,7 +442,7 @@ def _tasks_from_batch(path: str) -> list[pb.TaskSpec]:
             lines = file.read().split(b"\n")
     except OSError as error:
         allowed = f"cannot be read ({error.strerror or error})"
-        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
+        raise FlagError(field="--file", value=path, allowed=allowed) from error
     try:
         tasks = task_specs_from_lines(lines, new_task_id=lambda: uuid.uuid4().hex)
     except InvalidTaskLines as error:
@@ -438,9 +452,9 @@ def _tasks_from_batch(path: str) -> list[pb.TaskSpec]:
             more = len(error.problems) - SHOWN_BAD_LINES
             print(f"blockx: {path}: {more} more bad lines", file=sys.stderr)
         allowed = f"has {error}; nothing was sent"
-        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
+        raise FlagError(field="--file", value=path, allowed=allowed) from error
     if not tasks:
-        raise InvalidArgument(field="--file", value=path, allowed="holds no task")
+        raise FlagError(field="--file", value=path, allowed="holds no task")
     return tasks
 
 
@@ -702,7 +716,7 @@ def _task_from_args(args: argparse.Namespace) -> pb.TaskSpec:
         )
     except InvalidTaskSpec as error:
         flag = _FLAG_OF_KEY.get(error.field.partition(".")[0], error.field)
-        raise InvalidArgument(field=flag, value=error.value, allowed=error.allowed) from error
+        raise FlagError(field=flag, value=error.value, allowed=error.allowed) from error
 
 
 _FLAG_OF_KEY = {
@@ -747,16 +761,16 @@ def _task_from_file(path: str, task_id: str | None) -> pb.TaskSpec:
             document = json.load(file)
     except OSError as error:
         allowed = f"cannot be read ({error.strerror or error})"
-        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
+        raise FlagError(field="--file", value=path, allowed=allowed) from error
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         allowed = f"is not valid JSON ({error})"
-        raise InvalidArgument(field="--file", value=path, allowed=allowed) from error
+        raise FlagError(field="--file", value=path, allowed=allowed) from error
     if task_id is None and not (isinstance(document, dict) and "task_id" in document):
         task_id = uuid.uuid4().hex
     try:
         return task_spec_from_json(document, task_id=task_id)
     except InvalidTaskSpec as error:
-        raise InvalidArgument(field="--file", value=path, allowed=str(error)) from error
+        raise FlagError(field="--file", value=path, allowed=str(error)) from error
 
 
 def _json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None:
@@ -765,11 +779,9 @@ def _json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise InvalidArgument(
-            field=flag, value=text, allowed=f"is not valid JSON ({error})"
-        ) from error
+        raise FlagError(field=flag, value=text, allowed=f"is not valid JSON ({error})") from error
     if not isinstance(value, dict):
-        raise InvalidArgument(field=flag, value=text, allowed="must be a JSON object")
+        raise FlagError(field=flag, value=text, allowed="must be a JSON object")
     return value
 
 
@@ -783,7 +795,7 @@ def _payload(args: argparse.Namespace) -> bytes:
                 return file.read()
         except OSError as error:
             allowed = f"cannot be read ({error.strerror or error})"
-            raise InvalidArgument(
+            raise FlagError(
                 field="--payload-file", value=args.payload_file, allowed=allowed
             ) from error
     return b""
@@ -794,7 +806,7 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         key, equals, value = item.partition("=")
         if not equals or not key:
-            raise InvalidArgument(field="--label", value=item, allowed="must be KEY=VALUE")
+            raise FlagError(field="--label", value=item, allowed="must be KEY=VALUE")
         labels[key] = value
     return labels
 

@@ -15,7 +15,8 @@ from typing import Final
 
 import attrs
 
-from blockx.config import ConfigError, WorkerConfig
+from blockx.config import WorkerConfig
+from blockx.settings import ConfigError
 
 DEPLOYMENTS: Final = {"block": "/workers/", "bundle": "/bundle-workers/"}
 """Each deployment's registry prefix ends with its own segment."""

@@ -24,6 +24,7 @@ from blockx.client._placement import (
     Placement,
     PlacementClient,
 )
+from blockx.client._settings import ClientSettings
 from blockx.client._shadow import SEND_TIMEOUT_S, ShadowForwarder, shadow_target
 from blockx.client._specs import (
     OLD_KEYS,
@@ -42,6 +43,7 @@ __all__ = [
     "OLD_KEYS",
     "SEND_TIMEOUT_S",
     "TASK_FILE_KEYS",
+    "ClientSettings",
     "InvalidOutputs",
     "InvalidTaskLines",
     "InvalidTaskSpec",

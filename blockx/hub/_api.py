@@ -248,6 +248,13 @@ class TaskWatch:
         self._waiting.setdefault(task_id, set()).add(reader)
         return reader
 
+    def wake_all(self) -> None:
+        """Wake every reader now, with nothing to show: each reads the task as it is."""
+        for readers in self._waiting.values():
+            for reader in readers:
+                reader.ended.set()
+        self._waiting.clear()
+
     def forget(self, task_id: str, reader: _Reader) -> None:
         readers = self._waiting.get(task_id)
         if readers is not None:
@@ -293,22 +300,35 @@ class ProducerApi:
         self._recheck_s = math.inf if recheck_ms is None else recheck_ms / 1000
         """How often a waiting reader looks again for an end it may not hear of (another
         hub's, on a shared database); None: never."""
+        self.draining = False
         self._on_queued = on_queued
         """Called once a submission waits for its commit: offers claimed then share it."""
         self._on_submit = on_submit
         """Called once a submission queued a new task."""
 
+    def drain(self) -> None:
+        """The hub stops: readers waiting for a task to end (`wait_ms`) answer now, and
+        so does every later one."""
+        self.draining = True
+        self._watch.wake_all()
+
     async def serve(
-        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
+        self,
+        stream: trio.abc.HalfCloseableStream,
+        connection: Connection,
+        request: Request,
+        *,
+        keep: bool = True,
     ) -> bool:
-        """Answer `request`; whether the connection is kept for the client's next one."""
+        """Answer `request`; whether the connection is kept for the client's next one (never
+        unless `keep`)."""
         try:
             status, body = await self._answer(stream, connection, request)
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
         text = json.dumps(body) + "\n"
         return await respond_keeping(
-            stream, connection, request, status, text, content_type="application/json"
+            stream, connection, request, status, text, content_type="application/json", keep=keep
         )
 
     async def _answer(
@@ -364,7 +384,12 @@ class ProducerApi:
             reader = self._watch.watch(task_id)
             try:
                 status, body = await self._committer.do(read)
-                if status != 200 or body["state"] in _ENDED or trio.current_time() >= deadline:
+                if (
+                    status != 200
+                    or body["state"] in _ENDED
+                    or trio.current_time() >= deadline
+                    or self.draining
+                ):
                     return status, body
                 with trio.move_on_at(min(deadline, trio.current_time() + self._recheck_s)):
                     await reader.ended.wait()

@@ -1,14 +1,18 @@
-"""`python -m blockx hub ...`: run a hub, and the operators' commands on its database.
+"""`blockx hub ...`: run a hub, and the operators' commands on its database.
 
-    hub [--listen ADDR] [--db URL]                       run a hub until SIGINT/SIGTERM
-    hub queue create QUEUE                               create a queue
-    hub credential create --queue Q --rights R[,R]      print a new credential's token
-    hub submit --queue Q --handler H ... --payload JSON  queue a task, print it
-    hub task show TASK                                   a task with attempts and history
+    hub [--config FILE] [--listen ADDR] [--db URL] ...    run a hub until SIGINT/SIGTERM
+    hub queue create QUEUE                                create a queue
+    hub credential create --queue Q --rights R[,R]       print a new credential's token
+    hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
+    hub task show TASK                                    a task with attempts and history
 
-Every command takes `--db` (default `HUB_DB`, else `hub.sqlite3`). The
-operators' commands work on the database directly, so they need no running
-hub; a running hub offers what they queue within `HUB_POLL_MS`.
+Settings come from `blockx.settings` (defaults -> the `--config` file, else
+`HUB_CONFIG`'s -> environment -> flags); `hub --help` lists every one. Every
+command takes `--db` and `--config`. The operators' commands work on the
+database directly, so they need no running hub; a running hub offers what they
+queue within `pollMs`. A running hub follows the signal rule of every blockx
+server (`blockx.process.signals`): the first SIGINT/SIGTERM drains it
+(`Hub.drain`), a second exits at once.
 """
 
 from __future__ import annotations
@@ -16,31 +20,36 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import signal
+import textwrap
 import time
-from typing import Any
+from typing import Any, Final
 
 import trio
 
-from blockx.config import parse_listen_addr
-from blockx.errors import InvalidValue
+from blockx.errors import BlockxError
 from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
-from blockx.hub._config import HubConfig
+from blockx.hub._config import CONFIG_FILE_ENV, HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
 from blockx.hub._ops import SubmitRefusal
 from blockx.hub._server import Hub
 from blockx.hub._store import Store
+from blockx.process.lifecycle import lone_errors
+from blockx.process.signals import watch_signals
+from blockx.settings import FlagError, help_lines
 
 logger = logging.getLogger("blockx.hub")
 
-
-class CommandError(InvalidValue):
-    """A command's argument is wrong: `field` is the flag."""
-
-    def describe(self) -> str:
-        return f"{self.field} {self.value!r}: {self.allowed}"
+SERVE_FLAGS: Final = {
+    "listenAddr": "--listen",
+    "db": "--db",
+    "leaseMs": "--lease-ms",
+    "sessionTtlMs": "--session-ttl-ms",
+    "drainTimeoutMs": "--drain-timeout-ms",
+}
+"""The setting each of `hub`'s flags sets (its JSON path): the flag is named in its errors."""
+STORE_FLAGS: Final = {"db": "--db"}
+"""The settings flags of the commands that work on the database."""
 
 
 def add_commands(commands: Any) -> None:
@@ -48,16 +57,34 @@ def add_commands(commands: Any) -> None:
     hub = commands.add_parser(
         "hub",
         help="run a hub (the control plane of automatic workers), or work on its database",
-        description="Without a subcommand: run a hub until SIGINT or SIGTERM.",
+        description=textwrap.fill(
+            "Without a subcommand: run a hub until SIGINT or SIGTERM. The first signal drains "
+            "it (no new sessions or requests; commits under way finish; workers are told to "
+            "reconnect later); a second exits at once. Flags override the configuration file "
+            f"(--config, else {CONFIG_FILE_ENV}) and the environment.",
+            width=78,
+        ),
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _db_flag(hub)
-    hub.add_argument("--listen", metavar="ADDR", help="host:port (default HUB_LISTEN, else :8090)")
-    hub.set_defaults(run=_serve)
+    _settings_flags(hub)
+    hub.add_argument("--listen", metavar="ADDR", help="listenAddr, env HUB_LISTEN")
+    hub.add_argument("--lease-ms", type=int, metavar="MS", help="leaseMs, env HUB_LEASE_MS")
+    hub.add_argument(
+        "--session-ttl-ms", type=int, metavar="MS", help="sessionTtlMs, env HUB_SESSION_TTL_MS"
+    )
+    hub.add_argument(
+        "--drain-timeout-ms",
+        type=int,
+        metavar="MS",
+        help="drainTimeoutMs, env HUB_DRAIN_TIMEOUT_MS",
+    )
+    hub.set_defaults(run=_serve, flags=SERVE_FLAGS)
     sub = hub.add_subparsers(dest="hub_command", metavar="SUBCOMMAND")
     queue = sub.add_parser("queue", help="queues").add_subparsers(dest="verb", required=True)
     create = queue.add_parser("create", help="create a queue")
     create.add_argument("queue_id", metavar="QUEUE")
-    _db_flag(create)
+    _settings_flags(create)
     create.set_defaults(run=_create_queue)
     credential = sub.add_parser("credential", help="credentials").add_subparsers(
         dest="verb", required=True
@@ -65,22 +92,40 @@ def add_commands(commands: Any) -> None:
     grant = credential.add_parser("create", help="create a credential and print its token")
     grant.add_argument("--queue", required=True, help=f"the queue, or {ANY_QUEUE!r} for all")
     grant.add_argument("--rights", required=True, help="comma-separated: producer, worker, admin")
-    _db_flag(grant)
+    _settings_flags(grant)
     grant.set_defaults(run=_create_credential)
     _add_submit(sub)
     task = sub.add_parser("task", help="tasks").add_subparsers(dest="verb", required=True)
     show = task.add_parser("show", help="a task with its attempts, evidence and history")
     show.add_argument("task_id", metavar="TASK")
-    _db_flag(show)
+    _settings_flags(show)
     show.set_defaults(run=_show_task)
 
 
-def _db_flag(parser: argparse.ArgumentParser) -> None:
+def _settings_help() -> str:
+    """Every setting of the hub, with its variable and default, for `hub --help`."""
+    return "\n".join(
+        [
+            f"settings (the key in the --config file, or {CONFIG_FILE_ENV}'s; the",
+            "environment variable; the default):",
+            *help_lines(HubConfig),
+        ]
+    )
+
+
+def _settings_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every hub command takes: the configuration file and the database."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"a JSON file of settings (default: the one {CONFIG_FILE_ENV} names, if any)",
+    )
     parser.add_argument(
         "--db",
         metavar="URL",
-        help="SQLite file or postgresql:// URL (default HUB_DB, else hub.sqlite3)",
+        help="db, env HUB_DB: a SQLite file or a postgresql:// URL (default hub.sqlite3)",
     )
+    parser.set_defaults(flags=STORE_FLAGS)
 
 
 def _add_submit(sub: Any) -> None:
@@ -99,18 +144,15 @@ def _add_submit(sub: Any) -> None:
     submit.add_argument("--deadline-ms", type=int, metavar="MS", help="the task's total deadline")
     submit.add_argument("--attempt-timeout-ms", type=int, metavar="MS")
     submit.add_argument("--task-id", metavar="ID", help="default: a new id")
-    _db_flag(submit)
+    _settings_flags(submit)
     submit.set_defaults(run=_submit)
 
 
 def _config(args: argparse.Namespace) -> HubConfig:
-    listen = getattr(args, "listen", None)
-    if listen is not None:
-        try:
-            parse_listen_addr(listen)
-        except ValueError as error:
-            raise CommandError(field="--listen", value=listen, allowed=str(error)) from None
-    return HubConfig.load(os.environ, {"db": args.db, "listen_addr": listen})
+    """The hub's settings: defaults, the file, the environment, then the flags given."""
+    flags: dict[str, str] = args.flags
+    overrides = {path: getattr(args, flag[2:].replace("-", "_")) for path, flag in flags.items()}
+    return HubConfig.load(overrides=overrides, flags=flags, file=args.config)
 
 
 def _store(args: argparse.Namespace) -> Store:
@@ -131,15 +173,15 @@ def _create_credential(args: argparse.Namespace) -> int:
     try:
         rights = frozenset(Right(name.strip()) for name in args.rights.split(",") if name.strip())
     except ValueError:
-        raise CommandError(
+        raise FlagError(
             field="--rights", value=args.rights, allowed="comma-separated producer, worker, admin"
         ) from None
     if not rights:
-        raise CommandError(field="--rights", value=args.rights, allowed="name at least one right")
+        raise FlagError(field="--rights", value=args.rights, allowed="name at least one right")
     try:
         print(create_credential(_store(args), args.queue, rights, _now_ms()))
     except UnknownQueue:
-        raise CommandError(field="--queue", value=args.queue, allowed="no such queue") from None
+        raise FlagError(field="--queue", value=args.queue, allowed="no such queue") from None
     return 0
 
 
@@ -147,9 +189,7 @@ def _submit(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
     except ValueError as error:
-        raise CommandError(
-            field="--payload", value=args.payload, allowed=f"JSON: {error}"
-        ) from None
+        raise FlagError(field="--payload", value=args.payload, allowed=f"JSON: {error}") from None
     document: dict[str, object] = {
         "handler": args.handler,
         "handler_version": args.handler_version,
@@ -169,11 +209,11 @@ def _submit(args: argparse.Namespace) -> int:
         submission = submission_from_json(document, args.queue)
     except InvalidSubmission as error:
         flag = _SUBMIT_FLAGS.get(error.field, "--" + error.field.replace("_", "-"))
-        raise CommandError(field=flag, value=error.value, allowed=error.allowed) from None
+        raise FlagError(field=flag, value=error.value, allowed=error.allowed) from None
     outcome = submit(_store(args), submission, _now_ms())
     if isinstance(outcome, SubmitRefusal):
         flag = "--" + outcome.field.replace("_", "-")
-        raise CommandError(field=flag, value=getattr(args, outcome.field), allowed=outcome.message)
+        raise FlagError(field=flag, value=getattr(args, outcome.field), allowed=outcome.message)
     print(json.dumps(task_json(outcome.task), indent=2))
     return 0
 
@@ -185,7 +225,7 @@ _SUBMIT_FLAGS = {"total_deadline_ms": "--deadline-ms", "idempotency": "--idempot
 def _show_task(args: argparse.Namespace) -> int:
     shown = show_task(_store(args), args.task_id)
     if shown is None:
-        raise CommandError(field="TASK", value=args.task_id, allowed="no such task")
+        raise FlagError(field="TASK", value=args.task_id, allowed="no such task")
     print(json.dumps(shown, indent=2))
     return 0
 
@@ -194,24 +234,24 @@ def _show_task(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from blockx.observability.logs import setup_logging  # noqa: PLC0415
+    from blockx.observability.logs import setup_logging  # noqa: PLC0415  # the hub's only
 
     config = _config(args)
+    setup_logging(config.log_format)
     store = Store(config.db)
-    setup_logging(os.environ.get("LOG_FORMAT", "json"))
     try:
-        trio.run(_serve_until_signalled, config, store)
+        with lone_errors(BlockxError):
+            trio.run(_serve_until_drained, config, store)
     finally:
         store.close()
     return 0
 
 
-async def _serve_until_signalled(config: HubConfig, store: Store) -> None:
+async def _serve_until_drained(config: HubConfig, store: Store) -> None:
+    """Serve until the first SIGINT/SIGTERM, then drain (`Hub.drain`); a second exits."""
     host, port = config.listen_host_port()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(Hub(config, store).run, host, port)
-            async for signum in signals:
-                logger.info("%s: the hub stops", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+    drain = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_signals, drain, "draining the hub")
+        await Hub(config, store).run(host, port, stop=drain)
+        nursery.cancel_scope.cancel()

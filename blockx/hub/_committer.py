@@ -55,12 +55,22 @@ class Committer:
         self._tail = tail
         self._tails: list[Any] = []
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
+        self._unanswered = 0
+        self._idle = trio.Event()
+        self._idle.set()
         self.batches = 0
         """Published: transactions committed so far."""
 
     def submit(self, operation: Callable[[Tx], T], reply: Callable[[T | StoreError], None]) -> None:
         """Run `operation` in the next batch; `reply` gets its result once committed."""
         self._send.send_nowait(_Pending(operation=operation, reply=reply))
+        if self._unanswered == 0:
+            self._idle = trio.Event()
+        self._unanswered += 1
+
+    async def idle(self) -> None:
+        """Until every operation submitted so far is committed and answered."""
+        await self._idle.wait()
 
     async def do(
         self, operation: Callable[[Tx], T], *, queued: Callable[[], None] | None = None
@@ -96,6 +106,9 @@ class Committer:
             self.batches += 1
             for pending, result in zip(batch, results, strict=True):
                 pending.reply(result)
+            self._unanswered -= len(batch)
+            if self._unanswered == 0:
+                self._idle.set()
             tails, self._tails = self._tails, []
             if self._tail is not None:
                 for tail in tails:

@@ -1,70 +1,78 @@
-"""The hub's settings, each with its default and its environment variable, declared once.
+"""The hub's settings, declared once with `blockx.settings` (as the worker's are).
 
-`HubConfig.load(env, overrides)`: built-in defaults, then the environment,
-then explicit values (command-line flags); a bad value is an `InvalidValue`
-naming the flag or the variable it came from.
+`HubConfig.load`: built-in defaults, then the JSON file named by `--config` or
+`HUB_CONFIG`, then the environment, then command-line flags; a bad value is a
+`ConfigError` naming the setting and where the value came from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
-from blockx.config import parse_listen_addr
-from blockx.errors import InvalidValue
+from blockx import settings
 from blockx.hub._rules import Timing
+from blockx.settings import (
+    LOG_FORMATS,
+    STR,
+    ConfigError,
+    check_choice,
+    check_positive,
+    parse_listen_addr,
+    setting,
+)
 
-_ENV_KEY: Final = "blockx.hub.env"
-
-
-def _setting(default: Any, env: str) -> Any:
-    return attrs.field(default=default, metadata={_ENV_KEY: env})
+CONFIG_FILE_ENV: Final = "HUB_CONFIG"
+"""Names the JSON file of the file layer (a `--config` flag wins over it)."""
 
 
 @attrs.frozen(kw_only=True)
 class HubConfig:
-    listen_addr: str = _setting(":8090", "HUB_LISTEN")
+    listen_addr: str = setting(":8090", "listenAddr", "HUB_LISTEN", STR)
     """host:port of the worker WebSocket (/v1/worker) and the producer API (/v1/...)."""
-    db: str = _setting("hub.sqlite3", "HUB_DB")
+    db: str = setting("hub.sqlite3", "db", "HUB_DB", STR)
     """A SQLite file path, or a postgresql:// URL (several hubs may share one database)."""
-    lease_ms: int = _setting(30_000, "HUB_LEASE_MS")
+    lease_ms: int = setting(30_000, "leaseMs", "HUB_LEASE_MS", positive=True)
     """How long a start or a renewal lets an attempt run."""
-    offer_ttl_ms: int = _setting(10_000, "HUB_OFFER_TTL_MS")
+    offer_ttl_ms: int = setting(10_000, "offerTtlMs", "HUB_OFFER_TTL_MS", positive=True)
     """How long an offered attempt waits for its start."""
-    session_ttl_ms: int = _setting(15_000, "HUB_SESSION_TTL_MS")
+    session_ttl_ms: int = setting(15_000, "sessionTtlMs", "HUB_SESSION_TTL_MS", positive=True)
     """A worker connection that says nothing for this long is closed."""
-    retry_backoff_ms: int = _setting(1_000, "HUB_RETRY_BACKOFF_MS")
+    retry_backoff_ms: int = setting(1_000, "retryBackoffMs", "HUB_RETRY_BACKOFF_MS", positive=True)
     """The wait before a retry, doubling with each attempt."""
-    max_retry_backoff_ms: int = _setting(60_000, "HUB_MAX_RETRY_BACKOFF_MS")
-    poll_ms: int = _setting(200, "HUB_POLL_MS")
+    max_retry_backoff_ms: int = setting(
+        60_000, "maxRetryBackoffMs", "HUB_MAX_RETRY_BACKOFF_MS", positive=True
+    )
+    poll_ms: int = setting(200, "pollMs", "HUB_POLL_MS", positive=True)
     """How often sessions with room look for work other hubs or commands queued."""
-    receipt_retention_ms: int = _setting(86_400_000, "HUB_RECEIPT_RETENTION_MS")
+    receipt_retention_ms: int = setting(
+        86_400_000, "receiptRetentionMs", "HUB_RECEIPT_RETENTION_MS", positive=True
+    )
     """How long an answer is kept for a resent message id."""
+    drain_timeout_ms: int = setting(10_000, "drainTimeoutMs", "HUB_DRAIN_TIMEOUT_MS", positive=True)
+    """At the first SIGINT/SIGTERM: how long commits in flight may take to finish before the
+    hub stops anyway (a second signal exits at once)."""
+    log_format: str = setting("auto", "logFormat", "LOG_FORMAT", STR)
+    """"json" (one object per line), "text", or "auto": text on a terminal, else JSON."""
 
     def __attrs_post_init__(self) -> None:
-        for field in attrs.fields(HubConfig):
-            value = getattr(self, field.name)
-            if isinstance(value, int):
-                InvalidValue.check(
-                    value > 0,
-                    field=field.metadata[_ENV_KEY],
-                    value=value,
-                    allowed="must be > 0",
-                )
+        check_positive(self)
         try:
             parse_listen_addr(self.listen_addr)
         except ValueError as error:
-            raise InvalidValue(
-                field="HUB_LISTEN", value=self.listen_addr, allowed=str(error)
+            raise ConfigError(
+                field="listenAddr", value=self.listen_addr, allowed=str(error)
             ) from None
-        InvalidValue.check(
+        ConfigError.check(bool(self.db), field="db", value=self.db, allowed="must not be empty")
+        ConfigError.check(
             self.max_retry_backoff_ms >= self.retry_backoff_ms,
-            field="HUB_MAX_RETRY_BACKOFF_MS",
+            field="maxRetryBackoffMs",
             value=self.max_retry_backoff_ms,
-            allowed=f"must be >= HUB_RETRY_BACKOFF_MS ({self.retry_backoff_ms})",
+            allowed=f"must be >= retryBackoffMs ({self.retry_backoff_ms})",
         )
+        check_choice(self.log_format, LOG_FORMATS, field="logFormat")
 
     def listen_host_port(self) -> tuple[str, int]:
         return parse_listen_addr(self.listen_addr)
@@ -80,24 +88,16 @@ class HubConfig:
 
     @classmethod
     def load(
-        cls, env: Mapping[str, str], overrides: Mapping[str, object] | None = None
+        cls,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, object] | None = None,
+        *,
+        flags: Mapping[str, str] | None = None,
+        file: str | None = None,
     ) -> HubConfig:
-        """Defaults, then `env`, then `overrides` (attribute name -> value; None = not given)."""
-        values: dict[str, object] = {}
-        for field in attrs.fields(cls):
-            text = env.get(field.metadata[_ENV_KEY], "")
-            if text:
-                values[field.name] = _parse(field, text)
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]  # each value was parsed for its field
-
-
-def _parse(field: attrs.Attribute[Any], text: str) -> object:
-    if not isinstance(field.default, int):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidValue(
-            field=field.metadata[_ENV_KEY], value=text, allowed="must be an integer"
-        ) from None
+        """Defaults, then the file (`file`, else the one `HUB_CONFIG` names), `env` (default
+        `os.environ`), `overrides` (JSON path -> value; None = not given; `flags` names the
+        flag of each, for errors)."""
+        return settings.load(
+            cls, env=env, file_env=CONFIG_FILE_ENV, file=file, overrides=overrides, flags=flags
+        )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import attrs
@@ -103,6 +103,14 @@ _KEEPS_ATTEMPT: Final = frozenset(
 _UNAVAILABLE: Final = Error(
     code=ErrorCode.UNAVAILABLE, message="the hub cannot reach its database; reconnect later"
 )
+_GOING_AWAY: Final = Error(
+    code=ErrorCode.UNAVAILABLE, message="the hub is shutting down; reconnect later"
+)
+_SHUTTING_DOWN: Final = '{"error": "the hub is shutting down; try another hub, or again later"}\n'
+POLICY_VIOLATION: Final = 1008
+GOING_AWAY: Final = 1001
+"""WebSocket close codes (RFC 6455, 7.4.1): a session ended for what the worker did, and
+one ended because the hub stops."""
 
 
 class _Closed(Exception):
@@ -119,10 +127,13 @@ class _Link:
 
     outbox: trio.MemorySendChannel[bytes]
     scope: trio.CancelScope
+    reading: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    """Around the reader: cancelled when the hub drains, so it takes no more messages."""
     fatal: Error | None = None
     pending: int = 0
     """Control messages taken and not answered yet."""
     _room: trio.Event = attrs.Factory(trio.Event)
+    _settled: trio.Event = attrs.Factory(trio.Event)
 
     def send(self, encoded: bytes) -> None:
         # A connection that is gone takes nothing: the worker resumes elsewhere.
@@ -140,6 +151,14 @@ class _Link:
         self.pending -= 1
         if self.pending < MAX_PENDING:
             self._room.set()
+        if self.pending == 0:
+            self._settled.set()
+
+    async def settled(self) -> None:
+        """Until every message taken from this worker has its answer in the outbox."""
+        while self.pending:
+            self._settled = trio.Event()
+            await self._settled.wait()
 
     async def wait_for_room(self) -> None:
         """Until fewer than `MAX_PENDING` of this worker's messages await their answers:
@@ -153,6 +172,30 @@ class _Link:
         if self.fatal is None:
             self.fatal = error
         self.scope.cancel()
+
+
+@attrs.define(eq=False)
+class _InProgress:
+    """How many things are under way (worker connections, producers' requests), and a wait
+    until none is."""
+
+    count: int = 0
+    _none: trio.Event = attrs.Factory(trio.Event)
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._none.set()
+
+    async def none(self) -> None:
+        while self.count:
+            self._none = trio.Event()
+            await self._none.wait()
 
 
 @attrs.define(eq=False)
@@ -201,6 +244,11 @@ class Hub:
         self._new_id = new_id = new_id or _ops.TimeOrderedIds(self._clock.now_ms)
         self._timing = config.timing
         self._sessions: dict[str, _Session] = {}  # by instance id
+        self._links: set[_Link] = set()
+        """Every worker connection open now, a session on it or not yet."""
+        self._in_progress = _InProgress()
+        self.draining = False
+        """Published: the hub takes no new work (see `drain`)."""
         self._wake_dispatcher = trio.Event()
         self._sweep_by: trio.CancelScope | None = None
         self.api = ProducerApi(
@@ -221,15 +269,67 @@ class Hub:
         self._wake_dispatcher.set()
 
     async def run(
-        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+        self,
+        host: str,
+        port: int,
+        *,
+        stop: trio.Event | None = None,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.run_actors)
-            listeners = await trio.open_tcp_listeners(port, host=host)
-            bound = int(listeners[0].socket.getsockname()[1])
-            nursery.start_soon(trio.serve_listeners, self.serve_connection, listeners)
-            logger.info("hub %s listening on %s:%d", self.hub_id, host, bound)
-            task_status.started(bound)
+        """Serve on (host, port) until `stop` is set (never, if None), then `drain` and end."""
+        async with trio.open_nursery() as actors:
+            await actors.start(self.run_actors)
+            async with trio.open_nursery() as connections:
+                listeners = await trio.open_tcp_listeners(port, host=host)
+                bound = int(listeners[0].socket.getsockname()[1])
+                accepting = trio.CancelScope()
+                connections.start_soon(self._accept, listeners, connections, accepting)
+                logger.info("hub %s listening on %s:%d", self.hub_id, host, bound)
+                task_status.started(bound)
+                await (trio.Event() if stop is None else stop).wait()
+                accepting.cancel()  # the listeners close: new connections are refused
+                await self.drain()
+                connections.cancel_scope.cancel()  # kept connections idle between requests
+            actors.cancel_scope.cancel()
+        logger.info("hub %s stopped", self.hub_id)
+
+    async def _accept(
+        self,
+        listeners: list[trio.SocketListener],
+        connections: trio.Nursery,
+        scope: trio.CancelScope,
+    ) -> None:
+        with scope:
+            await trio.serve_listeners(
+                self.serve_connection, listeners, handler_nursery=connections
+            )
+
+    async def drain(self) -> None:
+        """Take no new work and let what was taken finish, within `drain_timeout_ms`.
+
+        Producers' requests under way are answered, later ones refused (503); a
+        worker's messages already read are committed and answered, then it is told
+        the hub is going (`UNAVAILABLE`, close code 1001) and resumes elsewhere or
+        later; no offer is made; every commit in flight finishes. Long polls
+        (`wait_ms`) answer with the task as it is.
+        """
+        self.draining = True
+        self.api.drain()
+        for session in self._sessions.values():
+            session.draining = True  # nothing more is offered to it
+        for link in self._links:
+            link.reading.cancel()
+        logger.info(
+            "hub draining: %d worker connections, %d requests, up to %d ms",
+            len(self._links),
+            self._in_progress.count - len(self._links),
+            self.config.drain_timeout_ms,
+        )
+        with trio.move_on_after(self.config.drain_timeout_ms / 1000) as bounded:
+            await self._in_progress.none()
+            await self.committer.idle()
+        if bounded.cancelled_caught:
+            logger.warning("hub drain timeout passed: what was still under way is cut off")
 
     async def run_actors(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -257,16 +357,25 @@ class Hub:
             )
             return
         while request is not None:  # the producers' requests, while the client keeps it
-            if _path(request) == WORKER_PATH:
-                message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
-                await respond(stream, 400, message)
-                return
-            kept = False
-            with trio.move_on_after(REQUEST_TIMEOUT_S):
-                kept = await self.api.serve(stream, connection, request)
-            if not kept:
-                return
+            with self._in_progress.one():
+                if not await self._request(stream, connection, request):
+                    return
             request = await read_request_head(stream, connection, bytearray())
+
+    async def _request(
+        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
+    ) -> bool:
+        """Answer one producer's request; whether its connection is kept for the next."""
+        if _path(request) == WORKER_PATH:
+            message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
+            await respond(stream, 400, message)
+            return False
+        if self.draining:
+            await respond(stream, 503, _SHUTTING_DOWN, content_type="application/json")
+            return False
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            return await self.api.serve(stream, connection, request, keep=not self.draining)
+        return False  # it took too long: its connection is done
 
     # ------------------------------------------------------------------- sessions
 
@@ -274,18 +383,43 @@ class Hub:
         send, outbox = trio.open_memory_channel[bytes](MAX_UNSENT)
         link = _Link(outbox=send, scope=trio.CancelScope())
         sessions: list[_Session] = []
+        self._links.add(link)
+        if self.draining:
+            link.reading.cancel()
+        try:
+            with self._in_progress.one():
+                await self._serve_worker(socket, link, sessions, outbox)
+                for session in sessions:
+                    session.closed = True
+                    if self._sessions.get(session.instance_id) is session:
+                        del self._sessions[session.instance_id]
+                if link.fatal is not None:
+                    going = link.fatal is _GOING_AWAY
+                    await _close(socket, link.fatal, GOING_AWAY if going else POLICY_VIOLATION)
+        finally:
+            self._links.discard(link)
+
+    async def _serve_worker(
+        self,
+        socket: trio_websocket.WebSocketConnection,
+        link: _Link,
+        sessions: list[_Session],
+        outbox: trio.MemoryReceiveChannel[bytes],
+    ) -> None:
+        """Read the worker's messages and write the answers, until either side ends it; when
+        the hub drains, read no more and send the answers of what was read, then go."""
         with link.scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_write_frames, socket, outbox)
-                await self._read(socket, link, sessions)
-                nursery.cancel_scope.cancel()
-        send.close()
-        for session in sessions:
-            session.closed = True
-            if self._sessions.get(session.instance_id) is session:
-                del self._sessions[session.instance_id]
-        if link.fatal is not None:
-            await _close(socket, link.fatal)
+                with link.reading:
+                    await self._read(socket, link, sessions)
+                if link.reading.cancel_called and link.fatal is None:
+                    await link.settled()
+                    link.fatal = _GOING_AWAY
+                    link.outbox.close()  # the writer sends what the outbox holds, then ends
+                else:
+                    nursery.cancel_scope.cancel()
+        link.outbox.close()
 
     async def _read(
         self, socket: trio_websocket.WebSocketConnection, link: _Link, sessions: list[_Session]
@@ -492,6 +626,8 @@ class Hub:
     def offer_now(self) -> None:
         """Claim offers for every session with room (and no claim in flight): operations
         handed to the committer just before share the claims' transaction."""
+        if self.draining:
+            return
         now_ms = self.now_ms()
         for session in list(self._sessions.values()):
             room = session.room
@@ -608,8 +744,8 @@ async def _write_frames(
             return  # the reader sees it too
 
 
-async def _close(socket: trio_websocket.WebSocketConnection, error: Error) -> None:
-    """Tell the worker why, then close (1008: policy violation)."""
+async def _close(socket: trio_websocket.WebSocketConnection, error: Error, code: int) -> None:
+    """Tell the worker why, then close with `code`."""
     with trio.move_on_after(1), contextlib.suppress(trio_websocket.ConnectionClosed):
         await socket.send_message(encode([error]))
-        await socket.aclose(code=1008, reason=error.code.value)
+        await socket.aclose(code=code, reason=error.code.value)

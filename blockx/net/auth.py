@@ -2,24 +2,24 @@
 
 A worker with a token answers every RPC but health checks with UNAUTHENTICATED
 unless the request carries `authorization: Bearer <token>`. The token comes
-from the environment variable `WORKER_AUTH_TOKEN` or from the file that
-`grpcAuthTokenFile` (`WORKER_AUTH_TOKEN_FILE`) names, never from the JSON
-configuration itself, so `serve --print-config` and the logs never show it.
-The client and the command line read the same two variables.
+from the environment variable `WORKER_AUTH_TOKEN` (the secret setting
+`grpcAuthToken`) or from the file that `grpcAuthTokenFile`
+(`WORKER_AUTH_TOKEN_FILE`) names, never from the JSON configuration itself, so
+`serve --print-config` and the logs never show it. The client and the command
+line read the same two variables (`blockx.client.ClientSettings`). Reads no
+environment itself: the settings arrive as values.
 """
 
 from __future__ import annotations
 
 import hmac
-import os
-from collections.abc import Mapping
 from typing import Any, Final
 
 from grpclib.const import Status
 from grpclib.events import RecvRequest, SendRequest
 from grpclib.exceptions import GRPCError
 
-from blockx.config import ConfigError
+from blockx.settings import ConfigError
 
 TOKEN_ENV: Final = "WORKER_AUTH_TOKEN"
 TOKEN_FILE_ENV: Final = "WORKER_AUTH_TOKEN_FILE"
@@ -27,32 +27,32 @@ OPEN_PREFIX: Final = "/grpc.health.v1.Health/"
 """Health checks stay open: load balancers and process managers probe without a token."""
 
 
-def bearer_token(token_file: str = "", env: Mapping[str, str] | None = None) -> str | None:
-    """The token: `WORKER_AUTH_TOKEN`, or the contents of `token_file` (stripped); None
-    when neither is set. ConfigError naming the setting if both are, or the file is
+def bearer_token(
+    token: str = "", token_file: str = "", *, file_setting: str = "grpcAuthTokenFile"
+) -> str | None:
+    """The token: `token` as given, or the contents of `token_file` (stripped); None when
+    neither is set. ConfigError naming `file_setting` if both are, or the file is
     unreadable or empty."""
-    env = os.environ if env is None else env
-    given = env.get(TOKEN_ENV, "")
-    if given and token_file:
+    if token and token_file:
         raise ConfigError(
-            field="grpcAuthTokenFile",
+            field=file_setting,
             value=token_file,
             allowed=f"either {TOKEN_ENV} or a token file, not both",
         )
-    if given:
-        return given
+    if token:
+        return token
     if not token_file:
         return None
     try:
         with open(token_file, encoding="utf-8") as file:
-            token = file.read().strip()
+            read = file.read().strip()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(
-            field="grpcAuthTokenFile", value=token_file, allowed=f"a readable file ({error})"
+            field=file_setting, value=token_file, allowed=f"a readable file ({error})"
         ) from error
-    if not token:
-        raise ConfigError(field="grpcAuthTokenFile", value=token_file, allowed="a non-empty file")
-    return token
+    if not read:
+        raise ConfigError(field=file_setting, value=token_file, allowed="a non-empty file")
+    return read
 
 
 def check_bearer(token: str) -> Any:

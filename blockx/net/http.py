@@ -255,11 +255,12 @@ async def respond_keeping(
     body: bytes | str,
     *,
     content_type: str,
+    keep: bool = True,
 ) -> bool:
     """Send one whole response to `request` and keep the connection for the client's next
     request, if HTTP/1.1 lets it (the client did not ask to close, and its request was
-    read to the end): True. Else close it, as `respond`."""
-    keep = request.keep_alive and request.complete and not connection.closed
+    read to the end) and `keep` (the server's wish): True. Else close it, as `respond`."""
+    keep = keep and request.keep_alive and request.complete and not connection.closed
     await _send_response(stream, status, body, content_type, keep=keep)
     if not keep:
         await close_gently(stream)

@@ -4,10 +4,12 @@ The worker serves TLS when `grpcTlsCertFile` and `grpcTlsKeyFile` are set
 (`WORKER_TLS_CERT_FILE`, `WORKER_TLS_KEY_FILE`), and mutual TLS when
 `grpcTlsClientCaFile` (`WORKER_TLS_CLIENT_CA_FILE`) is set too: then a client
 must present a certificate signed by a CA of that file, and no other CA is
-trusted for it. A client (`ClientTls`; the command line reads it from
-`WORKER_TLS_CA_FILE`, `WORKER_TLS_CLIENT_CERT_FILE`, `WORKER_TLS_CLIENT_KEY_FILE`
-and `WORKER_TLS_SERVER_NAME`) trusts the CAs of its CA file, or the system's
-when it names none, and presents its own certificate if it has one.
+trusted for it (`server_context`). A client (`ClientTls`, made from the
+settings `blockx.client.ClientSettings` reads: `WORKER_TLS_CA_FILE`,
+`WORKER_TLS_CLIENT_CERT_FILE`, `WORKER_TLS_CLIENT_KEY_FILE`,
+`WORKER_TLS_SERVER_NAME`) trusts the CAs of its CA file, or the system's when
+it names none, and presents its own certificate if it has one. Reads no
+environment itself: the settings arrive as values.
 
 Both sides speak TLS 1.2 or later and offer only HTTP/2 by ALPN (`h2`), which
 gRPC clients such as grpcio require. A file that cannot be read or is not what
@@ -18,21 +20,17 @@ file's contents, nor put them into an error: errors carry paths.
 
 from __future__ import annotations
 
-import os
 import ssl
-from collections.abc import Mapping
 from typing import Final
 
 import attrs
 
-from blockx.config import ConfigError, GrpcSection, check_paired
+from blockx.settings import ConfigError, check_paired
 
 CA_FILE_ENV: Final = "WORKER_TLS_CA_FILE"
 CLIENT_CERT_FILE_ENV: Final = "WORKER_TLS_CLIENT_CERT_FILE"
 CLIENT_KEY_FILE_ENV: Final = "WORKER_TLS_CLIENT_KEY_FILE"
 SERVER_NAME_ENV: Final = "WORKER_TLS_SERVER_NAME"
-CLIENT_ENVS: Final = (CA_FILE_ENV, CLIENT_CERT_FILE_ENV, CLIENT_KEY_FILE_ENV, SERVER_NAME_ENV)
-"""A client's settings; any of them set turns TLS on for the command line."""
 
 ALPN_PROTOCOLS: Final = ["h2"]
 TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
@@ -40,20 +38,20 @@ TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
 TLS 1.3 suites are not affected by this list."""
 
 
-def server_context(settings: GrpcSection) -> ssl.SSLContext | None:
-    """The worker's TLS context, or None when it serves plain text. ConfigError naming the
-    setting whose file cannot be read or holds the wrong thing."""
-    if not settings.tls_enabled:
+def server_context(
+    cert: tuple[str, str], key: tuple[str, str], client_ca: tuple[str, str] = ("", "")
+) -> ssl.SSLContext | None:
+    """A server's TLS context, from the files of its settings, each (path, setting name),
+    or None when no certificate is set (it serves plain text). With a client CA, clients
+    must present a certificate it signed. ConfigError naming the setting whose file cannot
+    be read or holds the wrong thing."""
+    if not cert[0]:
         return None
     context = _context(ssl.PROTOCOL_TLS_SERVER)
-    _load_identity(
-        context,
-        (settings.tls_cert_file, "grpcTlsCertFile"),
-        (settings.tls_key_file, "grpcTlsKeyFile"),
-    )
-    if settings.tls_client_ca_file:
+    _load_identity(context, cert, key)
+    if client_ca[0]:
         # Only this file's CAs: a server context trusts nothing else for client certificates.
-        _load_cas(context, settings.tls_client_ca_file, "grpcTlsClientCaFile")
+        _load_cas(context, *client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 
@@ -77,19 +75,6 @@ class ClientTls:
 
     def __attrs_post_init__(self) -> None:
         check_paired((self.cert_file, CLIENT_CERT_FILE_ENV), (self.key_file, CLIENT_KEY_FILE_ENV))
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientTls | None:
-        """The settings the variables give, or None (plain text) when none is set."""
-        env = os.environ if env is None else env
-        if not any(env.get(name) for name in CLIENT_ENVS):
-            return None
-        return cls(
-            ca_file=env.get(CA_FILE_ENV, ""),
-            cert_file=env.get(CLIENT_CERT_FILE_ENV, ""),
-            key_file=env.get(CLIENT_KEY_FILE_ENV, ""),
-            server_name=env.get(SERVER_NAME_ENV, ""),
-        )
 
     def context(self) -> ssl.SSLContext:
         """A context checking the worker's certificate and name, with the files read now."""

@@ -30,9 +30,9 @@ import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final, TextIO
 
+from blockx.settings import LOG_FORMATS
 from blockx.slots import RUN_PHASES, TaskResult
 
-LOG_FORMATS: Final = ("json", "text")
 TASK_FINISHED: Final = "task_finished"
 """The message of the line logged once per task when it reaches its terminal result."""
 RESULT_MESSAGE_LIMIT_CHARS: Final = 1_000
@@ -217,12 +217,16 @@ def setup_logging(
     stream: TextIO | None = None,
     hold: bool = False,
 ) -> logging.Handler:
-    """Send every log line to `stream` (stderr) in `log_format` ("json" or "text") from `level`.
+    """Send every log line to `stream` (stderr) in `log_format` from `level`: "json", "text",
+    or "auto" (text when `stream` is a terminal, JSON lines otherwise).
 
     `hold`: lines below WARNING may wait up to `LOG_FLUSH_S`; the caller must
     then call `flush_logs` that often (logging flushes at exit on its own).
     Calling it again replaces the handler it installed before; other handlers stay.
     """
+    out = sys.stderr if stream is None else stream
+    if log_format == "auto":
+        log_format = "text" if out.isatty() else "json"
     formatter: logging.Formatter
     if log_format == "json":
         formatter = JsonFormatter()
@@ -230,7 +234,7 @@ def setup_logging(
         formatter = TextFormatter()
     else:
         raise ValueError(f"log format {log_format!r}: must be one of {', '.join(LOG_FORMATS)}")
-    handler = _WorkerHandler(sys.stderr if stream is None else stream, hold=hold)
+    handler = _WorkerHandler(out, hold=hold)
     handler.setFormatter(formatter)
     handler.addFilter(TaskContextFilter())
     root = logging.getLogger()

@@ -58,7 +58,7 @@ class SignalRule:
         return SignalAction.EXIT
 
 
-async def watch_signals(drain: trio.Event, *, draining: str = "shutting down") -> None:
+async def watch_signals(drain: trio.Event, draining: str = "shutting down") -> None:
     """Until cancelled: set `drain` at the first SIGINT/SIGTERM (logging `draining`), and
     exit the process at once at a second one (128 + its number), removing the private
     directories first (`remove_private_dirs`)."""

@@ -1,4 +1,4 @@
-"""`python -m blockx hub ...`: the operators' commands on a SQLite file, and their errors.
+"""`blockx hub ...`: the operators' commands on a SQLite file, their settings and errors.
 
 Each error exits 1 with one line naming the flag (or setting) that is wrong;
 nothing is written to the database by a command that fails.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from blockx import cli
-from blockx.hub import Store, show_task
+from blockx import cli, settings
+from blockx.hub import HubConfig, Store, show_task
 
 SUBMIT = ["--handler", "resize", "--handler-version", "2", "--payload-version", "1"]
 
@@ -25,7 +25,7 @@ def run(capsys: pytest.CaptureFixture[str], db: Path, *argv: str) -> tuple[int, 
 
 @pytest.fixture
 def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("HUB_DB", "HUB_LISTEN", "HUB_LEASE_MS"):
+    for name in ("HUB_DB", "HUB_LISTEN", "HUB_LEASE_MS", "HUB_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     return tmp_path / "hub.sqlite3"
 
@@ -86,7 +86,7 @@ def test_a_queue_a_credential_a_task_and_its_history(
             "blockx: error: --queue 'nope': no queue 'nope'",
         ),
         (["task", "show", "t9"], "blockx: error: TASK 't9': no such task"),
-        (["--listen", "8090"], "blockx: error: --listen '8090': must be \"host:port\""),
+        (["--listen", "8090"], "blockx: error: listenAddr = '8090' (from --listen): must be"),
     ],
 )
 def test_errors_exit_1_naming_the_flag(
@@ -123,7 +123,7 @@ def test_a_bad_setting_in_the_environment_names_the_variable(
     monkeypatch.setenv("HUB_LEASE_MS", "soon")
     code, _, err = run(capsys, db, "queue", "create", "q")
     assert code == 1
-    assert err == "blockx: error: HUB_LEASE_MS='soon' is invalid: must be an integer"
+    assert err == "blockx: error: leaseMs = 'soon' (from env HUB_LEASE_MS): must be an integer"
 
 
 def test_a_database_that_cannot_be_opened_is_one_error_line(
@@ -134,3 +134,55 @@ def test_a_database_that_cannot_be_opened_is_one_error_line(
     assert code == 1
     assert err.startswith("blockx: error: hub database ")
     assert len(err.splitlines()) == 1
+
+
+def test_hub_help_lists_every_setting_with_its_variable_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["hub", "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    listed = {line.split()[0]: line.split()[1:] for line in settings.help_lines(HubConfig)}
+    assert len(listed) == len(settings.table(HubConfig).settings) >= 11
+    for declared in settings.table(HubConfig).settings:
+        line = next(line for line in shown.splitlines() if line.split()[:1] == [declared.path])
+        assert declared.env is not None
+        assert line.split()[1:] == [declared.env, json.dumps(declared.default)]
+    assert "--config FILE" in shown
+    assert "HUB_CONFIG" in shown
+
+
+def test_settings_come_from_the_config_file_and_flags_win_over_it(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other.sqlite3"
+    config = tmp_path / "hub.json"
+    config.write_text(json.dumps({"db": str(other), "leaseMs": 5000}))
+    code = cli.main(["hub", "queue", "create", "q", "--config", str(config)])
+    assert (code, capsys.readouterr().out) == (0, "queue q created\n")
+    assert other.exists()
+    assert not db.exists()
+    assert run(capsys, db, "queue", "create", "q", "--config", str(config))[:2] == (
+        0,
+        "queue q created\n",
+    )
+    assert db.exists()
+
+
+def test_a_bad_config_file_names_the_file_and_the_key(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "hub.json"
+    config.write_text(json.dumps({"leaseMS": 5000}))
+    monkeypatch.setenv("HUB_CONFIG", str(config))
+    code, _, err = run(capsys, db, "queue", "create", "q")
+    assert code == 1
+    assert err == (
+        f"blockx: error: leaseMS = 5000 (from file {config}): is not a setting; "
+        "did you mean 'leaseMs'?"
+    )
+    code, _, err = run(capsys, db, "queue", "create", "q", "--config", str(tmp_path / "none"))
+    assert code == 1
+    assert err.startswith(f"blockx: error: --config = '{tmp_path / 'none'}': the file cannot be")
+    assert not db.exists()

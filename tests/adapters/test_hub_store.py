@@ -145,6 +145,22 @@ async def test_operations_waiting_for_a_commit_share_the_next_one(tmp_path: Path
     store.close()
 
 
+async def test_idle_waits_until_everything_submitted_is_answered(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite3"))
+    committer = Committer(store, use_thread=False)
+    answers: list[object] = []
+    async with trio.open_nursery() as nursery:
+        await committer.idle()  # nothing submitted: idle at once
+        for n in range(3):
+            create = functools.partial(Tx.create_queue, queue_id=f"q{n}", now_ms=n)
+            committer.submit(create, answers.append)
+        nursery.start_soon(committer.run)
+        await committer.idle()
+        assert answers == [None, None, None]
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
 async def test_a_failing_operation_fails_alone(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "hub.sqlite3"))
     committer = Committer(store, use_thread=False)

@@ -20,9 +20,9 @@ from blockx import app
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import ShadowForwarder, WorkerCallError, WorkerClient, _shadow
 from blockx.client._shadow import RECENT_TASKS
-from blockx.config import ConfigError
 from blockx.identity import WorkerIdentity
 from blockx.phases.plugins import test_outputs as stored_outputs
+from blockx.settings import ConfigError
 from blockx.slots import SHADOW_LABEL
 from tests.adapters.test_run_tasks import finished, refusals, run
 from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
@@ -245,11 +245,16 @@ def test_a_shadow_target_that_cannot_be_dialled_is_a_config_error() -> None:
         app._shadow(
             worker_config(shadowSubmitTargetAddr="127.0.0.1:0", shadowSubmitSampleRate=1.0),
             identity,
+            None,
+            None,
         )
-    assert app._shadow(worker_config(shadowSubmitTargetAddr="none"), identity) is None
+    assert app._shadow(worker_config(shadowSubmitTargetAddr="none"), identity, None, None) is None
     assert (
         app._shadow(
-            worker_config(shadowSubmitTargetAddr="NONE", shadowSubmitSampleRate=0.5), identity
+            worker_config(shadowSubmitTargetAddr="NONE", shadowSubmitSampleRate=0.5),
+            identity,
+            None,
+            None,
         )
         is None
     )

@@ -22,12 +22,19 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.app import serve
-from blockx.client import PlacementClient, WorkerCallError, WorkerClient, WorkerUnreachable
-from blockx.config import ConfigError, load_config
+from blockx.client import (
+    ClientSettings,
+    PlacementClient,
+    WorkerCallError,
+    WorkerClient,
+    WorkerUnreachable,
+)
+from blockx.config import load_config
 from blockx.discovery import WorkerDirectory, WorkerHeartbeat
 from blockx.functions import MemorySource
 from blockx.net.tls import ClientTls, server_context
 from blockx.profiles import BLOCK
+from blockx.settings import ConfigError
 from tests.adapters.certificates import Pki, make_pki
 from tests.adapters.test_shadow import forwarder_of
 from tests.adapters.worker_harness import (
@@ -287,7 +294,7 @@ def test_a_bad_server_file_is_a_config_error_naming_its_setting(
     settings = {**pki.server_settings(mutual=True), **bad(pki, tmp_path)}
     config = load_config(env={}, overrides=settings)
     with pytest.raises(ConfigError) as raised:
-        server_context(config.grpc)
+        server_context(*config.grpc.tls_files())
     assert raised.value.field == field
     assert raised.value.value == settings[field]
     assert raised.value.allowed.startswith(allowed)
@@ -296,9 +303,12 @@ def test_a_bad_server_file_is_a_config_error_naming_its_setting(
 def test_the_server_context_offers_h2_and_asks_for_certificates_only_with_a_client_ca(
     pki: Pki,
 ) -> None:
-    assert server_context(load_config(env={}).grpc) is None
-    plain_tls = server_context(load_config(env={}, overrides=pki.server_settings()).grpc)
-    mutual = server_context(load_config(env={}, overrides=pki.server_settings(mutual=True)).grpc)
+    assert server_context(*load_config(env={}).grpc.tls_files()) is None
+    plain_tls = server_context(
+        *load_config(env={}, overrides=pki.server_settings()).grpc.tls_files()
+    )
+    mutual_settings = pki.server_settings(mutual=True)
+    mutual = server_context(*load_config(env={}, overrides=mutual_settings).grpc.tls_files())
     assert plain_tls is not None
     assert mutual is not None
     assert plain_tls.verify_mode == ssl.CERT_NONE
@@ -341,25 +351,27 @@ def test_a_bad_client_setting_names_its_variable(
 
 
 def client_context(env: dict[str, str]) -> ssl.SSLContext | None:
-    tls = ClientTls.from_env(env)
+    tls = ClientSettings.load(env).tls()
     return None if tls is None else tls.context()
 
 
 def test_the_client_settings_come_from_the_variables(pki: Pki) -> None:
-    assert ClientTls.from_env({}) is None
-    assert ClientTls.from_env({"WORKER_TLS_CA_FILE": ""}) is None
+    assert ClientSettings.load({}).tls() is None
+    assert ClientSettings.load({"WORKER_TLS_CA_FILE": ""}).tls() is None
     env = {
         "WORKER_TLS_CA_FILE": pki.ca_file,
         "WORKER_TLS_CLIENT_CERT_FILE": pki.client_cert_file,
         "WORKER_TLS_CLIENT_KEY_FILE": pki.client_key_file,
         "WORKER_TLS_SERVER_NAME": "localhost",
     }
-    tls = ClientTls.from_env(env)
+    tls = ClientSettings.load(env).tls()
     assert tls == attrs.evolve(pki.client(with_cert=True), server_name="localhost")
     context = tls.context()
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname
-    assert ClientTls.from_env({"WORKER_TLS_SERVER_NAME": "w1"}) == ClientTls(server_name="w1")
+    assert ClientSettings.load({"WORKER_TLS_SERVER_NAME": "w1"}).tls() == ClientTls(
+        server_name="w1"
+    )
 
 
 async def test_a_token_file_that_cannot_be_read_stops_the_start_before_any_executor(
@@ -383,18 +395,18 @@ async def test_a_token_file_that_cannot_be_read_stops_the_start_before_any_execu
 
 
 async def test_shadow_submits_reach_a_target_that_asks_for_the_token_and_mutual_tls(
-    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pki: Pki, tmp_path: Path
 ) -> None:
     (tmp_path / "token").write_text("s3cret\n")
     fleet = {"grpcAuthTokenFile": str(tmp_path / "token")}  # one token for the fleet
-    for name, value in pki.client_env(with_cert=True).items():
-        monkeypatch.setenv(name, value)  # what the primary trusts the target with
+    # What the primary trusts the target with: the client variables, as the CLI reads them.
+    primary_client = ClientSettings.load(pki.client_env(with_cert=True))
     with trio.fail_after(FAIL_AFTER_S):
         async with tls_worker(pki, grpcTlsClientCaFile=pki.ca_file, **fleet) as target:
             config = worker_config(
                 shadowSubmitTargetAddr=target, shadowSubmitSampleRate=1.0, **fleet
             )
-            async with running_worker(config) as primary:
+            async with running_worker(config, client=primary_client) as primary:
                 address = f"127.0.0.1:{primary.serving.port}"
                 result = await run_one(address, "t1", token="s3cret")
                 tls = pki.client(with_cert=True)
@@ -405,11 +417,9 @@ async def test_shadow_submits_reach_a_target_that_asks_for_the_token_and_mutual_
     assert (forwarder.sent, forwarder.failed) == (1, 0)
 
 
-async def test_a_shadow_tls_file_that_cannot_be_read_stops_the_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("WORKER_TLS_CA_FILE", str(tmp_path / "missing.pem"))
+async def test_a_shadow_tls_file_that_cannot_be_read_stops_the_start(tmp_path: Path) -> None:
+    client = ClientSettings.load({"WORKER_TLS_CA_FILE": str(tmp_path / "missing.pem")})
     config = worker_config(shadowSubmitTargetAddr="127.0.0.1:9", shadowSubmitSampleRate=1.0)
     with trio.fail_after(FAIL_AFTER_S), pytest.raises(ConfigError) as raised:
-        await serve(config, BLOCK, stop=trio.Event(), source=MemorySource())
+        await serve(config, BLOCK, stop=trio.Event(), source=MemorySource(), client=client)
     assert raised.value.field == "WORKER_TLS_CA_FILE"

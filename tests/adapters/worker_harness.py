@@ -22,6 +22,7 @@ from opentelemetry.trace import Tracer
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.app import Serving, serve
 from blockx.calls import CallOutcome, FailureCode, decode_args, encode_value
+from blockx.client import ClientSettings
 from blockx.config import WorkerConfig, load_config
 from blockx.executors import (
     CallRequest,
@@ -193,7 +194,11 @@ def worker_config(**overrides: object) -> WorkerConfig:
 
 @asynccontextmanager
 async def running_worker(
-    config: WorkerConfig | None = None, *, tracer: Tracer | None = None, healthy: bool = True
+    config: WorkerConfig | None = None,
+    *,
+    tracer: Tracer | None = None,
+    healthy: bool = True,
+    client: ClientSettings | None = None,
 ) -> AsyncIterator[Harness]:
     source = MemorySource()
     source.publish({"demo": "def add(a, b):\n    return a + b\n"})
@@ -216,6 +221,7 @@ async def running_worker(
                 source=source,
                 executors=executors,
                 tracer=tracer,
+                client=client,
             )
         )
         channel = await trio_asyncio.aio_as_trio(_channel)(serving.port)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from grpclib.const import Status
 
-from blockx import cli
+from blockx import cli, settings
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import (
     InvalidOutputs,
@@ -33,10 +33,12 @@ from blockx.client import (
     task_spec_from_json,
     task_specs_from_lines,
 )
+from blockx.config import WorkerConfig
 from blockx.phases import spelled
 from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
 from blockx.profiles import BLOCK, PROFILES
+from blockx.settings import FlagError
 
 CONFIG_ENV = (
     "WORKER_CONFIG",
@@ -577,19 +579,25 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
 ) -> None:
     from blockx import app  # noqa: PLC0415  (as the CLI does: only serving needs it)
 
-    runs: list[tuple[object, object]] = []
+    runs: list[tuple[object, object, object]] = []
 
     def fake_run(
-        profile: object, *, overrides: object = None, flags: object = None, env: object = None
+        profile: object,
+        *,
+        overrides: object = None,
+        flags: object = None,
+        env: object = None,
+        file: object = None,
     ) -> int:
         assert flags == cli.SERVE_FLAGS
-        runs.append((profile, overrides))
+        runs.append((profile, overrides, file))
         return 0
 
     monkeypatch.setattr(app, "run", fake_run)
 
     argv = ["serve", "--profile", "bundle", "--slots", "4", "--functions", "fn", "--executors", "1"]
     assert cli.main(argv) == 0
+    assert cli.main(["serve", "--config", "worker.json"]) == 0
     assert runs == [
         (
             PROFILES["bundle"],
@@ -598,8 +606,37 @@ def test_serve_runs_the_profile_with_the_flags_as_overrides(
                 "executorCount": 1,
                 "functionCode.dir": "fn",
             },
-        )
+            None,
+        ),
+        (PROFILES["block"], {}, "worker.json"),
     ]
+
+
+def test_serve_help_lists_every_setting_with_its_variable_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    for line in settings.help_lines(WorkerConfig):
+        assert line in shown
+    assert len(settings.help_lines(WorkerConfig)) == len(settings.table(WorkerConfig).settings)
+    assert "  worker.taskSlots  " in shown
+    assert "TASK_SLOTS" in shown
+    assert "grpcAuthToken" in shown
+    assert "(secret)" in shown
+
+
+def test_print_config_reads_the_config_file_the_flag_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"worker": {"taskSlots": 7}}))
+    assert cli.main(["serve", "--print-config", "--config", str(config), "--executors", "3"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["worker"]["taskSlots"], printed["executorCount"]) == (7, 3)
+    assert "grpcAuthToken" not in printed
 
 
 # --- submit flags --------------------------------------------------------------------------
@@ -654,7 +691,7 @@ def test_submit_flag_errors_exit_1_naming_the_flag(
 
 
 def test_a_flag_error_carries_the_flag_as_its_field() -> None:
-    error = cli.InvalidArgument(field="--label", value="team", allowed="must be KEY=VALUE")
+    error = FlagError(field="--label", value="team", allowed="must be KEY=VALUE")
     assert (error.field, error.value, error.allowed) == ("--label", "team", "must be KEY=VALUE")
     assert str(error) == "--label 'team': must be KEY=VALUE"
 

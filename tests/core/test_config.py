@@ -15,16 +15,15 @@ import pytest
 
 from blockx.calls import RetryPolicy
 from blockx.config import (
-    ConfigError,
     GrpcSection,
     WorkerConfig,
     default_config,
     load_config,
-    parse_duration_ms,
     stall_timeout_for,
 )
 from blockx.executors import ExecutorPoolConfig
 from blockx.functions import CodeViewConfig
+from blockx.settings import ConfigError, parse_duration_ms
 from blockx.slots import SlotConfig
 
 
@@ -813,7 +812,7 @@ def test_fleet_and_observability_defaults() -> None:
     config = load_config(env={})
     assert not config.shadow.enabled
     assert config.observability.metrics_host_port() == ("0.0.0.0", 9464)
-    assert config.observability.log_format == "json"
+    assert config.observability.log_format == "auto"
     assert not load_config(env={"METRICS_LISTEN": "none"}).observability.metrics_enabled
 
 

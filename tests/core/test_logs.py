@@ -202,7 +202,7 @@ def test_held_lines_go_out_together_on_flush_and_a_warning_takes_them_along(
 
 
 def test_setup_logging_refuses_an_unknown_format(root_logger: logging.Logger) -> None:
-    with pytest.raises(ValueError, match="'xml': must be one of json, text"):
+    with pytest.raises(ValueError, match="'xml': must be one of auto, json, text"):
         setup_logging("xml")
 
 
@@ -391,3 +391,23 @@ def test_a_timestamp_is_what_datetime_makes_of_the_same_time(created_s: float) -
 def test_a_timestamp_rounds_like_datetime_across_a_second(created_s: float) -> None:
     assert utc_timestamp(created_s) == _timestamp_by_datetime(created_s)
     assert utc_timestamp(created_s + 1) == _timestamp_by_datetime(created_s + 1)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_auto_logs_text_to_a_terminal_and_json_lines_elsewhere(
+    terminal: bool, root_logger: logging.Logger
+) -> None:
+    stream = Terminal() if terminal else io.StringIO()
+    setup_logging("auto", stream=stream)
+    logging.getLogger("blockx.test").warning("hello")
+    line = stream.getvalue().strip()
+    if terminal:
+        assert line.endswith("hello")
+        assert not line.startswith("{")
+    else:
+        assert json.loads(line)["msg"] == "hello"

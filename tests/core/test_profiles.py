@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from blockx.config import ConfigError, load_config
+from blockx.config import load_config
 from blockx.phases.builders import KNOWN_BUILDERS
 from blockx.phases.plugins import KNOWN_PLUGINS
 from blockx.profiles import BLOCK, BUNDLE, PROFILES, Profile
+from blockx.settings import ConfigError
 
 REGISTRY_PREFIXES = {"block": "/blockx/workers/", "bundle": "/blockx/bundle-workers/"}
 """Where each profile registers by default."""

@@ -23,6 +23,16 @@ class HubProcess(HubEndpoint):
     process: trio.Process | None = None
     port: int = 0
     log: list[str] = attrs.Factory(list)
+    logged: trio.Event = attrs.Factory(trio.Event)
+    """Replaced by a fresh event, after being set, whenever a line is logged."""
+
+    async def wait_for_line(self, text: str) -> int:
+        """Until the hub has logged a line containing `text`; that line's index."""
+        while True:
+            for index, line in enumerate(self.log):
+                if text in line:
+                    return index
+            await self.logged.wait()
 
     async def open_stream(self) -> trio.abc.HalfCloseableStream:
         return await trio.open_tcp_stream("127.0.0.1", self.port)
@@ -44,6 +54,8 @@ async def _pump(stream: trio.abc.ReceiveStream, hub: HubProcess, ready: trio.Eve
             hub.log.append(line.decode(errors="replace"))
             if READY_LINE.encode() in line:
                 ready.set()
+        hub.logged.set()
+        hub.logged = trio.Event()
 
 
 @asynccontextmanager

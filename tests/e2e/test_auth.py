@@ -18,9 +18,10 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client import WorkerClient
-from blockx.config import ConfigError
+from blockx.client import ClientSettings, WorkerClient
+from blockx.config import load_config
 from blockx.net.auth import bearer_token
+from blockx.settings import ConfigError
 from tests.e2e.serve_process import REPO, serve_process
 
 TOKEN = "s3cret-token-for-tests"
@@ -110,15 +111,38 @@ async def test_every_rpc_but_health_needs_the_bearer_token(tmp_path: Path, sourc
     assert TOKEN not in "\n".join(worker.log)
 
 
+def worker_token(env: dict[str, str]) -> str | None:
+    grpc = load_config(env=env).grpc
+    return bearer_token(grpc.auth_token, grpc.auth_token_file)
+
+
 def test_the_token_comes_from_one_place_and_a_bad_file_is_named(tmp_path: Path) -> None:
-    assert bearer_token("", {}) is None
-    assert bearer_token("", {"WORKER_AUTH_TOKEN": "x"}) == "x"
+    assert worker_token({}) is None
+    assert worker_token({"WORKER_AUTH_TOKEN": "x"}) == "x"
     (tmp_path / "token").write_text("  y \n")
-    assert bearer_token(str(tmp_path / "token"), {}) == "y"
+    token_file = str(tmp_path / "token")
+    assert worker_token({"WORKER_AUTH_TOKEN_FILE": token_file}) == "y"
     with pytest.raises(ConfigError, match="either WORKER_AUTH_TOKEN or a token file"):
-        bearer_token(str(tmp_path / "token"), {"WORKER_AUTH_TOKEN": "x"})
+        worker_token({"WORKER_AUTH_TOKEN_FILE": token_file, "WORKER_AUTH_TOKEN": "x"})
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="a non-empty file"):
-        bearer_token(str(tmp_path / "empty"), {})
+        worker_token({"WORKER_AUTH_TOKEN_FILE": str(tmp_path / "empty")})
     with pytest.raises(ConfigError, match=r"grpcAuthTokenFile .*a readable file"):
-        bearer_token(str(tmp_path / "missing"), {})
+        worker_token({"WORKER_AUTH_TOKEN_FILE": str(tmp_path / "missing")})
+    client = ClientSettings.load({"WORKER_AUTH_TOKEN_FILE": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match=r"WORKER_AUTH_TOKEN_FILE .*a readable file"):
+        client.token()
+    assert ClientSettings.load({"WORKER_AUTH_TOKEN": "x"}).token() == "x"
+
+
+def test_the_token_is_a_secret_no_file_holds_and_nothing_shows(tmp_path: Path) -> None:
+    config = load_config(env={"WORKER_AUTH_TOKEN": TOKEN})
+    assert config.grpc.auth_token == TOKEN
+    assert TOKEN not in json.dumps(config.to_json_dict())
+    assert TOKEN not in repr(config)
+    assert TOKEN not in repr(ClientSettings.load({"WORKER_AUTH_TOKEN": TOKEN}))
+    (tmp_path / "worker.json").write_text(json.dumps({"grpcAuthToken": TOKEN}))
+    with pytest.raises(ConfigError) as refused:
+        load_config(env={"WORKER_CONFIG": str(tmp_path / "worker.json")})
+    assert "is a secret: set it with WORKER_AUTH_TOKEN, never in a file" in str(refused.value)
+    assert TOKEN not in str(refused.value)

@@ -1,9 +1,15 @@
-"""`python -m blockx`: the command line (see `blockx.cli`)."""
+"""`blockx` (the console script) and `python -m blockx`: the command line (see `blockx.cli`)."""
 
 from blockx.process.lifecycle import cache_own_bytecode
 
-cache_own_bytecode()  # before the imports it speeds up, and the executors' imports
 
-from blockx.cli import main  # noqa: E402
+def main() -> int:
+    """Run the command line; its exit status."""
+    cache_own_bytecode()  # before the imports it speeds up, and the executors' imports
+    from blockx.cli import main as run  # noqa: PLC0415  # after the cache is written
 
-raise SystemExit(main())
+    return run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +23,7 @@ def quick_start_commands() -> list[str]:
 
 def test_the_quick_start_has_a_serve_command_and_a_test_command() -> None:
     serve, test = quick_start_commands()
-    assert serve == "uv sync --compile-bytecode && uv run python -m blockx serve"
+    assert serve == "uv sync --compile-bytecode && uv run blockx serve"
     assert test == "tools/test"
 
 
@@ -35,3 +39,15 @@ def test_the_test_command_runs_the_whole_suite_from_the_lock_file() -> None:
     assert 'exec uv run --locked pytest "$@"' in script
     for package in ("redis-server", "etcd-server", "postgresql", "chromium"):
         assert package in script
+
+
+def test_the_console_script_runs_the_command_line() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"blockx": "blockx.__main__:main"}
+    script = shutil.which("blockx", path=str(Path(sys.executable).parent))
+    assert script is not None, "uv sync installs the blockx script beside the interpreter"
+    done = subprocess.run(
+        [script, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: blockx ")

@@ -1,8 +1,12 @@
-"""The gRPC front end: grpclib on trio-asyncio, protobuf <-> domain, errors -> statuses.
+"""The gRPC front end: grpclib on trio-asyncio or its own loop thread (`grpcLoop`),
+protobuf <-> domain, errors -> statuses.
 
-The only package besides `blockx.discovery` that runs asyncio code.
+The server side of the asyncio code (the clients' side is `blockx.net.channels`,
+`blockx.client` and `blockx.discovery`). grpclib's server internals are touched in
+`_grpclib` alone (the fence).
 """
 
+from blockx.api._bridge import ThreadLoopUnderVirtualClock
 from blockx.api._convert import STATUS_MESSAGE_CHARS, STATUS_OF, grpc_error
 from blockx.api._server import SERVICE_NAME, GrpcFrontEnd, RpcObserver, bind_listener
 from blockx.api._service import WorkerService
@@ -13,6 +17,7 @@ __all__ = [
     "STATUS_OF",
     "GrpcFrontEnd",
     "RpcObserver",
+    "ThreadLoopUnderVirtualClock",
     "WorkerService",
     "bind_listener",
     "grpc_error",

@@ -8,9 +8,12 @@ Two arrangements (`grpcLoop`):
   runs, 2 cores): worker CPU per unary task 1.97 ms against 2.76 ms on
   trio-asyncio, unary tasks/s 374 against 272, latency p50 4.3 against 5.2 ms.
 * "trio-asyncio": grpclib on trio-asyncio's loop inside the one `trio.run`.
-  Always used under a virtual clock (the tests' `MockClock`): work on another
+  What a test on a virtual clock (`MockClock`) asks for: work on another
   thread is invisible to Trio, so the clock would jump while a request is
   being served.
+
+The setting is used as given, never switched for the clock in use: "thread"
+under a `MockClock` is refused (`ThreadLoopUnderVirtualClock`), not replaced.
 
 Handlers reach the actors only through a `Bridge`: `to_trio(fn, *args)` runs
 `fn(*args)` on the Trio thread, `to_loop(fn, *args)` on the loop's. On one
@@ -36,6 +39,7 @@ import trio.testing
 import uvloop
 
 from blockx.api._affinity import pin_this_thread
+from blockx.errors import Misuse
 
 logger = logging.getLogger("blockx.api")
 
@@ -99,11 +103,22 @@ class ThreadBridge:
         self.to_loop = _Queue(loop.call_soon_threadsafe, "to the gRPC loop").call
 
 
-def loop_for(setting: str) -> str:
-    """The arrangement to use for `grpcLoop`: "trio-asyncio" under a virtual clock."""
-    if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
-        return "trio-asyncio"
-    return setting
+class ThreadLoopUnderVirtualClock(Misuse):
+    """grpcLoop "thread" was asked for in a `trio.run` on a virtual clock."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            what='grpcLoop "thread" cannot run under a virtual clock (trio.testing.MockClock): '
+            "the clock cannot see the server's thread, so its time would jump while a "
+            'request is served; on a virtual clock, set grpcLoop "trio-asyncio"'
+        )
+
+
+def check_arrangement(setting: str) -> None:
+    """Refuse `setting` "thread" under a virtual clock, rather than run another arrangement
+    than the one asked for."""
+    if setting == "thread" and isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        raise ThreadLoopUnderVirtualClock()
 
 
 class LoopThread:

@@ -9,8 +9,11 @@ SERVING for the worker's service (and for "") only while the worker is ready
 (an executor is healthy) and not draining.
 The maximum message size is enforced both ways, with RESOURCE_EXHAUSTED naming
 the size and the limit: by the codec, and for requests already by the length a
-message's prefix announces (see `_http2`, which guards every request and
+message's prefix announces (see `_grpclib`, which guards every request and
 connection against what no gRPC client sends).
+
+Uses grpclib through its public API only: what overrides grpclib, or reaches into
+its private names, is `_grpclib`'s (the fence).
 """
 
 from __future__ import annotations
@@ -26,30 +29,25 @@ from typing import Any, Final, TypeAlias
 
 import trio
 import trio_asyncio
-from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.check import ServiceStatus
-from grpclib.health.service import Health
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-from grpclib.protocol import H2Protocol
-
-# grpclib keeps its v1alpha service here: it is what its own (public)
-# `ServerReflection.extend` adds beside v1, but `extend` cannot list reflection.
-from grpclib.reflection._deprecated import ServerReflection as ServerReflectionV1Alpha
-from grpclib.reflection.service import ServerReflection
-from grpclib.server import Server, Stream
+from grpclib.server import Stream
 
 from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
 from blockx.api._affinity import choose_cpu, pin_loop_threads
-from blockx.api._bridge import LoopThread, ThreadBridge, loop_for
+from blockx.api._bridge import LoopThread, ThreadBridge, check_arrangement
 from blockx.api._convert import Encoded
-from blockx.api._http2 import Http2Protocol, RequestHandler
+from blockx.api._grpclib import (
+    GuardedServer,
+    HealthService,
+    reflection_services,
+    server_configuration,
+)
 from blockx.api._service import WorkerService
 from blockx.config import GrpcSection
-from blockx.errors import shown
 from blockx.net.auth import check_bearer
 
 logger = logging.getLogger("blockx.api")
@@ -153,106 +151,6 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
             raise ValueError(f"a varint longer than 10 bytes at byte {position}")
 
 
-class _CorkedTransport:
-    """A connection's transport whose writes within one step of the loop go out as one send.
-
-    grpclib writes each HTTP/2 frame batch as soon as it has it: a unary reply
-    is three sends (headers, message, trailers), and a stream's replies one
-    each. Held until the loop's next step, they leave in one system call.
-    """
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._held: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not self._held:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._held.append(data)
-
-    def _flush(self) -> None:
-        if self._held:
-            data = b"".join(self._held)
-            self._held.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _Server(Server):
-    """grpclib's server, serving each connection with the guards of `_http2` and with its
-    writes corked (`_CorkedTransport`)."""
-
-    def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._max_message_bytes = max_message_bytes
-        self._transports: set[asyncio.Transport] = set()
-        """Connections open now: grpclib's `close` leaves them to their clients."""
-
-    def abort_connections(self) -> None:
-        """End every connection still open, so that the loop can close after the grace."""
-        for transport in list(self._transports):
-            transport.abort()
-
-    def _protocol_factory(self) -> H2Protocol:
-        # grpclib's own factory, with our handler and protocol in place of its own.
-        self.__gc_step__()
-        handler = RequestHandler(
-            self._mapping,
-            self._codec,
-            self._status_details_codec,
-            self.__dispatch__,
-            max_message_bytes=self._max_message_bytes,
-        )
-        self._handlers.add(handler)
-        protocol = Http2Protocol(handler, self._config, self._h2_config)
-        made, lost = protocol.connection_made, protocol.connection_lost
-        opened: list[asyncio.Transport] = []
-
-        def connection_made(transport: asyncio.Transport) -> None:
-            opened.append(transport)
-            self._transports.add(transport)
-            made(_CorkedTransport(transport))  # type: ignore[arg-type]
-
-        def connection_lost(error: BaseException | None) -> None:
-            self._transports.difference_update(opened)
-            lost(error)
-
-        protocol.connection_made = connection_made  # type: ignore[method-assign,assignment]
-        protocol.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
-        return protocol
-
-
-class _Health(Health):
-    """grpclib's health service; a check of a service it does not know says so in words
-    (grpclib's NOT_FOUND came without a message)."""
-
-    async def Check(self, stream: Stream[HealthCheckRequest, HealthCheckResponse]) -> None:
-        request = await stream.recv_message()  # never None: see `_http2.RequestStream`
-        assert request is not None
-        checks = self._checks.get(request.service)
-        if checks is None:
-            known = ", ".join(repr(name) for name in sorted(self._checks))
-            raise GRPCError(
-                Status.NOT_FOUND,
-                f"no health status for service {shown(request.service)}; known: {known}",
-            )
-        statuses = {await check.__check__() for check in checks}
-        if statuses == {True}:
-            status = HealthCheckResponse.SERVING
-        elif statuses == {None}:  # (grpclib's reading of checks that never ran)
-            status = HealthCheckResponse.UNKNOWN
-        else:
-            status = HealthCheckResponse.NOT_SERVING
-        await stream.send_message(HealthCheckResponse(status=status))
-
-
 def bind_listener(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port) for the server (port 0: any free port).
 
@@ -299,21 +197,22 @@ class GrpcFrontEnd:
         self.first_serving = trio.Event()
         """Set the first time health turns SERVING: the worker announced it is ready."""
         self._max_message_bytes = settings.max_message_bytes
-        self._config = Configuration(
-            _keepalive_time=settings.keepalive_time_ms / 1000,
-            _keepalive_timeout=settings.keepalive_timeout_ms / 1000,
-            _keepalive_permit_without_calls=True,
-            _http2_max_pings_without_data=0,
+        self._config = server_configuration(
+            keepalive_time_s=settings.keepalive_time_ms / 1000,
+            keepalive_timeout_s=settings.keepalive_timeout_ms / 1000,
         )
-        self._server: _Server | None = None
+        self._server: GuardedServer | None = None
         self._loop_setting = settings.loop
         self._pin_loop_threads = settings.pin_loop_threads
         self._unpin: Callable[[], None] | None = None
         self._thread: LoopThread | None = None
 
     async def start(self, listener: socket.socket) -> None:
-        """Serve on `listener` (see `bind_listener`), which the server owns from now on."""
-        if loop_for(self._loop_setting) == "trio-asyncio":
+        """Serve on `listener` (see `bind_listener`), which the server owns from now on, in
+        the arrangement `grpcLoop` names (`ThreadLoopUnderVirtualClock`: "thread" under a
+        virtual clock)."""
+        check_arrangement(self._loop_setting)
+        if self._loop_setting == "trio-asyncio":
             await trio_asyncio.aio_as_trio(self._start)(listener)
             return
         choice = choose_cpu() if self._pin_loop_threads else None
@@ -336,15 +235,12 @@ class GrpcFrontEnd:
 
     async def _start(self, listener: socket.socket) -> None:
         # grpclib objects must be made inside the running asyncio loop.
-        health = _Health({self.service: [self.health_status]})
-        pool = default_google_proto_descriptor_pool
         services: list[Any] = [
             self.service,
-            health,
-            ServerReflection(_service_names=SERVED_SERVICES, _pool=pool),
-            ServerReflectionV1Alpha(_service_names=SERVED_SERVICES, _pool=pool),
+            HealthService({self.service: [self.health_status]}),
+            *reflection_services(SERVED_SERVICES, default_google_proto_descriptor_pool),
         ]
-        self._server = _Server(
+        self._server = GuardedServer(
             services,
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,

@@ -360,7 +360,7 @@ def _resolve(future: asyncio.Future[T], answer: T) -> None:
 
 async def _request(rpc: Stream[Any, Any]) -> Any:
     """The one request message of a call that takes one (a call that ends without it is
-    refused before it gets here: see `_http2.RequestStream`)."""
+    refused before it gets here: see `_grpclib.RequestStream`)."""
     message = await rpc.recv_message()
     assert message is not None
     return message

@@ -22,7 +22,12 @@ from blockx.client._worker import outcomes_of
 from blockx.errors import Misuse
 from tests.adapters.test_client import run_cli
 from tests.adapters.test_discovery_placement import address, free_port
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import (
+    Harness,
+    call_list_task,
+    running_worker,
+    virtual_clock_config,
+)
 
 FAIL_AFTER_S = 10
 
@@ -149,7 +154,7 @@ async def test_sending_goes_on_while_outcomes_are_read() -> None:
 async def test_a_drain_refuses_held_tasks_as_unavailable(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(drainTimeoutMs=5_000, **{"worker.taskSlots": 1})
+    config = virtual_clock_config(drainTimeoutMs=5_000, **{"worker.taskSlots": 1})
     async with (
         running_worker(config) as worker,
         WorkerClient.connect(address(worker)) as client,
@@ -169,7 +174,7 @@ async def test_a_drain_refuses_held_tasks_as_unavailable(
 async def test_leaving_early_resets_the_stream_and_the_worker_counts_a_broken_watch(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker, WorkerClient.connect(address(worker)) as client:
         async with client.run_tasks([add("quick"), hang("left")]) as outcomes:
             async for outcome in outcomes:
@@ -229,7 +234,7 @@ async def test_an_error_of_the_reader_reaches_the_caller_alone_while_an_outcome_
 async def test_cancelling_the_reader_resets_the_stream(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker, WorkerClient.connect(address(worker)) as client:
         with trio.move_on_after(1):
             await run_all(client, [hang("h1")])
@@ -253,7 +258,7 @@ async def test_an_unreachable_worker_raises_worker_unreachable_unwrapped() -> No
 async def test_an_error_of_the_task_source_ends_the_stream_and_reaches_the_caller(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker, WorkerClient.connect(address(worker)) as client:
 
         async def tasks() -> AsyncIterator[pb.TaskSpec]:

@@ -16,7 +16,13 @@ from blockx.calls import CallSpec
 from blockx.io import IOScopeError, IOSystem, TaskIOScope
 from blockx.phases import builders
 from blockx.phases.builders import BuilderFailed, BuildRequest, call_list_calls
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import (
+    Harness,
+    call_list_task,
+    running_worker,
+    virtual_clock_config,
+    worker_config,
+)
 
 
 class _ScopedCallList:
@@ -164,7 +170,7 @@ async def test_a_builder_stuck_on_io_times_out_and_never_stalls_other_tasks(
 ) -> None:
     builder = _StuckCallList()
     monkeypatch.setitem(builders._FACTORIES, "call_list", lambda: builder)
-    config = worker_config(phaseIoTimeoutMs=500)
+    config = virtual_clock_config(phaseIoTimeoutMs=500)
     try:
         async with running_worker(config) as worker:
             stuck = call_list_task("stuck", ("demo.add", [1, 2]), labels={"stuck": "yes"})

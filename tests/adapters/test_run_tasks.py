@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
 import trio
 import trio.testing
 import trio_asyncio
@@ -15,10 +16,18 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.api import SERVICE_NAME
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from blockx.api import SERVICE_NAME, ThreadLoopUnderVirtualClock
+from blockx.api._bridge import ThreadBridge
+from tests.adapters.worker_harness import (
+    Harness,
+    call_list_task,
+    running_worker,
+    virtual_clock_config,
+    worker_config,
+)
 
 ROUTE = "/blockx.worker.v1.WorkerService/RunTasks"
+FAIL_AFTER_S = 30
 
 
 def request(task: pb.TaskSpec | None, slot_id: str = "") -> pb.RunTasksRequest:
@@ -163,7 +172,7 @@ async def test_a_reserved_slot_is_used_by_the_task_that_names_it() -> None:
 async def test_a_full_worker_holds_submits_and_stops_reading_until_a_slot_frees(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running_worker() as worker:  # 4 slots
+    async with running_worker(virtual_clock_config()) as worker:  # 4 slots
         hanging = [
             call_list_task(f"h{i}", ("demo.hang", []), task_timeout_ms=10_000) for i in range(4)
         ]
@@ -194,7 +203,7 @@ async def test_a_full_worker_holds_submits_and_stops_reading_until_a_slot_frees(
 async def test_a_broken_stream_is_a_broken_watch_for_every_task_it_followed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker:
         tasks = [call_list_task(f"b{i}", ("demo.hang", [])) for i in range(2)]
         with trio.move_on_after(1):  # the client goes away with its tasks running
@@ -213,7 +222,7 @@ async def test_a_broken_stream_is_a_broken_watch_for_every_task_it_followed(
 async def test_a_stream_that_follows_a_task_submitted_before_breaks_its_watch_too(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker:
         hang = call_list_task("stays", ("demo.hang", []), task_timeout_ms=60_000)
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=hang))
@@ -232,7 +241,7 @@ async def test_a_stream_that_follows_a_task_submitted_before_breaks_its_watch_to
 async def test_drain_refuses_held_submits_and_ends_running_tasks_on_the_stream(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(drainTimeoutMs=5_000, **{"worker.taskSlots": 1})
+    config = virtual_clock_config(drainTimeoutMs=5_000, **{"worker.taskSlots": 1})
     async with running_worker(config) as worker:
         tasks = [call_list_task(f"d{i}", ("demo.hang", [])) for i in range(3)]
         responses: list[pb.RunTasksResponse] = []
@@ -274,22 +283,49 @@ def loop_threads() -> list[str]:
     return [thread.name for thread in threading.enumerate() if thread.name == "grpc-loop"]
 
 
-async def test_the_server_runs_on_its_own_thread_unless_told_to_share_the_workers() -> None:
-    async with running_worker() as worker:
-        assert loop_threads() == ["grpc-loop"]
-        responses = await run(worker, request(call_list_task("t", ("demo.add", [1, 1]))))
-        assert events(responses) == [("accepted", "t"), ("finished", "t")]
-    assert loop_threads() == []  # stopped with the worker
+async def test_the_production_arrangement_serves_rpcs_from_its_own_loop_thread() -> None:
+    with trio.fail_after(FAIL_AFTER_S):
+        async with running_worker(worker_config(grpcLoop="thread")) as worker:
+            assert loop_threads() == ["grpc-loop"]
+            assert isinstance(worker.serving.front_end.service.bridge, ThreadBridge)
+            task = call_list_task(
+                "u", ("demo.add", [40, 2]), result_handler=pb.ResultHandler("result")
+            )
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+            updates = await worker.watch("u")
+            got = await worker.call(
+                worker.stub.get_task_result, pb.GetTaskResultRequest(task_id="u")
+            )
+            responses = await run(worker, request(call_list_task("s", ("demo.add", [1, 1]))))
+        assert loop_threads() == []  # stopped with the worker
+    assert updates[-1].is_terminal
+    assert got.state == pb.TaskState.SUCCEEDED
+    assert got.result is not None
+    assert got.result.outputs_json == "[42]"
+    assert events(responses) == [("accepted", "s"), ("finished", "s")]
 
-    async with running_worker(worker_config(grpcLoop="trio-asyncio")) as worker:
-        assert loop_threads() == []
-        responses = await run(worker, request(call_list_task("t", ("demo.add", [1, 1]))))
-        assert events(responses) == [("accepted", "t"), ("finished", "t")]
+
+async def test_the_trio_asyncio_arrangement_serves_rpcs_on_the_workers_thread() -> None:
+    with trio.fail_after(FAIL_AFTER_S):
+        async with running_worker(worker_config(grpcLoop="trio-asyncio")) as worker:
+            assert loop_threads() == []
+            responses = await run(worker, request(call_list_task("t", ("demo.add", [1, 1]))))
+    assert events(responses) == [("accepted", "t"), ("finished", "t")]
+
+
+async def test_the_thread_arrangement_is_refused_under_a_virtual_clock_never_switched(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    refused = pytest.RaisesExc(ThreadLoopUnderVirtualClock, match='set grpcLoop "trio-asyncio"')
+    with pytest.RaisesGroup(refused, flatten_subgroups=True):
+        async with running_worker(worker_config(grpcLoop="thread")):
+            raise AssertionError("the worker served under a virtual clock")
+    assert loop_threads() == []
 
 
 async def test_a_worker_ended_by_cancellation_stops_its_loop_thread_too() -> None:
     with trio.CancelScope() as scope:
-        async with running_worker():
+        async with running_worker(worker_config(grpcLoop="thread")):
             assert loop_threads() == ["grpc-loop"]
             scope.cancel()  # the worker never sees its stop event
             await trio.sleep_forever()

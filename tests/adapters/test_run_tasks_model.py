@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from blockx._proto.blockx.worker import v1 as pb
 from tests.adapters.test_run_tasks import events, finished, refusals, request, run, status
-from tests.adapters.worker_harness import call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import call_list_task, running_worker, virtual_clock_config
 
 KINDS = ("quick", "hang", "missing", "again", "shared")
 
@@ -59,7 +59,7 @@ def batches(draw: st.DrawFn) -> list[list[str | None]]:
 
 
 async def scenario(streams: list[list[str | None]]) -> None:
-    config = worker_config(**{"worker.taskSlots": 2})
+    config = virtual_clock_config(**{"worker.taskSlots": 2})
     async with running_worker(config) as worker:
         answers: list[list[pb.RunTasksResponse]] = [[] for _ in streams]
         async with trio.open_nursery() as nursery:

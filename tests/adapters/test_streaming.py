@@ -14,7 +14,13 @@ from blockx.calls import CallSpec, encode_args
 from blockx.phases import builders
 from blockx.phases.builders import BuilderFailed, BuildRequest, collect
 from tests.adapters.test_io_worker import terminal
-from tests.adapters.worker_harness import FakeExecutors, Harness, running_worker, worker_config
+from tests.adapters.worker_harness import (
+    FakeExecutors,
+    Harness,
+    running_worker,
+    virtual_clock_config,
+    worker_config,
+)
 
 
 class _Scan:
@@ -159,7 +165,7 @@ async def test_a_config_the_builder_refuses_fails_in_the_builder_phase(scan: _Sc
 async def test_a_read_stuck_mid_scan_times_out_and_never_stalls_other_tasks(
     scan: _Scan, mock_clock: trio.testing.MockClock
 ) -> None:
-    config = worker_config(**{"streamBuild.enabled": True, "phaseIoTimeoutMs": 500})
+    config = virtual_clock_config(**{"streamBuild.enabled": True, "phaseIoTimeoutMs": 500})
     try:
         async with running_worker(config) as worker:
             await submit(worker, scan_task("stuck", batches="3", stuck_at="1"))
@@ -185,7 +191,7 @@ async def test_a_read_stuck_mid_scan_times_out_and_never_stalls_other_tasks(
 async def test_scan_admission_runs_at_most_scan_slots_streamed_call_phases(
     scan: _Scan, mock_clock: trio.testing.MockClock
 ) -> None:
-    config = worker_config(**{"streamBuild.enabled": True, "admission.scanSlots": 1})
+    config = virtual_clock_config(**{"streamBuild.enabled": True, "admission.scanSlots": 1})
     async with running_worker(config) as worker:
         first = scan_task("first", batches="1", per="1", function="demo.hang")
         first.task_timeout_ms = 1000

@@ -33,7 +33,13 @@ from blockx.slots import (
     SlotUncertain,
     Unavailable,
 )
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import (
+    Harness,
+    call_list_task,
+    running_worker,
+    virtual_clock_config,
+    worker_config,
+)
 
 
 async def watch(harness: Harness, *task_ids: str) -> list[pb.TaskUpdate]:
@@ -274,7 +280,7 @@ async def test_an_unknown_builder_or_plugin_fails_the_task_at_activation_before_
 async def test_a_task_past_its_timeout_ends_timed_out_and_its_calls_are_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running_worker() as worker:
+    async with running_worker(virtual_clock_config()) as worker:
         task = call_list_task("slow", ("demo.hang", []), task_timeout_ms=2_000)
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
         updates = await watch(worker, "slow")
@@ -291,7 +297,7 @@ async def test_a_task_past_its_timeout_ends_timed_out_and_its_calls_are_cancelle
 async def test_a_broken_watch_fails_the_task_after_the_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker:
         task = call_list_task("w1", ("demo.hang", []))
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
@@ -308,7 +314,7 @@ async def test_a_broken_watch_fails_the_task_after_the_grace(
 async def test_a_watcher_that_comes_back_within_the_grace_keeps_the_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.watchDisconnectGraceMs": 3_000})
+    config = virtual_clock_config(**{"worker.watchDisconnectGraceMs": 3_000})
     async with running_worker(config) as worker:
         task = call_list_task("w2", ("demo.hang", []))
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
@@ -331,7 +337,7 @@ async def test_watching_an_unknown_task_is_not_found() -> None:
 async def test_drain_refuses_new_work_and_ends_what_is_left_for_its_watchers(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(drainTimeoutMs=5_000)
+    config = virtual_clock_config(drainTimeoutMs=5_000)
     async with running_worker(config) as worker:
         task = call_list_task("d1", ("demo.hang", []))
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
@@ -379,7 +385,7 @@ async def test_slots_and_submits_wait_until_an_executor_is_healthy() -> None:
 async def test_a_drain_ends_as_soon_as_the_last_task_reaches_its_deadline(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(drainTimeoutMs=30_000)
+    config = virtual_clock_config(drainTimeoutMs=30_000)
     async with running_worker(config) as worker:
         task = call_list_task("late", ("demo.hang", []), task_timeout_ms=2_000)
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
@@ -491,7 +497,7 @@ async def _open(port: int) -> Channel:
 async def test_a_lapsed_reservation_frees_its_slot_when_its_lease_ends(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running_worker() as worker:
+    async with running_worker(virtual_clock_config()) as worker:
         await worker.call(
             worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="l1", ttl_ms=1_200)
         )
@@ -510,7 +516,7 @@ async def test_a_lapsed_reservation_frees_its_slot_when_its_lease_ends(
 async def test_plugin_failures_unknown_plugins_and_slow_plugins_end_with_their_codes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(phaseIoTimeoutMs=1_000)
+    config = virtual_clock_config(phaseIoTimeoutMs=1_000)
     async with running_worker(config) as worker:
         handlers = {
             "p1": pb.ResultHandler(type="test", config_json='{"fail": true, "message": "disk"}'),
@@ -592,7 +598,7 @@ async def test_call_values_kept_by_the_result_plugin_reach_get_result_and_watch(
 async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = worker_config(**{"worker.resultRetentionMs": 1_000})
+    config = virtual_clock_config(**{"worker.resultRetentionMs": 1_000})
     async with running_worker(config) as worker:
         task = call_list_task("again", ("demo.add", [1, 2]))
         request = pb.GetTaskResultRequest(task_id="again")
@@ -618,7 +624,7 @@ async def test_a_call_phase_waits_for_executor_admission_and_runs_once_it_is_fre
 ) -> None:
     # One task at a time may hold the executors: the second task's calls wait,
     # built, until the first one's end frees its admission.
-    config = worker_config(**{"admission.executorTaskSlots": 1})
+    config = virtual_clock_config(**{"admission.executorTaskSlots": 1})
     async with running_worker(config) as worker:
         slow = call_list_task("slow", ("demo.hang", []), task_timeout_ms=2_000)
         quick = call_list_task("quick", ("demo.add", [2, 3]))

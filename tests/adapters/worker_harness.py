@@ -2,7 +2,9 @@
 
 `running_worker()` starts `blockx.app.serve` on 127.0.0.1 port 0 with
 in-memory function code and `FakeExecutors` in place of executor processes,
-and yields a `Harness` whose `call` runs a stub method from Trio.
+and yields a `Harness` whose `call` runs a stub method from Trio. A test on
+the virtual clock passes `virtual_clock_config(...)`; the others get the
+production arrangement of the gRPC loop (`grpcLoop` "thread").
 """
 
 from __future__ import annotations
@@ -190,6 +192,12 @@ def worker_config(**overrides: object) -> WorkerConfig:
     }
     values.update(overrides)
     return load_config(env={}, overrides=values)
+
+
+def virtual_clock_config(**overrides: object) -> WorkerConfig:
+    """`worker_config` for a test on Trio's virtual clock (`autojump_clock`, `mock_clock`)."""
+    # Work on another thread is invisible to the virtual clock: serve on Trio's own thread.
+    return worker_config(grpcLoop="trio-asyncio", **overrides)
 
 
 @asynccontextmanager

@@ -15,7 +15,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from blockx._proto.blockx.worker import v1 as pb
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import (
+    Harness,
+    call_list_task,
+    running_worker,
+    virtual_clock_config,
+)
 
 TTLS_MS = [990 + 5 * i for i in range(8)]  # 990 .. 1025: the clock jumps to 1000
 JUMP_S = 1.0
@@ -43,7 +48,7 @@ async def test_a_submit_racing_its_lease_expiry_runs_once_or_is_refused_never_bo
     """`steps`: how far the submits get (scheduler steps; None: all the way) before the
     clock jumps, from "not sent yet" through "in flight" to "answered"."""
     outcomes: dict[str, object] = {}
-    async with running_worker(worker_config(**{"worker.taskSlots": 8})) as worker:
+    async with running_worker(virtual_clock_config(**{"worker.taskSlots": 8})) as worker:
         slots = {}
         for i, ttl_ms in enumerate(TTLS_MS):
             reply = await worker.call(

@@ -18,7 +18,7 @@ from blockx._proto.blockx.worker import v1 as pb
 from blockx.calls import CallSpec
 from blockx.phases import builders
 from blockx.phases.builders import BuildRequest
-from tests.adapters.worker_harness import call_list_task, running_worker, worker_config
+from tests.adapters.worker_harness import call_list_task, running_worker, virtual_clock_config
 
 TIMEOUT_MS = 1_000
 SLOW_S = 3_600
@@ -77,7 +77,7 @@ async def test_the_task_deadline_ends_each_phase_once_and_on_time(
     if phase == pb.TaskPhase.BUILDER:
         monkeypatch.setitem(builders._FACTORIES, "call_list", lambda: builder)
     # Phase IO timeouts far beyond the task's: the task deadline is what ends it.
-    config = worker_config(phaseIoTimeoutMs=SLOW_S * 2_000)
+    config = virtual_clock_config(phaseIoTimeoutMs=SLOW_S * 2_000)
     async with running_worker(config) as worker:
         started = trio.current_time()
         await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=make()))

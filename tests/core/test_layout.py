@@ -27,9 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "blockx"
 GENERATED = PACKAGE / "_proto"
 MAX_FUNCTION_LINES = 60
-PURE_CORES = {"blockx.calls": {"msgpack"}, "blockx.slots": set(), "blockx.dispatch": set()}
+PURE_CORES = {
+    "blockx.calls": {"msgpack"},
+    "blockx.steps": set(),
+    "blockx.slots": set(),
+    "blockx.dispatch": set(),
+}
 """Each pure core, and the libraries it may use besides attrs (the value codec is msgpack)."""
-PURE_ALLOWED = frozenset({"attrs", "blockx.calls", "blockx.errors"})
+PURE_ALLOWED = frozenset({"attrs", "blockx.calls", "blockx.errors", "blockx.steps"})
 """Besides the standard library (less what `IMPURE` names)."""
 IMPURE = frozenset({"asyncio", "random", "socket", "subprocess", "threading", "time", "trio"})
 

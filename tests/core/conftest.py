@@ -6,6 +6,7 @@ import pytest
 
 from blockx.dispatch import DispatchCore
 from blockx.slots import SlotMachine
+from tests.core.autoworker_events import WorkerCoreFactory
 from tests.core.slots_helpers import MachineFactory
 
 
@@ -28,3 +29,9 @@ def core() -> Iterator[DispatchCore]:
     core = DispatchCore()
     yield core
     core.check_invariants()
+
+
+@pytest.fixture
+def make_worker_core() -> WorkerCoreFactory:
+    """Makes automatic worker cores."""
+    return WorkerCoreFactory()

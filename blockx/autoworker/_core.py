@@ -9,7 +9,8 @@ clock, so every rule below is tested by feeding it events.
 Every event carries the id of the stimulus that caused it (required: the
 runtime stamps it where it makes the event), every command the id of the
 event it answers, and the core keeps its recent events in a bounded log
-(`recent_stimuli`).
+(`recent_stimuli`). `check_invariants()` checks the rules that hold between
+any two events; every test of the core runs it.
 
 Rules:
 
@@ -740,6 +741,124 @@ class WorkerCore:
             self._drain_id = self._next_id()
             self._send(Drain(message_id=self._drain_id), commands)
         commands.notice("draining")
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the rule that is broken, if any.
+
+        The rules hold between any two events, given a hub that answers each request as
+        the protocol says (a reply of the request's kind, about the attempt it named): a
+        reply is matched to its request by `reply_to` alone, and the rest is not checked.
+        """
+        self._check_attempts()
+        self._check_pending()
+        self._check_link()
+        self._check_drain()
+
+    def _check_attempts(self) -> None:
+        for attempt_id, attempt in self._attempts.items():
+            phase = attempt.phase.value
+            assert attempt.attempt_id == attempt_id, f"{attempt_id} kept under another id"
+            assert attempt.offer.capability in self._capabilities, (
+                f"{attempt_id} kept for a capability this worker did not declare"
+            )
+            if attempt.phase in (Phase.OFFERED, Phase.STARTING):
+                assert attempt.lease_deadline_ms == 0, f"{attempt_id} {phase} with a lease"
+                assert attempt.renew_due_ms is None, f"{attempt_id} {phase} with a renew due"
+            if attempt.phase in (Phase.LOST, Phase.FINISHING):
+                assert attempt.renew_due_ms is None, f"{attempt_id} {phase} with a renew due"
+        known = len(self._attempts)
+        assert known <= 2 * self.capacity, f"{known} attempts known, capacity {self.capacity}"
+        held = sum(1 for attempt in self._attempts.values() if attempt.holds_slot)
+        assert held <= self.capacity, f"{held} slots held, capacity {self.capacity}"
+        settled_known = sorted(self._attempts.keys() & self._settled.keys())
+        assert not settled_known, f"settled attempts still known: {settled_known}"
+        assert len(self._settled) <= SETTLED_REMEMBERED, "more settled ids remembered than kept"
+        not_finishing = sorted(
+            attempt_id
+            for attempt_id in self._stale_results
+            if self.phase_of(attempt_id) is not Phase.FINISHING
+        )
+        assert not not_finishing, f"stale results of attempts not FINISHING: {not_finishing}"
+        declared = self.declared_capacity()
+        assert 0 <= declared <= self.capacity, f"declared capacity {declared} out of range"
+
+    def _check_pending(self) -> None:
+        """Every request waits for one answer under its own id: a start for each STARTING
+        attempt, a report for each FINISHING one, at most one renewal per attempt."""
+        waiting: collections.Counter[tuple[type, str]] = collections.Counter()
+        for message_id, message in self._pending.items():
+            assert message.message_id == message_id, f"{message!r} pending under {message_id}"
+            assert isinstance(message, Start | Renew | Finish | Drain), (
+                f"{message!r} pending: only starts, renewals, reports and the drain are"
+            )
+            if isinstance(message, Drain):
+                assert message_id == self._drain_id, (
+                    f"{message!r}, but the drain is {self._drain_id}"
+                )
+                continue
+            waiting[type(message), message.attempt_id] += 1
+            attempt = self._attempts.get(message.attempt_id)
+            phase = None if attempt is None else attempt.phase
+            assert phase in _WAITING_IN[type(message)], (
+                f"{message!r} pending for an attempt {phase.value if phase else 'forgotten'}"
+            )
+            assert attempt is None or attempt.offer.epoch == message.epoch, (
+                f"{message!r} under another epoch than its attempt's"
+            )
+        repeated = sorted(f"{kind.__name__} {key}" for (kind, key), n in waiting.items() if n > 1)
+        assert not repeated, f"more than one request pending: {repeated}"
+        for attempt_id, attempt in self._attempts.items():
+            if attempt.phase is Phase.STARTING:
+                assert waiting[Start, attempt_id], f"{attempt_id} STARTING without a Start"
+            if attempt.phase is Phase.FINISHING:
+                assert waiting[Finish, attempt_id], f"{attempt_id} FINISHING without a Finish"
+        for message_id in (self._opening_id, self._resume_id):
+            assert message_id not in self._pending, f"{message_id} used twice"
+
+    def _check_link(self) -> None:
+        link = self._link.value
+        assert self._link is Link.DOWN or (self._links and self._opening_id), (
+            f"{link} without a connection made"
+        )
+        session = self._link in (Link.RESUMING, Link.OPEN)
+        assert session == (self._heartbeat_due_ms is not None), (
+            f"{link} with heartbeat due {self._heartbeat_due_ms}"
+        )
+        assert not session or self.session_ttl_ms is not None, f"{link} before a session opened"
+        assert self._link is not Link.RESUMING or self._resume_id, "RESUMING without a Resume"
+        ttl_ms = self.session_ttl_ms
+        every_ms = (
+            MAX_HEARTBEAT_MS if ttl_ms is None else max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
+        )
+        assert self._heartbeat_every_ms == every_ms, (
+            f"heartbeats every {self._heartbeat_every_ms} ms, session TTL {ttl_ms} ms"
+        )
+        assert self._link is not Link.OPEN or self._declared == self.declared_capacity(), (
+            f"the hub holds capacity {self._declared}, not {self.declared_capacity()}"
+        )
+        assert self.counters.reconnects == max(0, self._links - 1), "reconnects miscounted"
+
+    def _check_drain(self) -> None:
+        assert self._draining or not self._drain_id, "a drain asked for while not draining"
+        assert not self._drain_acked or (self._drain_id and self._drain_id not in self._pending), (
+            "a drain acknowledged that was not asked for"
+        )
+        if self._draining:
+            offered = sorted(a for a, at in self._attempts.items() if at.phase is Phase.OFFERED)
+            assert not offered, f"offers kept while draining: {offered}"
+            assert self._link is not Link.OPEN or self._drain_id, "draining unknown to the hub"
+
+
+_WAITING_IN: Final[dict[type, tuple[Phase | None, ...]]] = {
+    Start: (Phase.STARTING, None),
+    Renew: (Phase.RUNNING, Phase.LOST),
+    Finish: (Phase.FINISHING,),
+}
+"""The phases an attempt may be in while a request about it waits for its answer (None: no
+longer known). A Start outlives its attempt when `Resume` finds the attempt lost; a Renew
+outlives the lease it asked to extend."""
 
 
 def _renew_due(now_ms: int, deadline_ms: int) -> int:

@@ -28,7 +28,7 @@ OTHER = Capability(handler="text.normalize", handler_version="v2", payload_versi
 
 
 class WorkerCoreFactory:
-    """Makes cores (the `make_worker_core` fixture)."""
+    """Makes cores; checks them all at teardown (the `make_worker_core` fixture)."""
 
     def __init__(self) -> None:
         self.made: list[WorkerCore] = []
@@ -41,6 +41,10 @@ class WorkerCoreFactory:
         )
         self.made.append(core)
         return core
+
+    def check_all(self) -> None:
+        for core in self.made:
+            core.check_invariants()
 
 
 def offer(

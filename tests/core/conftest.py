@@ -32,6 +32,8 @@ def core() -> Iterator[DispatchCore]:
 
 
 @pytest.fixture
-def make_worker_core() -> WorkerCoreFactory:
-    """Makes automatic worker cores."""
-    return WorkerCoreFactory()
+def make_worker_core() -> Iterator[WorkerCoreFactory]:
+    """Makes automatic worker cores; every one passes check_invariants() at teardown."""
+    factory = WorkerCoreFactory()
+    yield factory
+    factory.check_all()

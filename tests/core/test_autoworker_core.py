@@ -344,6 +344,32 @@ def test_resume_finding_an_attempt_lost_cancels_its_handler(
     ]
 
 
+def test_a_start_outlives_an_attempt_resume_found_lost_until_the_hub_answers_it(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    machine = make_worker_core()
+    opened(machine)
+    [start] = sent(machine.handle(received(offer(1), now_ms=0)))
+    machine.handle(disconnected(now_ms=10))
+    [opening] = sent(machine.handle(connected(now_ms=20)))
+    [resume] = sent(
+        machine.handle(
+            received(SessionOpened(reply_to=opening.message_id, session_ttl_ms=TTL_MS), now_ms=20)
+        )
+    )
+    lost = ResumedAttempt(attempt_id="a1", epoch=1, status=AttemptStatus.LOST)
+    step = machine.handle(
+        received(Resumed(reply_to=resume.message_id, attempts=(lost,)), now_ms=30)
+    )
+    assert machine.phase_of("a1") is None
+    assert start in sent(step)  # still unanswered: sent again, under its id
+    machine.check_invariants()  # a pending Start may name an attempt no longer known
+    refused = Refused(
+        reply_to=start.message_id, attempt_id="a1", code=RefusalCode.NOT_OFFERED, message=""
+    )
+    assert machine.handle(received(refused, now_ms=40)).commands == ()
+
+
 def test_recorded_settles_the_attempt_and_counts_evidence(
     make_worker_core: WorkerCoreFactory,
 ) -> None:

@@ -9,7 +9,7 @@ most twice the capacity of attempts known; a message id always names the same
 message; nothing but the session's opening and resume goes out before the
 session is resumed; a lease that passed cancels its handler and nothing revives
 it; the declared capacity stays within bounds; every command carries the
-stimulus id of the event that caused it.
+stimulus id of the event that caused it; and the core's own `check_invariants`.
 """
 
 from __future__ import annotations
@@ -295,6 +295,11 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self._step(DrainRequested(now_ms=self.now, stimulus_id=self._stimulus()))
 
     # ------------------------------------------------------------------ always
+
+    @invariant()
+    def core_is_consistent(self) -> None:
+        if hasattr(self, "core"):
+            self.core.check_invariants()
 
     @invariant()
     def bounded(self) -> None:

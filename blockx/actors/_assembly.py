@@ -34,7 +34,6 @@ from blockx.actors._readiness import Readiness
 from blockx.actors._slot_table import SlotTableActor
 from blockx.actors._task import Admission, TaskRuntime
 from blockx.actors._watch import WatchFanout
-from blockx.calls import StimulusIds
 from blockx.config import WorkerConfig
 from blockx.executors import ExecutorPoolConfig, ExecutorTransport, PoolEvent
 from blockx.functions import FunctionCodeView, FunctionSnapshot
@@ -48,6 +47,7 @@ from blockx.process.clock import EpochClock
 from blockx.process.lifecycle import rss_bytes
 from blockx.profiles import Profile
 from blockx.slots import SlotMachine, TaskResult
+from blockx.steps import StimulusIds
 
 TransportFactory = Callable[
     [ExecutorPoolConfig, trio.MemorySendChannel[PoolEvent], EpochClock], ExecutorTransport

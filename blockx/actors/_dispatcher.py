@@ -38,7 +38,7 @@ from blockx.actors._messages import (
     StreamFailed,
 )
 from blockx.actors._readiness import Readiness
-from blockx.calls import CallPhaseOutcome, CallSpec, FailureCode, StimulusIds
+from blockx.calls import CallPhaseOutcome, CallSpec, FailureCode
 from blockx.config import DispatcherSection
 from blockx.dispatch import (
     CallPolicy,
@@ -80,6 +80,7 @@ from blockx.executors import (
 )
 from blockx.functions import FunctionCodeError, FunctionSnapshot, UnknownModule
 from blockx.process.clock import EpochClock
+from blockx.steps import StimulusIds
 
 _LEFT_CODE = {DownReason.WEDGED: FailureCode.EXECUTOR_WEDGED}
 

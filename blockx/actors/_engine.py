@@ -23,12 +23,13 @@ from blockx.actors._messages import (
     RunTaskCalls,
     SlotTableMessage,
 )
-from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, RetryPolicy, StimulusIds
+from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, RetryPolicy
 from blockx.config import DispatcherSection, default_config
 from blockx.errors import Misuse
 from blockx.executors import ExecutorPoolConfig, ExecutorPoolManager, ExecutorTransport
 from blockx.functions import FunctionSnapshot
 from blockx.process.clock import EpochClock
+from blockx.steps import StimulusIds
 
 DEFAULT_RETRY = default_config().worker.slot_config().default_retry_policy
 """The worker's default retry policy."""

@@ -58,7 +58,7 @@ from blockx.actors._task import (
     run_task,
 )
 from blockx.actors._watch import WatchFanout
-from blockx.calls import CallSpec, FailureCode, StimulusIds
+from blockx.calls import CallSpec, FailureCode
 from blockx.errors import Misuse
 from blockx.functions import FunctionCodeError, FunctionCodeView, FunctionSnapshot
 from blockx.io import IOScopeError, TaskIOScope
@@ -97,6 +97,7 @@ from blockx.slots import (
     WorkerError,
     WorkerReady,
 )
+from blockx.steps import StimulusIds
 
 logger = logging.getLogger("blockx.slots")
 

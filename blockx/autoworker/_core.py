@@ -6,6 +6,12 @@ happened, and returns the commands that follow: messages to send, handlers to
 start or cancel, leases to set, notices to emit. It does no IO and reads no
 clock, so every rule below is tested by feeding it events.
 
+Every event carries the id of the stimulus that caused it (required: the
+runtime stamps it where it makes the event), every command the id of the
+event it answers, and the core keeps its recent events in a bounded log
+(`recent_stimuli`). `check_invariants()` checks the rules that hold between
+any two events; every test of the core runs it.
+
 Rules:
 
 1. A handler runs only under a granted Start that is still valid, and an
@@ -34,11 +40,11 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, assert_never
 
 import attrs
 
-from blockx.autoworker import _outcome
+from blockx.autoworker._outcome import INVALID_HANDLER_RESULT, lease_lost
 from blockx.errors import Misuse
 from blockx.hubwire import (
     AttemptRef,
@@ -66,6 +72,8 @@ from blockx.hubwire import (
     ToHub,
     Unknown,
 )
+from blockx.steps import LoggedStimulus, StimulusLog
+from blockx.steps import Step as CoreStep
 
 MAX_HEARTBEAT_MS: Final = 5_000
 SETTLED_REMEMBERED: Final = 10_000
@@ -103,11 +111,13 @@ class Connected:
     """A connection is up and its hello was welcomed."""
 
     now_ms: int
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
 class Disconnected:
     now_ms: int
+    stimulus_id: str
 
 
 FromHub: TypeAlias = (
@@ -119,6 +129,7 @@ FromHub: TypeAlias = (
 @attrs.frozen(kw_only=True)
 class Received:
     now_ms: int
+    stimulus_id: str
     message: FromHub
 
 
@@ -127,6 +138,7 @@ class HandlerReturned:
     """The attempt's handler ended with `outcome` (LEASE_LOST if its lease ended first)."""
 
     now_ms: int
+    stimulus_id: str
     attempt_id: str
     outcome: Outcome
 
@@ -134,11 +146,13 @@ class HandlerReturned:
 @attrs.frozen(kw_only=True)
 class TimePassed:
     now_ms: int
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
 class DrainRequested:
     now_ms: int
+    stimulus_id: str
 
 
 Event: TypeAlias = (
@@ -146,7 +160,7 @@ Event: TypeAlias = (
 )
 
 
-# --- commands --------------------------------------------------------------------------
+# --- commands: each carries the id of the stimulus it answers -------------------------
 
 
 @attrs.frozen(kw_only=True)
@@ -154,12 +168,14 @@ class Send:
     """Send these messages, in order, on the current connection."""
 
     messages: tuple[ToHub, ...]
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
 class RunHandler:
     offer: Offer
     lease_deadline_ms: int
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -168,11 +184,13 @@ class SetLease:
 
     attempt_id: str
     lease_deadline_ms: int
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
 class CancelHandler:
     attempt_id: str
+    stimulus_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -183,14 +201,61 @@ class Notice:
     task_id: str = ""
     attempt_id: str = ""
     detail: str = ""
-
-    @classmethod
-    def about(cls, type_: str, offer: Offer, detail: str = "") -> Notice:
-        """A notice about the attempt `offer` made."""
-        return cls(type=type_, task_id=offer.task_id, attempt_id=offer.attempt_id, detail=detail)
+    stimulus_id: str
 
 
 Command: TypeAlias = Send | RunHandler | SetLease | CancelHandler | Notice
+
+Step: TypeAlias = CoreStep[None, Command]
+"""For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias
+is not allowed."""
+
+
+@attrs.define
+class _Commands:
+    """The commands one event produces, each made with that event's stimulus id."""
+
+    stimulus_id: str
+    made: list[Command] = attrs.Factory(list)
+
+    def send(self, *messages: ToHub) -> None:
+        """Consecutive sends become one, so one step's messages share a frame."""
+        last = self.made[-1] if self.made else None
+        if isinstance(last, Send):
+            self.made.pop()
+            messages = last.messages + messages
+        self.made.append(Send(messages=messages, stimulus_id=self.stimulus_id))
+
+    def run_handler(self, offer: Offer, lease_deadline_ms: int) -> None:
+        self.made.append(
+            RunHandler(
+                offer=offer, lease_deadline_ms=lease_deadline_ms, stimulus_id=self.stimulus_id
+            )
+        )
+
+    def set_lease(self, attempt_id: str, lease_deadline_ms: int) -> None:
+        self.made.append(
+            SetLease(
+                attempt_id=attempt_id,
+                lease_deadline_ms=lease_deadline_ms,
+                stimulus_id=self.stimulus_id,
+            )
+        )
+
+    def cancel_handler(self, attempt_id: str) -> None:
+        self.made.append(CancelHandler(attempt_id=attempt_id, stimulus_id=self.stimulus_id))
+
+    def notice(self, type_: str, offer: Offer | None = None, detail: str = "") -> None:
+        """A notice, about the attempt `offer` made if one is given."""
+        self.made.append(
+            Notice(
+                type=type_,
+                task_id="" if offer is None else offer.task_id,
+                attempt_id="" if offer is None else offer.attempt_id,
+                detail=detail,
+                stimulus_id=self.stimulus_id,
+            )
+        )
 
 
 @attrs.define(kw_only=True)
@@ -257,12 +322,18 @@ class WorkerCore:
         self._stale_results: set[str] = set()
         """Finishes sent on an earlier connection, still unanswered: the hub may not count
         their attempts any more, yet they are not settled."""
+        self._log = StimulusLog()
 
     # ------------------------------------------------------------------ views
 
     @property
     def link(self) -> Link:
         return self._link
+
+    @property
+    def recent_stimuli(self) -> tuple[LoggedStimulus, ...]:
+        """The last events handled, oldest first, with what came of each."""
+        return self._log.recent
 
     @property
     def running(self) -> int:
@@ -312,8 +383,12 @@ class WorkerCore:
 
     # ------------------------------------------------------------------ the mutator
 
-    def handle(self, event: Event) -> list[Command]:
-        commands: list[Command] = []
+    def handle(self, event: Event) -> Step:
+        """Apply one event. Raises `Misuse` (state unchanged) on an event it never allows."""
+        return self._log.apply(event, self._dispatch)
+
+    def _dispatch(self, event: Event) -> Step:
+        commands = _Commands(stimulus_id=event.stimulus_id)
         match event:
             case Connected(now_ms=now_ms):
                 self._on_connected(now_ms, commands)
@@ -327,16 +402,18 @@ class WorkerCore:
                 self._on_time(now_ms, commands)
             case DrainRequested(now_ms=now_ms):
                 self._on_drain(now_ms, commands)
+            case _:
+                assert_never(event)
         self._start_what_fits(event.now_ms, commands)
         self._declare(commands)
-        return _merged(commands)
+        return CoreStep(commands=tuple(commands.made))
 
     # ------------------------------------------------------------------ connection
 
     def _next_id(self) -> str:
         return f"m{next(self._ids)}"
 
-    def _on_connected(self, now_ms: int, commands: list[Command]) -> None:
+    def _on_connected(self, now_ms: int, commands: _Commands) -> None:
         if self._link is not Link.DOWN:
             raise Misuse(what="Connected while a connection is up")
         self._links += 1
@@ -353,9 +430,9 @@ class WorkerCore:
             capacity=capacity,
         )
         self._declared = capacity
-        commands.append(Send(messages=(opening,)))
+        commands.send(opening)
 
-    def _on_disconnected(self, commands: list[Command]) -> None:
+    def _on_disconnected(self, commands: _Commands) -> None:
         if self._link is Link.DOWN:
             return
         self._link = Link.DOWN
@@ -363,17 +440,15 @@ class WorkerCore:
         for message in self._pending.values():
             if isinstance(message, Finish):
                 self._stale_results.add(message.attempt_id)
-        commands.append(Notice(type="disconnected"))
+        commands.notice("disconnected")
 
-    def _send(self, message: ControlMessage, commands: list[Command]) -> None:
+    def _send(self, message: ControlMessage, commands: _Commands) -> None:
         """Record `message` as pending; send it now if the session is open."""
         self._pending[message.message_id] = message
         if self._link is Link.OPEN:
-            commands.append(Send(messages=(message,)))
+            commands.send(message)
 
-    def _on_session_opened(
-        self, now_ms: int, message: SessionOpened, commands: list[Command]
-    ) -> None:
+    def _on_session_opened(self, now_ms: int, message: SessionOpened, commands: _Commands) -> None:
         if self._link is not Link.OPENING or message.reply_to != self._opening_id:
             return
         self._set_ttl(now_ms, message.session_ttl_ms)
@@ -384,20 +459,20 @@ class WorkerCore:
                 AttemptRef(attempt_id=a.attempt_id, epoch=a.offer.epoch)
                 for a in self._attempts.values()
             )
-            commands.append(Send(messages=(Resume(message_id=self._resume_id, attempts=refs),)))
+            commands.send(Resume(message_id=self._resume_id, attempts=refs))
         else:
             self._open(commands)
 
-    def _open(self, commands: list[Command]) -> None:
+    def _open(self, commands: _Commands) -> None:
         """The session may carry control messages now: what waited goes out, in order."""
         self._link = Link.OPEN
         if self._draining and not self._drain_id:
             self._drain_id = self._next_id()
             self._pending[self._drain_id] = Drain(message_id=self._drain_id)
         if self._pending:
-            commands.append(Send(messages=tuple(self._pending.values())))
+            commands.send(*self._pending.values())
         if self._links > 1:
-            commands.append(Notice(type="reconnected"))
+            commands.notice("reconnected")
 
     def _set_ttl(self, now_ms: int, ttl_ms: int) -> None:
         self._take_ttl(ttl_ms)
@@ -408,18 +483,18 @@ class WorkerCore:
         self.session_ttl_ms = ttl_ms
         self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
 
-    def _declare(self, commands: list[Command]) -> None:
+    def _declare(self, commands: _Commands) -> None:
         """A heartbeat at once when the capacity to declare changed (rule 5)."""
         if self._link is not Link.OPEN:
             return
         capacity = self.declared_capacity()
         if capacity != self._declared:
             self._declared = capacity
-            commands.append(Send(messages=(Heartbeat(capacity=capacity),)))
+            commands.send(Heartbeat(capacity=capacity))
 
     # ------------------------------------------------------------------ messages
 
-    def _on_message(self, now_ms: int, message: FromHub, commands: list[Command]) -> None:
+    def _on_message(self, now_ms: int, message: FromHub, commands: _Commands) -> None:
         match message:
             case SessionOpened():
                 self._on_session_opened(now_ms, message, commands)
@@ -439,19 +514,19 @@ class WorkerCore:
             case DrainAck(reply_to=reply_to):
                 self._on_drain_ack(reply_to, commands)
 
-    def _on_offer(self, offer: Offer, commands: list[Command]) -> None:
+    def _on_offer(self, offer: Offer, commands: _Commands) -> None:
         known = offer.attempt_id in self._attempts or offer.attempt_id in self._settled
         if known or self._draining:
             return
         if offer.capability not in self._capabilities:
-            commands.append(Notice.about("offer_ignored", offer, "capability"))
+            commands.notice("offer_ignored", offer, "capability")
             return
         if len(self._attempts) >= 2 * self.capacity:
-            commands.append(Notice.about("offer_ignored", offer, "full"))
+            commands.notice("offer_ignored", offer, "full")
             return
         self._attempts[offer.attempt_id] = _Attempt(offer=offer)
 
-    def _on_resumed(self, now_ms: int, message: Resumed, commands: list[Command]) -> None:
+    def _on_resumed(self, now_ms: int, message: Resumed, commands: _Commands) -> None:
         if self._link is not Link.RESUMING or message.reply_to != self._resume_id:
             return
         for found in message.attempts:
@@ -474,7 +549,7 @@ class WorkerCore:
                     pass  # a start still pending is sent again; an offer waits for a slot
         self._open(commands)
 
-    def _on_granted(self, now_ms: int, message: Granted, commands: list[Command]) -> None:
+    def _on_granted(self, now_ms: int, message: Granted, commands: _Commands) -> None:
         request = self._pending.pop(message.reply_to, None)
         attempt = self._attempts.get(message.attempt_id)
         if request is None or attempt is None:
@@ -486,9 +561,7 @@ class WorkerCore:
             if attempt.phase is Phase.RUNNING:  # a lost lease is never revived
                 self._adopt_lease(now_ms, attempt, message.lease_deadline_ms, commands)
 
-    def _grant(
-        self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: list[Command]
-    ) -> None:
+    def _grant(self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: _Commands) -> None:
         """A granted start: the handler runs, unless the lease is over already."""
         if deadline_ms <= now_ms:
             del self._attempts[attempt.attempt_id]  # never ran; the hub ends it as expired
@@ -497,11 +570,11 @@ class WorkerCore:
         attempt.lease_deadline_ms = deadline_ms
         attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
         self.counters.started += 1
-        commands.append(RunHandler(offer=attempt.offer, lease_deadline_ms=deadline_ms))
-        commands.append(Notice.about("started", attempt.offer))
+        commands.run_handler(attempt.offer, deadline_ms)
+        commands.notice("started", attempt.offer)
 
     def _adopt_lease(
-        self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: list[Command]
+        self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: _Commands
     ) -> None:
         """Take the hub's deadline as it is, shorter or longer (rule 4)."""
         if deadline_ms <= now_ms:
@@ -509,9 +582,9 @@ class WorkerCore:
             return
         attempt.lease_deadline_ms = deadline_ms
         attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
-        commands.append(SetLease(attempt_id=attempt.attempt_id, lease_deadline_ms=deadline_ms))
+        commands.set_lease(attempt.attempt_id, deadline_ms)
 
-    def _on_refused(self, message: Refused, commands: list[Command]) -> None:
+    def _on_refused(self, message: Refused, commands: _Commands) -> None:
         request = self._pending.pop(message.reply_to, None)
         attempt = self._attempts.get(message.attempt_id)
         if request is None or attempt is None:
@@ -520,9 +593,7 @@ class WorkerCore:
             case Start():
                 if attempt.phase is Phase.STARTING:
                     del self._attempts[attempt.attempt_id]  # never ran: nothing to report
-                    commands.append(
-                        Notice.about("start_refused", attempt.offer, message.code.value)
-                    )
+                    commands.notice("start_refused", attempt.offer, message.code.value)
             case Renew():
                 if message.code is not RefusalCode.NOT_STARTED:
                     self._lose(attempt, commands)
@@ -530,20 +601,19 @@ class WorkerCore:
                 self._on_finish_refused(attempt, request, message, commands)
 
     def _on_finish_refused(
-        self, attempt: _Attempt, finish: Finish, message: Refused, commands: list[Command]
+        self, attempt: _Attempt, finish: Finish, message: Refused, commands: _Commands
     ) -> None:
         self._stale_results.discard(attempt.attempt_id)
         if message.code in (RefusalCode.TOO_LARGE, RefusalCode.INVALID_REPORT) and not (
-            isinstance(finish.outcome, Unknown)
-            and finish.outcome.code == _outcome.INVALID_HANDLER_RESULT
+            isinstance(finish.outcome, Unknown) and finish.outcome.code == INVALID_HANDLER_RESULT
         ):
             # Checked before sending, so this is a hub with other limits: report that.
-            self._finish(attempt, Unknown(code=_outcome.INVALID_HANDLER_RESULT), commands)
+            self._finish(attempt, Unknown(code=INVALID_HANDLER_RESULT), commands)
             return
         self._settle(attempt)  # the attempt is over at the hub
-        commands.append(Notice.about("report_refused", attempt.offer, message.code.value))
+        commands.notice("report_refused", attempt.offer, message.code.value)
 
-    def _on_recorded(self, message: Recorded, commands: list[Command]) -> None:
+    def _on_recorded(self, message: Recorded, commands: _Commands) -> None:
         request = self._pending.pop(message.reply_to, None)
         attempt = self._attempts.get(message.attempt_id)
         if not isinstance(request, Finish) or attempt is None:
@@ -552,21 +622,21 @@ class WorkerCore:
         self.counters.reports_confirmed += 1
         if message.disposition is Disposition.EVIDENCE_ONLY:
             self.counters.evidence_confirmed += 1
-        commands.append(Notice.about("confirmed", attempt.offer, message.disposition.value))
+        commands.notice("confirmed", attempt.offer, message.disposition.value)
 
-    def _on_drain_ack(self, reply_to: str, commands: list[Command]) -> None:
+    def _on_drain_ack(self, reply_to: str, commands: _Commands) -> None:
         if self._pending.pop(reply_to, None) is None:
             return
         self._drain_acked = True
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED:
                 del self._attempts[attempt.attempt_id]  # left to lapse: never started
-        commands.append(Notice(type="drain_acknowledged"))
+        commands.notice("drain_acknowledged")
 
     # ------------------------------------------------------------------ handlers
 
     def _on_returned(
-        self, now_ms: int, attempt_id: str, outcome: Outcome, commands: list[Command]
+        self, now_ms: int, attempt_id: str, outcome: Outcome, commands: _Commands
     ) -> None:
         attempt = self._attempts.get(attempt_id)
         if attempt is None or attempt.phase not in (Phase.RUNNING, Phase.LOST):
@@ -575,13 +645,13 @@ class WorkerCore:
             # The lease monitor cancelled it before this machine's own timer came due.
             self._lose(attempt, commands)
         if attempt.phase is Phase.LOST and isinstance(outcome, Unknown):
-            outcome = _outcome.lease_lost()
+            outcome = lease_lost()
         self._finish(attempt, outcome, commands)
         kind = type(outcome).__name__.upper()
         code = getattr(outcome, "code", "")
-        commands.append(Notice.about("returned", attempt.offer, f"{kind}/{code}" if code else kind))
+        commands.notice("returned", attempt.offer, f"{kind}/{code}" if code else kind)
 
-    def _finish(self, attempt: _Attempt, outcome: Outcome, commands: list[Command]) -> None:
+    def _finish(self, attempt: _Attempt, outcome: Outcome, commands: _Commands) -> None:
         attempt.phase = Phase.FINISHING
         attempt.renew_due_ms = None
         for message_id, message in list(self._pending.items()):
@@ -603,20 +673,20 @@ class WorkerCore:
         if len(self._settled) > SETTLED_REMEMBERED:
             self._settled.popitem(last=False)
 
-    def _lose(self, attempt: _Attempt, commands: list[Command]) -> None:
+    def _lose(self, attempt: _Attempt, commands: _Commands) -> None:
         """The attempt's lease is gone: stop its handler, or forget it if none runs."""
         match attempt.phase:
             case Phase.RUNNING:
                 attempt.phase = Phase.LOST
                 attempt.renew_due_ms = None
-                commands.append(CancelHandler(attempt_id=attempt.attempt_id))
-                commands.append(Notice.about("lease_lost", attempt.offer))
+                commands.cancel_handler(attempt.attempt_id)
+                commands.notice("lease_lost", attempt.offer)
             case Phase.OFFERED | Phase.STARTING:
                 del self._attempts[attempt.attempt_id]
             case Phase.LOST | Phase.FINISHING:
                 pass
 
-    def _start_what_fits(self, now_ms: int, commands: list[Command]) -> None:
+    def _start_what_fits(self, now_ms: int, commands: _Commands) -> None:
         if self._draining or self._link is not Link.OPEN:
             return
         in_use = sum(1 for a in self._attempts.values() if a.holds_slot)
@@ -635,7 +705,7 @@ class WorkerCore:
 
     # ------------------------------------------------------------------ time, drain
 
-    def _on_time(self, now_ms: int, commands: list[Command]) -> None:
+    def _on_time(self, now_ms: int, commands: _Commands) -> None:
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms <= now_ms:
                 del self._attempts[attempt.attempt_id]
@@ -658,9 +728,9 @@ class WorkerCore:
             self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
             if self._link is Link.OPEN:  # resuming takes one round trip: the next one is due
                 self._declared = self.declared_capacity()
-                commands.append(Send(messages=(Heartbeat(capacity=self._declared),)))
+                commands.send(Heartbeat(capacity=self._declared))
 
-    def _on_drain(self, now_ms: int, commands: list[Command]) -> None:
+    def _on_drain(self, now_ms: int, commands: _Commands) -> None:
         if self._draining:
             return
         self._draining = True
@@ -670,21 +740,126 @@ class WorkerCore:
         if self._link is Link.OPEN:
             self._drain_id = self._next_id()
             self._send(Drain(message_id=self._drain_id), commands)
-        commands.append(Notice(type="draining"))
+        commands.notice("draining")
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the rule that is broken, if any.
+
+        The rules hold between any two events, given a hub that answers each request as
+        the protocol says (a reply of the request's kind, about the attempt it named): a
+        reply is matched to its request by `reply_to` alone, and the rest is not checked.
+        """
+        self._check_attempts()
+        self._check_pending()
+        self._check_link()
+        self._check_drain()
+
+    def _check_attempts(self) -> None:
+        for attempt_id, attempt in self._attempts.items():
+            phase = attempt.phase.value
+            assert attempt.attempt_id == attempt_id, f"{attempt_id} kept under another id"
+            assert attempt.offer.capability in self._capabilities, (
+                f"{attempt_id} kept for a capability this worker did not declare"
+            )
+            if attempt.phase in (Phase.OFFERED, Phase.STARTING):
+                assert attempt.lease_deadline_ms == 0, f"{attempt_id} {phase} with a lease"
+                assert attempt.renew_due_ms is None, f"{attempt_id} {phase} with a renew due"
+            if attempt.phase in (Phase.LOST, Phase.FINISHING):
+                assert attempt.renew_due_ms is None, f"{attempt_id} {phase} with a renew due"
+        known = len(self._attempts)
+        assert known <= 2 * self.capacity, f"{known} attempts known, capacity {self.capacity}"
+        held = sum(1 for attempt in self._attempts.values() if attempt.holds_slot)
+        assert held <= self.capacity, f"{held} slots held, capacity {self.capacity}"
+        settled_known = sorted(self._attempts.keys() & self._settled.keys())
+        assert not settled_known, f"settled attempts still known: {settled_known}"
+        assert len(self._settled) <= SETTLED_REMEMBERED, "more settled ids remembered than kept"
+        not_finishing = sorted(
+            attempt_id
+            for attempt_id in self._stale_results
+            if self.phase_of(attempt_id) is not Phase.FINISHING
+        )
+        assert not not_finishing, f"stale results of attempts not FINISHING: {not_finishing}"
+        declared = self.declared_capacity()
+        assert 0 <= declared <= self.capacity, f"declared capacity {declared} out of range"
+
+    def _check_pending(self) -> None:
+        """Every request waits for one answer under its own id: a start for each STARTING
+        attempt, a report for each FINISHING one, at most one renewal per attempt."""
+        waiting: collections.Counter[tuple[type, str]] = collections.Counter()
+        for message_id, message in self._pending.items():
+            assert message.message_id == message_id, f"{message!r} pending under {message_id}"
+            assert isinstance(message, Start | Renew | Finish | Drain), (
+                f"{message!r} pending: only starts, renewals, reports and the drain are"
+            )
+            if isinstance(message, Drain):
+                assert message_id == self._drain_id, (
+                    f"{message!r}, but the drain is {self._drain_id}"
+                )
+                continue
+            waiting[type(message), message.attempt_id] += 1
+            attempt = self._attempts.get(message.attempt_id)
+            phase = None if attempt is None else attempt.phase
+            assert phase in _WAITING_IN[type(message)], (
+                f"{message!r} pending for an attempt {phase.value if phase else 'forgotten'}"
+            )
+            assert attempt is None or attempt.offer.epoch == message.epoch, (
+                f"{message!r} under another epoch than its attempt's"
+            )
+        repeated = sorted(f"{kind.__name__} {key}" for (kind, key), n in waiting.items() if n > 1)
+        assert not repeated, f"more than one request pending: {repeated}"
+        for attempt_id, attempt in self._attempts.items():
+            if attempt.phase is Phase.STARTING:
+                assert waiting[Start, attempt_id], f"{attempt_id} STARTING without a Start"
+            if attempt.phase is Phase.FINISHING:
+                assert waiting[Finish, attempt_id], f"{attempt_id} FINISHING without a Finish"
+        for message_id in (self._opening_id, self._resume_id):
+            assert message_id not in self._pending, f"{message_id} used twice"
+
+    def _check_link(self) -> None:
+        link = self._link.value
+        assert self._link is Link.DOWN or (self._links and self._opening_id), (
+            f"{link} without a connection made"
+        )
+        session = self._link in (Link.RESUMING, Link.OPEN)
+        assert session == (self._heartbeat_due_ms is not None), (
+            f"{link} with heartbeat due {self._heartbeat_due_ms}"
+        )
+        assert not session or self.session_ttl_ms is not None, f"{link} before a session opened"
+        assert self._link is not Link.RESUMING or self._resume_id, "RESUMING without a Resume"
+        ttl_ms = self.session_ttl_ms
+        every_ms = (
+            MAX_HEARTBEAT_MS if ttl_ms is None else max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
+        )
+        assert self._heartbeat_every_ms == every_ms, (
+            f"heartbeats every {self._heartbeat_every_ms} ms, session TTL {ttl_ms} ms"
+        )
+        assert self._link is not Link.OPEN or self._declared == self.declared_capacity(), (
+            f"the hub holds capacity {self._declared}, not {self.declared_capacity()}"
+        )
+        assert self.counters.reconnects == max(0, self._links - 1), "reconnects miscounted"
+
+    def _check_drain(self) -> None:
+        assert self._draining or not self._drain_id, "a drain asked for while not draining"
+        assert not self._drain_acked or (self._drain_id and self._drain_id not in self._pending), (
+            "a drain acknowledged that was not asked for"
+        )
+        if self._draining:
+            offered = sorted(a for a, at in self._attempts.items() if at.phase is Phase.OFFERED)
+            assert not offered, f"offers kept while draining: {offered}"
+            assert self._link is not Link.OPEN or self._drain_id, "draining unknown to the hub"
+
+
+_WAITING_IN: Final[dict[type, tuple[Phase | None, ...]]] = {
+    Start: (Phase.STARTING, None),
+    Renew: (Phase.RUNNING, Phase.LOST),
+    Finish: (Phase.FINISHING,),
+}
+"""The phases an attempt may be in while a request about it waits for its answer (None: no
+longer known). A Start outlives its attempt when `Resume` finds the attempt lost; a Renew
+outlives the lease it asked to extend."""
 
 
 def _renew_due(now_ms: int, deadline_ms: int) -> int:
     return now_ms + max(MIN_RENEW_MS, (deadline_ms - now_ms) // 3)
-
-
-def _merged(commands: list[Command]) -> list[Command]:
-    """Consecutive sends become one, so one step's messages share a frame."""
-    merged: list[Command] = []
-    for command in commands:
-        if isinstance(command, Send) and merged and isinstance(merged[-1], Send):
-            previous = merged.pop()
-            assert isinstance(previous, Send)
-            merged.append(Send(messages=previous.messages + command.messages))
-        else:
-            merged.append(command)
-    return merged

@@ -64,6 +64,7 @@ from blockx.hubwire import (
     encode,
 )
 from blockx.process.clock import EpochClock
+from blockx.steps import StimulusIds
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class Worker:
         self._options = options
         self._clock = clock
         self._rng = rng or random.Random()
+        self._stimuli = StimulusIds()
         self.instance_id = secrets.token_hex(16)
         self._core = WorkerCore(
             instance_id=self.instance_id,
@@ -221,7 +223,8 @@ class Worker:
                 raise failure[0]  # it ends the run, whatever else was going on
 
     async def _drain(self, finished: trio.Event, failure: list[WorkerRunError]) -> None:
-        self._apply(DrainRequested(now_ms=self._now()))
+        now_ms, stimulus_id = self._stamp("drain")
+        self._apply(DrainRequested(now_ms=now_ms, stimulus_id=stimulus_id))
         with trio.move_on_after(self._options.shutdown_timeout_ms / 1000):
             await finished.wait()
             return
@@ -262,8 +265,12 @@ class Worker:
 
     # ------------------------------------------------------------------ the core's steps
 
+    def _stamp(self, kind: str) -> tuple[int, str]:
+        """The time and the stimulus id of an event: the one place they are given."""
+        return self._now(), self._stimuli.stamp(kind)
+
     def _apply(self, event: Event) -> None:
-        for command in self._core.handle(event):
+        for command in self._core.handle(event).commands:
             self._execute(command)
         deadline = self._core.next_deadline_ms()
         assert self._clock is not None
@@ -314,7 +321,8 @@ class Worker:
             )
             with self._timer:
                 await trio.sleep_forever()
-            self._apply(TimePassed(now_ms=self._now()))
+            now_ms, stimulus_id = self._stamp("tick")
+            self._apply(TimePassed(now_ms=now_ms, stimulus_id=stimulus_id))
 
     # ------------------------------------------------------------------ handlers
 
@@ -323,8 +331,11 @@ class Worker:
             outcome = await self._outcome_of(offer, lease)
         finally:
             self._scopes.pop(offer.attempt_id, None)
+        now_ms, stimulus_id = self._stamp("returned")
         self._apply(
-            HandlerReturned(now_ms=self._now(), attempt_id=offer.attempt_id, outcome=outcome)
+            HandlerReturned(
+                now_ms=now_ms, stimulus_id=stimulus_id, attempt_id=offer.attempt_id, outcome=outcome
+            )
         )
 
     async def _outcome_of(self, offer: Offer, lease: trio.CancelScope) -> Outcome:
@@ -452,7 +463,8 @@ class Worker:
         """One connection's life: what comes in goes to the core, what the core says
         goes out. Ends with the exception that ended the connection, if any."""
         self._outbox.clear()
-        self._apply(Connected(now_ms=self._now()))
+        now_ms, stimulus_id = self._stamp("connected")
+        self._apply(Connected(now_ms=now_ms, stimulus_id=stimulus_id))
         ended: list[Exception] = []
         try:
             async with trio.open_nursery() as nursery:
@@ -463,7 +475,8 @@ class Worker:
                     ended.append(error)
                 nursery.cancel_scope.cancel()
         finally:
-            self._apply(Disconnected(now_ms=self._now()))
+            now_ms, stimulus_id = self._stamp("disconnected")
+            self._apply(Disconnected(now_ms=now_ms, stimulus_id=stimulus_id))
             self._outbox.clear()
         if ended:
             raise ended[0]
@@ -484,7 +497,10 @@ class Worker:
                     _raise_error(message)
                 if isinstance(message, Welcome | Hello):
                     raise ProtocolError(reason=f"unexpected {type(message).__name__}")
-                self._apply(Received(now_ms=self._now(), message=message))  # type: ignore[arg-type]
+                now_ms, stimulus_id = self._stamp("received")
+                self._apply(
+                    Received(now_ms=now_ms, stimulus_id=stimulus_id, message=message)  # type: ignore[arg-type]
+                )
 
     async def _write(self, socket: trio_websocket.WebSocketConnection) -> None:
         """Sends what the outbox holds, all of it in one frame each time."""

@@ -1,11 +1,12 @@
 """The leaf vocabulary of call execution, shared by every layer of the worker.
 
 Call specs, call outcomes, the retry policy, call statistics, the one
-registry of failure codes, the msgpack value codec, and what the pure cores
-share in how they are driven (stimulus ids, steps, the stimulus log). The
-slot table, the dispatch core, the executor child, builders and plugins all
-import these types; none of them keeps a copy. Imports nothing of blockx but
-its error bases.
+registry of failure codes and the msgpack value codec. The slot table, the
+dispatch core, the executor child, builders and plugins all import these
+types; none of them keeps a copy. How the pure cores are driven (stimulus
+ids, steps, the stimulus log) is not call vocabulary: it lives in
+`blockx.steps`, which the automatic worker shares without loading this
+package. Imports nothing of blockx but its error bases.
 """
 
 from blockx.calls._codec import (
@@ -28,19 +29,10 @@ from blockx.calls._model import (
     CallStats,
     RetryPolicy,
 )
-from blockx.calls._steps import (
-    RECENT_STIMULI,
-    LoggedStimulus,
-    Step,
-    Stimulus,
-    StimulusIds,
-    StimulusLog,
-)
 
 __all__ = [
     "MAX_JITTER_PERCENT",
     "POSITIONAL_KEY",
-    "RECENT_STIMULI",
     "VALUE_ERRORS",
     "CallFailure",
     "CallFailurePolicy",
@@ -50,12 +42,7 @@ __all__ = [
     "CallStats",
     "FailureCode",
     "InvalidArguments",
-    "LoggedStimulus",
     "RetryPolicy",
-    "Step",
-    "Stimulus",
-    "StimulusIds",
-    "StimulusLog",
     "decode_args",
     "decode_value",
     "encode_args",

@@ -65,10 +65,7 @@ from blockx.calls import (
     CallSpec,
     CallStats,
     FailureCode,
-    LoggedStimulus,
-    StimulusLog,
 )
-from blockx.calls import Step as CoreStep
 from blockx.dispatch._commands import (
     CallDispatch,
     CancelCalls,
@@ -92,6 +89,8 @@ from blockx.dispatch._events import (
 )
 from blockx.dispatch._model import CallPolicy
 from blockx.errors import Misuse
+from blockx.steps import LoggedStimulus, StimulusLog
+from blockx.steps import Step as CoreStep
 
 Step: TypeAlias = CoreStep[None, DispatchCommand]
 """For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias

@@ -42,14 +42,7 @@ from typing import TypeAlias, assert_never
 
 import attrs
 
-from blockx.calls import (
-    CallStats,
-    FailureCode,
-    LoggedStimulus,
-    RetryPolicy,
-    StimulusLog,
-)
-from blockx.calls import Step as CoreStep
+from blockx.calls import CallStats, FailureCode, RetryPolicy
 from blockx.errors import Misuse
 from blockx.slots._commands import (
     Command,
@@ -103,6 +96,8 @@ from blockx.slots._model import (
     Timer,
     TimerKind,
 )
+from blockx.steps import LoggedStimulus, StimulusLog
+from blockx.steps import Step as CoreStep
 
 LAPSED_REMEMBERED = 10_000
 """Lapsed reservations the machine remembers, to say why a late submit into one fails."""

@@ -32,3 +32,12 @@ async def test_a_reading_between_two_milliseconds_is_the_later_one(
     await trio.sleep_until(2.0005)
     assert clock.now_ms() == EPOCH_MS + 2_001
     assert clock.trio_time(EPOCH_MS + 2_001) == 2.001
+
+
+async def test_a_worker_thread_reads_the_same_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The hub makes its ids inside database batches, which run in a worker thread.
+    clock = EpochClock(epoch_ms=EPOCH_MS)
+    await trio.sleep(1.5)
+    assert await trio.to_thread.run_sync(clock.now_ms) == clock.now_ms() == EPOCH_MS + 1_500

@@ -6,6 +6,7 @@ import pytest
 
 from blockx.dispatch import DispatchCore
 from blockx.slots import SlotMachine
+from tests.core.autoworker_events import WorkerCoreFactory
 from tests.core.slots_helpers import MachineFactory
 
 
@@ -28,3 +29,11 @@ def core() -> Iterator[DispatchCore]:
     core = DispatchCore()
     yield core
     core.check_invariants()
+
+
+@pytest.fixture
+def make_worker_core() -> Iterator[WorkerCoreFactory]:
+    """Makes automatic worker cores; every one passes check_invariants() at teardown."""
+    factory = WorkerCoreFactory()
+    yield factory
+    factory.check_all()

@@ -8,16 +8,7 @@ timer for that deadline: the lease is lost either way, and said so.
 from __future__ import annotations
 
 from blockx.autoworker import WorkerCore
-from blockx.autoworker._core import (
-    CancelHandler,
-    Command,
-    Connected,
-    HandlerReturned,
-    Notice,
-    Received,
-    Send,
-    TimePassed,
-)
+from blockx.autoworker._core import CancelHandler, Notice, Step
 from blockx.hubwire import (
     Capability,
     Finish,
@@ -26,6 +17,14 @@ from blockx.hubwire import (
     SessionOpened,
     Start,
     Unknown,
+)
+from tests.core.autoworker_events import (
+    WorkerCoreFactory,
+    connected,
+    received,
+    returned,
+    sent,
+    time_passed,
 )
 
 CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")
@@ -42,64 +41,57 @@ OFFER = Offer(
 LEASE_DEADLINE_MS = 1_000
 
 
-def sent(commands: list[Command]) -> list[object]:
-    return [message for c in commands if isinstance(c, Send) for message in c.messages]
+def finishes(step: Step) -> list[Finish]:
+    return [message for message in sent(step) if isinstance(message, Finish)]
 
 
-def finishes(commands: list[Command]) -> list[Finish]:
-    return [message for message in sent(commands) if isinstance(message, Finish)]
+def notices(step: Step) -> list[str]:
+    return [c.type for c in step.commands if isinstance(c, Notice)]
 
 
-def notices(commands: list[Command]) -> list[str]:
-    return [c.type for c in commands if isinstance(c, Notice)]
-
-
-def running_core() -> WorkerCore:
+def running_core(make_worker_core: WorkerCoreFactory) -> WorkerCore:
     """A core whose one attempt runs under a lease until `LEASE_DEADLINE_MS`."""
-    core = WorkerCore(instance_id="w", queue_id="q", capabilities=(CAPABILITY,), capacity=1)
-    [opening] = sent(core.handle(Connected(now_ms=0)))
-    reply_to = opening.message_id  # type: ignore[attr-defined]
-    core.handle(Received(now_ms=0, message=SessionOpened(reply_to=reply_to, session_ttl_ms=9_000)))
-    [start] = sent(core.handle(Received(now_ms=0, message=OFFER)))
+    core = make_worker_core(capabilities=(CAPABILITY,), capacity=1)
+    [opening] = sent(core.handle(connected(now_ms=0)))
+    opened = SessionOpened(reply_to=opening.message_id, session_ttl_ms=9_000)
+    core.handle(received(opened, now_ms=0))
+    [start] = sent(core.handle(received(OFFER, now_ms=0)))
     assert isinstance(start, Start)
     granted = Granted(reply_to=start.message_id, attempt_id="a1", lease_deadline_ms=1_000)
-    assert "started" in notices(core.handle(Received(now_ms=0, message=granted)))
+    assert "started" in notices(core.handle(received(granted, now_ms=0)))
     return core
 
 
-def test_a_handler_cancelled_by_its_lease_monitor_loses_the_lease_before_its_timer() -> None:
-    core = running_core()
-    returned = HandlerReturned(
-        now_ms=LEASE_DEADLINE_MS, attempt_id="a1", outcome=Unknown(code="LEASE_LOST")
-    )
-    commands = core.handle(returned)
+def test_a_handler_cancelled_by_its_lease_monitor_loses_the_lease_before_its_timer(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    core = running_core(make_worker_core)
+    commands = core.handle(returned("a1", Unknown(code="LEASE_LOST"), now_ms=LEASE_DEADLINE_MS))
     assert notices(commands) == ["lease_lost", "returned"]
     [finish] = finishes(commands)
     assert finish.outcome == Unknown(code="LEASE_LOST")
     assert core.running == 0
 
 
-def test_the_timer_first_gives_the_same_notices_and_report() -> None:
-    core = running_core()
-    lost = core.handle(TimePassed(now_ms=LEASE_DEADLINE_MS))
+def test_the_timer_first_gives_the_same_notices_and_report(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    core = running_core(make_worker_core)
+    lost = core.handle(time_passed(now_ms=LEASE_DEADLINE_MS, stimulus_id="lease-timer"))
     assert notices(lost) == ["lease_lost"]
-    assert CancelHandler(attempt_id="a1") in lost
-    commands = core.handle(
-        HandlerReturned(
-            now_ms=LEASE_DEADLINE_MS, attempt_id="a1", outcome=Unknown(code="HANDLER_ERROR")
-        )
-    )
+    assert CancelHandler(attempt_id="a1", stimulus_id="lease-timer") in lost.commands
+    commands = core.handle(returned("a1", Unknown(code="HANDLER_ERROR"), now_ms=LEASE_DEADLINE_MS))
     assert notices(commands) == ["returned"]
     [finish] = finishes(commands)
     assert finish.outcome == Unknown(code="LEASE_LOST")
 
 
-def test_a_handler_that_returns_before_its_deadline_keeps_its_outcome() -> None:
-    core = running_core()
+def test_a_handler_that_returns_before_its_deadline_keeps_its_outcome(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    core = running_core(make_worker_core)
     commands = core.handle(
-        HandlerReturned(
-            now_ms=LEASE_DEADLINE_MS - 1, attempt_id="a1", outcome=Unknown(code="HANDLER_ERROR")
-        )
+        returned("a1", Unknown(code="HANDLER_ERROR"), now_ms=LEASE_DEADLINE_MS - 1)
     )
     assert notices(commands) == ["returned"]
     [finish] = finishes(commands)

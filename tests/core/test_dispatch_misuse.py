@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from blockx.calls import RECENT_STIMULI, CallPhaseOutcome, CallStats, FailureCode
+from blockx.calls import CallPhaseOutcome, CallStats, FailureCode
 from blockx.dispatch import (
     CallResultsArrived,
     ClockTicked,
@@ -20,6 +20,7 @@ from blockx.dispatch import (
     FinishCallPhase,
 )
 from blockx.errors import Misuse
+from blockx.steps import RECENT_STIMULI
 from tests.core.dispatch_helpers import (
     added,
     arrived,

@@ -3,8 +3,11 @@
 * Every module imports on its own, in a fresh `blockx` (nothing of blockx
   loaded before it), so no module works only because another came first.
 * The graph of imports between packages has no cycle, no module imports a
-  private module (`_x`) of another package, and the pure cores import nothing
-  that reads a clock, draws a random number or does IO.
+  private module (`_x`) of another package, and the pure cores (the slot
+  table, call dispatch, the hub's rules, the automatic worker's core), and
+  what they import, import nothing that reads a clock, draws a random number
+  or does IO.
+* Importing the automatic worker loads neither the hub nor the worker.
 * No function is longer than 60 lines (generated protobuf code aside).
 
 Imports are read from the source (every `import` statement, type-only and
@@ -27,11 +30,44 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "blockx"
 GENERATED = PACKAGE / "_proto"
 MAX_FUNCTION_LINES = 60
-PURE_CORES = {"blockx.calls": {"msgpack"}, "blockx.slots": set(), "blockx.dispatch": set()}
-"""Each pure core, and the libraries it may use besides attrs (the value codec is msgpack)."""
-PURE_ALLOWED = frozenset({"attrs", "blockx.calls", "blockx.errors"})
-"""Besides the standard library (less what `IMPURE` names)."""
 IMPURE = frozenset({"asyncio", "random", "socket", "subprocess", "threading", "time", "trio"})
+"""Standard library a pure module never imports: clocks, randomness, IO, concurrency."""
+PURE_ALLOWED = frozenset({"attrs", "blockx.calls", "blockx.errors", "blockx.steps"})
+"""What the worker's pure cores may import besides the standard library (less `IMPURE`)."""
+HUB_PURE_ALLOWED = frozenset({"attrs", "blockx.errors", "blockx.hubwire", "blockx.steps"})
+"""The same for the hub's and the automatic worker's: their wire protocol, not the worker's
+call vocabulary (which `import blockx.autoworker` must not load)."""
+
+
+@attrs.frozen
+class Pure:
+    """A pure module, or a pure package (every module in it): besides the standard library
+    (less `IMPURE`) it imports only `allowed` (blockx modules, attrs) and `libraries`."""
+
+    allowed: frozenset[str]
+    libraries: frozenset[str] = frozenset()
+
+
+PURE = {
+    # The four cores: events in, commands out. A core that is one module of an impure
+    # package (the hub's rules, the automatic worker's core) is checked alone.
+    "blockx.slots": Pure(PURE_ALLOWED),
+    "blockx.dispatch": Pure(PURE_ALLOWED),
+    "blockx.hub._rules": Pure(HUB_PURE_ALLOWED | {"blockx.hub._model"}),
+    "blockx.autoworker._core": Pure(HUB_PURE_ALLOWED | {"blockx.autoworker._outcome"}),
+    # What they may import is pure in turn.
+    "blockx.calls": Pure(PURE_ALLOWED, libraries=frozenset({"msgpack"})),  # the value codec
+    "blockx.steps": Pure(frozenset({"attrs"})),
+    "blockx.errors": Pure(frozenset()),
+    "blockx.hubwire": Pure(
+        frozenset({"attrs", "blockx.errors"}), libraries=frozenset({"cattrs", "msgpack"})
+    ),
+    "blockx.hub._model": Pure(frozenset({"attrs", "blockx.hubwire"})),
+    "blockx.autoworker._outcome": Pure(frozenset({"blockx.errors", "blockx.hubwire"})),
+}
+AUTOWORKER_MODULES = 15
+"""At most this many blockx modules load with `import blockx.autoworker`."""
+NOT_FOR_THE_AUTOWORKER = ("blockx.hub", "blockx.config", "blockx.executors", "blockx.slots")
 
 
 @attrs.frozen
@@ -89,6 +125,11 @@ def _blockx_imports(module: Module) -> set[str]:
     return named - {module.name}
 
 
+def _within(name: str, outer: str) -> bool:
+    """`name` is `outer`, or a module or attribute inside it."""
+    return name == outer or name.startswith(outer + ".")
+
+
 def _node(name: str) -> str:
     """The package an imported module belongs to, as a node of the package graph."""
     if name == "blockx._proto":
@@ -138,8 +179,10 @@ def test_the_packages_import_each_other_without_a_cycle() -> None:
         order = list(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as error:
         pytest.fail(f"packages import each other in a cycle: {' -> '.join(error.args[1])}")
-    assert {"blockx.calls", "blockx.slots", "blockx.dispatch", "blockx.app"} <= set(order)
+    cores = ("blockx.slots", "blockx.dispatch", "blockx.autoworker")
+    assert {"blockx.calls", "blockx.steps", *cores, "blockx.app"} <= set(order)
     assert order.index("blockx.calls") < order.index("blockx.slots") < order.index("blockx.app")
+    assert all(order.index("blockx.steps") < order.index(core) for core in cores)
 
 
 def test_no_module_imports_a_private_module_of_another_package() -> None:
@@ -156,24 +199,50 @@ def test_no_module_imports_a_private_module_of_another_package() -> None:
     assert offences == []
 
 
-@pytest.mark.parametrize("core", sorted(PURE_CORES))
-def test_a_pure_core_imports_no_clock_randomness_or_io(core: str) -> None:
+@pytest.mark.parametrize("pure", sorted(PURE))
+def test_a_pure_core_imports_no_clock_randomness_or_io(pure: str) -> None:
+    rule = PURE[pure]
+    modules = [module for module in MODULES if _within(module.name, pure)]
+    assert modules, f"no module {pure}"
     offences = []
-    for module in MODULES:
-        if module.package != core and not module.package.startswith(core + "."):
-            continue
+    for module in modules:
         for imported in set(module.imports()):
             top = imported.split(".")[0]
-            if imported.startswith(("blockx.", "attrs")):
-                inside = imported.startswith(core + ".") or imported == core
-                if not inside and not any(
-                    imported == allowed or imported.startswith(allowed + ".")
-                    for allowed in PURE_ALLOWED
+            if top in ("blockx", "attrs"):
+                if not _within(imported, pure) and not any(
+                    _within(imported, allowed) for allowed in rule.allowed
                 ):
                     offences.append(f"{module.name} imports {imported}")
-            elif top in IMPURE or top not in sys.stdlib_module_names | PURE_CORES[core]:
+            elif top in IMPURE or top not in sys.stdlib_module_names | rule.libraries:
                 offences.append(f"{module.name} imports {imported}")
     assert offences == []
+
+
+def test_what_a_pure_core_may_import_is_checked_as_pure_too() -> None:
+    unchecked = {
+        allowed
+        for rule in PURE.values()
+        for allowed in rule.allowed
+        if allowed != "attrs" and not any(_within(allowed, pure) for pure in PURE)
+    }
+    assert unchecked == set()
+
+
+def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -> None:
+    script = "import sys, blockx.autoworker; print(*sorted(sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    loaded = done.stdout.split()
+    ours = [name for name in loaded if _within(name, "blockx")]
+    assert len(ours) <= AUTOWORKER_MODULES, ours
+    unwanted = (*NOT_FOR_THE_AUTOWORKER, "sqlite3", "_sqlite3", "httptools")
+    assert [name for name in loaded if any(_within(name, u) for u in unwanted)] == []
 
 
 def _functions() -> Iterator[tuple[int, str]]:

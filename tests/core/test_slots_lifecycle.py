@@ -12,7 +12,6 @@ from blockx.calls import (
     CallPhaseOutcome,
     CallStats,
     FailureCode,
-    LoggedStimulus,
 )
 from blockx.errors import Misuse
 from blockx.slots import (
@@ -47,6 +46,7 @@ from blockx.slots import (
     TimerKind,
     WatchAttached,
 )
+from blockx.steps import LoggedStimulus
 from tests.core.slots_helpers import (
     OK,
     MachineFactory,

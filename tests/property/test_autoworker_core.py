@@ -8,7 +8,8 @@ start and at most once per attempt; never more handlers than the capacity; at
 most twice the capacity of attempts known; a message id always names the same
 message; nothing but the session's opening and resume goes out before the
 session is resumed; a lease that passed cancels its handler and nothing revives
-it; the declared capacity stays within bounds.
+it; the declared capacity stays within bounds; every command carries the
+stimulus id of the event that caused it; and the core's own `check_invariants`.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         )
         self.now = 0
         self.numbers = itertools.count(1)
+        self.stimuli = itertools.count(1)
         self.connected = False
         self.outstanding: dict[str, ControlMessage] = {}
         """Sent on this connection, not answered yet."""
@@ -89,9 +91,15 @@ class WorkerCoreMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the step
 
+    def _stimulus(self) -> str:
+        return f"s{next(self.stimuli)}"
+
     def _step(self, event: Event) -> None:
         note(repr(event))
-        for command in self.core.handle(event):
+        for command in self.core.handle(event).commands:
+            assert command.stimulus_id == event.stimulus_id, (
+                f"{command!r} caused by {event.stimulus_id!r}"
+            )
             self._record(command)
 
     def _record(self, command: Command) -> None:
@@ -137,14 +145,14 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     def connect(self) -> None:
         self.connected = True
         self.resumed = False
-        self._step(Connected(now_ms=self.now))
+        self._step(Connected(now_ms=self.now, stimulus_id=self._stimulus()))
 
     @precondition(lambda self: self.connected)
     @rule()
     def disconnect(self) -> None:
         self.connected = False
         self.outstanding.clear()
-        self._step(Disconnected(now_ms=self.now))
+        self._step(Disconnected(now_ms=self.now, stimulus_id=self._stimulus()))
 
     @precondition(lambda self: any(isinstance(m, OpenSession) for m in self.outstanding.values()))
     @rule(ttl_ms=st.sampled_from([300, 15_000]))
@@ -156,6 +164,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self._step(
             Received(
                 now_ms=self.now,
+                stimulus_id=self._stimulus(),
                 message=SessionOpened(reply_to=opening.message_id, session_ttl_ms=ttl_ms),
             )
         )
@@ -182,7 +191,9 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.resumed = True
         self._step(
             Received(
-                now_ms=self.now, message=Resumed(reply_to=resume.message_id, attempts=tuple(found))
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+                message=Resumed(reply_to=resume.message_id, attempts=tuple(found)),
             )
         )
 
@@ -193,7 +204,9 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     def offer_attempt(self, offer_ms: int) -> None:
         self._step(
             Received(
-                now_ms=self.now, message=offer(next(self.numbers), deadline_ms=self.now + offer_ms)
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+                message=offer(next(self.numbers), deadline_ms=self.now + offer_ms),
             )
         )
 
@@ -212,18 +225,24 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 lease_deadline_ms=self.now + lease_ms,
             )
             self.answers.append(answer)
-            self._step(Received(now_ms=self.now, message=answer))
+            self._step(Received(now_ms=self.now, stimulus_id=self._stimulus(), message=answer))
         else:
             code = data.draw(st.sampled_from(REFUSALS))
             refused = Refused(
                 reply_to=request.message_id, attempt_id=request.attempt_id, code=code, message=""
             )
-            self._step(Received(now_ms=self.now, message=refused))
+            self._step(Received(now_ms=self.now, stimulus_id=self._stimulus(), message=refused))
 
     @precondition(lambda self: self.answers and self.connected)
     @rule(data=st.data())
     def an_answer_comes_again(self, data: st.DataObject) -> None:
-        self._step(Received(now_ms=self.now, message=data.draw(st.sampled_from(self.answers))))
+        self._step(
+            Received(
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+                message=data.draw(st.sampled_from(self.answers)),
+            )
+        )
 
     @precondition(lambda self: any(isinstance(m, Finish) for m in self.outstanding.values()))
     @rule(data=st.data(), disposition=st.sampled_from(Disposition))
@@ -234,7 +253,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         recorded = Recorded(
             reply_to=finish.message_id, attempt_id=finish.attempt_id, disposition=disposition
         )
-        self._step(Received(now_ms=self.now, message=recorded))
+        self._step(Received(now_ms=self.now, stimulus_id=self._stimulus(), message=recorded))
 
     @precondition(lambda self: any(isinstance(m, Drain) for m in self.outstanding.values()))
     @rule()
@@ -242,7 +261,11 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         [drain] = self._answer(Drain)
         del self.outstanding[drain.message_id]
         self._step(
-            Received(now_ms=self.now, message=DrainAck(reply_to=drain.message_id, offered=()))
+            Received(
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+                message=DrainAck(reply_to=drain.message_id, offered=()),
+            )
         )
 
     @precondition(lambda self: self.running)
@@ -250,21 +273,33 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     def a_handler_returns(self, data: st.DataObject, outcome: Outcome) -> None:
         attempt_id = data.draw(st.sampled_from(sorted(self.running)))
         del self.running[attempt_id]
-        self._step(HandlerReturned(now_ms=self.now, attempt_id=attempt_id, outcome=outcome))
+        self._step(
+            HandlerReturned(
+                now_ms=self.now,
+                stimulus_id=self._stimulus(),
+                attempt_id=attempt_id,
+                outcome=outcome,
+            )
+        )
 
     @rule(ms=st.integers(0, 3_000))
     def time_passes(self, ms: int) -> None:
         self.now += ms
-        self._step(TimePassed(now_ms=self.now))
+        self._step(TimePassed(now_ms=self.now, stimulus_id=self._stimulus()))
         for attempt_id, deadline_ms in self.running.items():
             if deadline_ms <= self.now:
                 assert attempt_id in self.cancelled, f"{attempt_id} outlived its lease"
 
     @rule()
     def drain(self) -> None:
-        self._step(DrainRequested(now_ms=self.now))
+        self._step(DrainRequested(now_ms=self.now, stimulus_id=self._stimulus()))
 
     # ------------------------------------------------------------------ always
+
+    @invariant()
+    def core_is_consistent(self) -> None:
+        if hasattr(self, "core"):
+            self.core.check_invariants()
 
     @invariant()
     def bounded(self) -> None:

@@ -24,7 +24,6 @@ from blockx.calls import (
     CallSpec,
     FailureCode,
     RetryPolicy,
-    StimulusIds,
 )
 from blockx.dispatch import (
     CallPolicy,
@@ -46,6 +45,7 @@ from blockx.dispatch import (
     TaskCancelled,
     TaskOpened,
 )
+from blockx.steps import StimulusIds
 
 EXECUTOR_IDS = ["e0", "e1", "e2"]
 DRAWS = st.sampled_from([0.0, 0.5, 0.999])

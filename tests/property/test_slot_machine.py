@@ -14,7 +14,7 @@ import hypothesis.strategies as st
 from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from blockx.calls import RECENT_STIMULI, CallPhaseOutcome, FailureCode, RetryPolicy
+from blockx.calls import CallPhaseOutcome, FailureCode, RetryPolicy
 from blockx.slots import (
     RUN_PHASES,
     ActivationFailed,
@@ -50,6 +50,7 @@ from blockx.slots import (
     WorkerError,
     WorkerReady,
 )
+from blockx.steps import RECENT_STIMULI
 from tests.property.slot_model import Prediction, SlotModel, normalise_command, normalise_step
 
 ALL_TASK_IDS = [f"t{i}" for i in range(4)]

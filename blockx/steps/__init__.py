@@ -1,11 +1,17 @@
-"""What the pure cores share in how they are driven: stimulus ids, steps, the stimulus log.
+"""How every pure core is driven: stimulus ids, steps, the stimulus log.
 
-Every event into a core carries the id of the stimulus that caused it,
-stamped by `StimulusIds` where the runtime turns something that happened into
-an event. A core answers each event with a `Step` (a reply for the caller,
-commands for the runtime) and remembers its recent events in a bounded
-`StimulusLog`, so a failing test or a production log names the event behind a
-transition. Pure: no clock, no IO.
+Owns `StimulusIds`, `Step`, `Stimulus`, `LoggedStimulus`, `StimulusLog` and
+`RECENT_STIMULI`, shared by the worker's cores (the slot table, call dispatch)
+and the automatic worker's. Every event into a core carries the id of the
+stimulus that caused it, stamped by `StimulusIds` where the runtime turns
+something that happened into an event. A core answers each event with a
+`Step` (a reply for the caller, commands for the runtime) and remembers its
+recent events in a bounded `StimulusLog`, so a failing test or a production
+log names the event behind a transition.
+
+A leaf: it imports only the standard library and attrs, never anything of
+blockx, so any product line may use it without loading another's. Pure: no
+clock, no IO, no randomness.
 """
 
 from __future__ import annotations
@@ -16,6 +22,15 @@ from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
 
 import attrs
+
+__all__ = [
+    "RECENT_STIMULI",
+    "LoggedStimulus",
+    "Step",
+    "Stimulus",
+    "StimulusIds",
+    "StimulusLog",
+]
 
 RECENT_STIMULI: Final = 256
 

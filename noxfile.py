@@ -62,6 +62,17 @@ def soak(session: nox.Session) -> None:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (docs/ -> docs/_build/html) in strict mode: any
+    warning, a broken link or cross-reference among them, fails the build."""
+    sync(session, "docs")
+    session.run(
+        "sphinx-build", "--fail-on-warning", "--nitpicky", "--fresh-env",
+        "--builder", "html", "docs", "docs/_build/html", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session
 def protos(session: nox.Session) -> None:
     """Fail on drift between protos/ and blockx/_proto/; `-- --write` regenerates."""
     sync(session, "protos")

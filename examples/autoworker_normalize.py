@@ -3,9 +3,9 @@
 Set up once: a hub, a queue, and a credential with both rights (the operator
 commands work on the hub's database directly, so run them where the hub runs):
 
-    uv run python -m blockx hub &                       # :8090, state in ./hub.sqlite3
-    uv run python -m blockx hub queue create text
-    uv run python -m blockx hub credential create --queue text --rights producer,worker \\
+    uv run blockx hub &                                 # :8090, state in ./hub.sqlite3
+    uv run blockx hub queue create text
+    uv run blockx hub credential create --queue text --rights producer,worker \\
         > worker.credential                             # the token, printed once
 
 Then:

@@ -5,7 +5,7 @@ attempts of the tasks of their queue, renew leases and report outcomes;
 producers submit and read tasks over HTTP JSON. State lives in a database
 (SQLite file by default, PostgreSQL for several hubs), written only through
 the committer, which commits in groups and answers nothing before it is
-durable. `python -m blockx hub` runs one.
+durable. `blockx hub` runs one.
 """
 
 from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit

@@ -8,6 +8,8 @@
   what they import, import nothing that reads a clock, draws a random number
   or does IO.
 * Importing the automatic worker loads neither the hub nor the worker.
+* At most `MAX_ROOT_MODULES` modules sit at the package's root: the rest live in the
+  package of what they are for.
 * No function is longer than 60 lines (generated protobuf code aside).
 
 Imports are read from the source (every `import` statement, type-only and
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "blockx"
 GENERATED = PACKAGE / "_proto"
 MAX_FUNCTION_LINES = 60
+MAX_ROOT_MODULES = 10
 IMPURE = frozenset({"asyncio", "random", "socket", "subprocess", "threading", "time", "trio"})
 """Standard library a pure module never imports: clocks, randomness, IO, concurrency."""
 PURE_ALLOWED = frozenset({"attrs", "blockx.calls", "blockx.errors", "blockx.steps"})
@@ -152,8 +155,7 @@ for name in sys.argv[1:]:
 print("\\n".join(failed))
 sys.exit(1 if failed else 0)
 """
-    # `python -m blockx` runs the command line when imported, as it should.
-    names = [module.name for module in MODULES if module.name != "blockx.__main__"]
+    names = [module.name for module in MODULES]  # `blockx.__main__` runs nothing on import
     done = subprocess.run(
         [sys.executable, "-c", script, *names],
         cwd=ROOT,
@@ -243,6 +245,11 @@ def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -
     assert len(ours) <= AUTOWORKER_MODULES, ours
     unwanted = (*NOT_FOR_THE_AUTOWORKER, "sqlite3", "_sqlite3", "httptools")
     assert [name for name in loaded if any(_within(name, u) for u in unwanted)] == []
+
+
+def test_at_most_ten_modules_sit_at_the_root() -> None:
+    root = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
 
 
 def _functions() -> Iterator[tuple[int, str]]:

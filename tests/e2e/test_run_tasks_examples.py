@@ -1,4 +1,4 @@
-"""The README's walk-throughs against a real worker: `submit --file
+"""The walk-throughs of the docs against a real worker: `submit --file
 examples/tasks/batch.jsonl` and `examples/run_tasks.py`, each in its own process, and the
 data walk-through (a CSV scan into SQLite; bundle to bundle)."""
 

@@ -30,12 +30,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
-import trio.testing
 import uvloop
 
 from blockx.api._affinity import pin_this_thread
@@ -44,7 +44,6 @@ from blockx.errors import Misuse
 logger = logging.getLogger("blockx.api")
 
 T = TypeVar("T")
-LOOPS: Final = ("thread", "trio-asyncio")
 
 
 class Bridge(Protocol):
@@ -117,7 +116,11 @@ class ThreadLoopUnderVirtualClock(Misuse):
 def check_arrangement(setting: str) -> None:
     """Refuse `setting` "thread" under a virtual clock, rather than run another arrangement
     than the one asked for."""
-    if setting == "thread" and isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+    # A MockClock exists only once trio.testing is imported; importing it here would load
+    # it, and pytest with it, into every worker.
+    testing = sys.modules.get("trio.testing")
+    clock = trio.lowlevel.current_clock()
+    if setting == "thread" and testing is not None and isinstance(clock, testing.MockClock):
         raise ThreadLoopUnderVirtualClock()
 
 

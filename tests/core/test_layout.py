@@ -247,6 +247,22 @@ def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -
     assert [name for name in loaded if any(_within(name, u) for u in unwanted)] == []
 
 
+def test_a_worker_or_a_hub_loads_no_test_tooling() -> None:
+    """pytest (which `trio.testing` pulls in) costs a worker megabytes and a slower start."""
+    script = "import sys, blockx.app, blockx.cli; print(*sorted(sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    tooling = ("pytest", "_pytest", "trio.testing", "hypothesis")
+    loaded = done.stdout.split()
+    assert [name for name in loaded if any(_within(name, t) for t in tooling)] == []
+
+
 def test_at_most_ten_modules_sit_at_the_root() -> None:
     root = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert len(root) <= MAX_ROOT_MODULES, root

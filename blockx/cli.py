@@ -68,7 +68,7 @@ from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
 from blockx.process.lifecycle import lone_errors
 from blockx.profiles import BLOCK, PROFILES
-from blockx.settings import FlagError, help_lines
+from blockx.settings import FlagError, help_text
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -124,7 +124,7 @@ def _add_serve(commands: _Commands) -> None:
             "FUNCTIONS_REDIS_URL is set (see `functions publish`).",
             width=78,
         ),
-        epilog=_settings_help(),
+        epilog=help_text(WorkerConfig, CONFIG_FILE_ENV),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument(
@@ -164,17 +164,6 @@ def _add_serve(commands: _Commands) -> None:
         help="print the effective configuration as JSON instead of serving",
     )
     serve.set_defaults(run=_serve)
-
-
-def _settings_help() -> str:
-    """Every setting of the worker, with its variable and default, for `serve --help`."""
-    return "\n".join(
-        [
-            f"settings (the key in the --config file, or {CONFIG_FILE_ENV}'s; the",
-            "environment variable, - for none; the default):",
-            *help_lines(WorkerConfig),
-        ]
-    )
 
 
 def _add_worker_flag(parser: argparse.ArgumentParser) -> None:

@@ -202,6 +202,9 @@ class FunctionCodeSection:
     refresh_ms: int = setting(1_000, "refreshMs", "FUNCTIONS_REFRESH_MS", positive=True)
 
 
+GRPC_LOOPS: Final = ("thread", "trio-asyncio")
+"""Where the gRPC server's loop may run (`grpcLoop`; see `blockx.api`)."""
+
 STALL_FLOOR_MS: Final = 30_000
 """The shortest derived stall timeout: GC pauses and a busy host are not wedges."""
 STALL_MARGIN_MS: Final = 10_000
@@ -487,12 +490,7 @@ class WorkerConfig:
             value=self.shadow.sample_rate,
             allowed="must be between 0 and 1",
         )
-        check(
-            self.grpc.loop in ("thread", "trio-asyncio"),
-            field="grpcLoop",
-            value=self.grpc.loop,
-            allowed='must be "thread" or "trio-asyncio"',
-        )
+        check_choice(self.grpc.loop, GRPC_LOOPS, field="grpcLoop")
         check_choice(self.observability.log_format, LOG_FORMATS, field="logFormat")
         check(
             bool(self.function_code.redis_url or self.function_code.dir),

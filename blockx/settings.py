@@ -355,6 +355,17 @@ def to_json_dict(settings: object) -> dict[str, Any]:
     return rendered
 
 
+def help_text(cls: type[Any], file_env: str) -> str:
+    """Every setting of `cls`, for a command's `--help`: a heading, then `help_lines`."""
+    return "\n".join(
+        [
+            f"settings (the key in the --config file, or {file_env}'s; the environment",
+            "variable, - for none; the default):",
+            *help_lines(cls),
+        ]
+    )
+
+
 def help_lines(cls: type[Any]) -> list[str]:
     """One line per setting of `cls` for a command's help, in columns: its JSON path, its
     environment variable ("-": none), its default (as JSON)."""

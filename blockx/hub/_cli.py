@@ -36,7 +36,7 @@ from blockx.hub._server import Hub
 from blockx.hub._store import Store
 from blockx.process.lifecycle import lone_errors
 from blockx.process.signals import watch_signals
-from blockx.settings import FlagError, help_lines
+from blockx.settings import FlagError, help_text
 
 logger = logging.getLogger("blockx.hub")
 
@@ -64,7 +64,7 @@ def add_commands(commands: Any) -> None:
             f"(--config, else {CONFIG_FILE_ENV}) and the environment.",
             width=78,
         ),
-        epilog=_settings_help(),
+        epilog=help_text(HubConfig, CONFIG_FILE_ENV),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _settings_flags(hub)
@@ -100,17 +100,6 @@ def add_commands(commands: Any) -> None:
     show.add_argument("task_id", metavar="TASK")
     _settings_flags(show)
     show.set_defaults(run=_show_task)
-
-
-def _settings_help() -> str:
-    """Every setting of the hub, with its variable and default, for `hub --help`."""
-    return "\n".join(
-        [
-            f"settings (the key in the --config file, or {CONFIG_FILE_ENV}'s; the",
-            "environment variable; the default):",
-            *help_lines(HubConfig),
-        ]
-    )
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -234,7 +223,8 @@ def _show_task(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from blockx.observability.logs import setup_logging  # noqa: PLC0415  # the hub's only
+    # Only serving logs (the operators' commands print), and the log module is not small.
+    from blockx.observability.logs import setup_logging  # noqa: PLC0415
 
     config = _config(args)
     setup_logging(config.log_format)

@@ -40,6 +40,7 @@ from blockx.hubwire import (
     Capability,
     ControlMessage,
     Error,
+    ErrorCode,
     Finish,
     Granted,
     Hello,
@@ -163,6 +164,20 @@ class HubClient:
             pass
         errors = [message for message in self.others if isinstance(message, Error)]
         return errors[-1] if errors else None
+
+
+GOING_AWAY: Final = 1001
+"""The WebSocket close code of an endpoint that is going away (RFC 6455, 7.4.1)."""
+
+
+def assert_told_to_go(worker: HubClient, error: Error | None) -> None:
+    """The hub ended `worker`'s session because it stops: `UNAVAILABLE`, then close code
+    1001 (`error` is what `HubClient.closed` returned)."""
+    assert error is not None
+    assert error.code is ErrorCode.UNAVAILABLE, error
+    assert "shutting down" in error.message
+    assert worker.socket.closed is not None
+    assert worker.socket.closed.code == GOING_AWAY
 
 
 @attrs.define(eq=False)

@@ -11,18 +11,16 @@ import trio.testing
 import trio_websocket
 
 from blockx.hub import Submitted, show_task, submission_from_json, submit
-from blockx.hubwire import Error, ErrorCode, Recorded, Succeeded
+from blockx.hubwire import Error, Recorded, Succeeded
 from tests.adapters.hub_harness import (
     CAPABILITY,
     QUEUE,
     TEST_CONFIG,
     HubClient,
     HubRig,
+    assert_told_to_go,
     running_hub,
 )
-
-GOING_AWAY = 1001
-"""The WebSocket close code of an endpoint that is going away (RFC 6455, 7.4.1)."""
 
 
 async def test_a_draining_hub_answers_what_it_took_then_tells_the_worker_to_go(
@@ -39,11 +37,7 @@ async def test_a_draining_hub_answers_what_it_took_then_tells_the_worker_to_go(
             with trio.fail_after(1):
                 error = await _drain_reading(rig, worker)
             assert rig.hub.draining
-            assert error is not None
-            assert error.code is ErrorCode.UNAVAILABLE
-            assert "shutting down" in error.message
-            assert worker.socket.closed is not None
-            assert worker.socket.closed.code == GOING_AWAY
+            assert_told_to_go(worker, error)
             (answer,) = worker.answers[finish.message_id]
             assert isinstance(answer, Recorded)
         shown = show_task(rig.store, offer.task_id)
@@ -68,11 +62,8 @@ async def test_what_a_worker_sends_once_the_drain_began_is_left_for_the_next_hub
                 with contextlib.suppress(trio_websocket.ConnectionClosed):
                     await worker.send(finish)
                 error = await worker.closed()
-            assert error is not None
-            assert error.code is ErrorCode.UNAVAILABLE
+            assert_told_to_go(worker, error)
             assert finish.message_id not in worker.answers
-            assert worker.socket.closed is not None
-            assert worker.socket.closed.code == GOING_AWAY
         shown = show_task(rig.store, offer.task_id)
         assert shown is not None
         assert shown["state"] == "RUNNING"

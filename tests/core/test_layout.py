@@ -230,8 +230,9 @@ def test_what_a_pure_core_may_import_is_checked_as_pure_too() -> None:
     assert unchecked == set()
 
 
-def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -> None:
-    script = "import sys, blockx.autoworker; print(*sorted(sys.modules))"
+def _loaded_by(*modules: str) -> list[str]:
+    """Every module a fresh interpreter has loaded once it imported `modules`."""
+    script = f"import sys, {', '.join(modules)}; print(*sorted(sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=ROOT,
@@ -240,7 +241,11 @@ def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -
         timeout=120,
         check=True,
     )
-    loaded = done.stdout.split()
+    return done.stdout.split()
+
+
+def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -> None:
+    loaded = _loaded_by("blockx.autoworker")
     ours = [name for name in loaded if _within(name, "blockx")]
     assert len(ours) <= AUTOWORKER_MODULES, ours
     unwanted = (*NOT_FOR_THE_AUTOWORKER, "sqlite3", "_sqlite3", "httptools")
@@ -249,17 +254,8 @@ def test_importing_the_automatic_worker_loads_neither_the_hub_nor_the_worker() -
 
 def test_a_worker_or_a_hub_loads_no_test_tooling() -> None:
     """pytest (which `trio.testing` pulls in) costs a worker megabytes and a slower start."""
-    script = "import sys, blockx.app, blockx.cli; print(*sorted(sys.modules))"
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
     tooling = ("pytest", "_pytest", "trio.testing", "hypothesis")
-    loaded = done.stdout.split()
+    loaded = _loaded_by("blockx.app", "blockx.cli")
     assert [name for name in loaded if any(_within(name, t) for t in tooling)] == []
 
 

@@ -10,11 +10,9 @@ from pathlib import Path
 import trio
 
 from blockx.hub import Right, Store, create_credential, create_queue
-from blockx.hubwire import ErrorCode
-from tests.adapters.hub_harness import QUEUE
+from tests.adapters.hub_harness import QUEUE, assert_told_to_go
 from tests.e2e.hub_process import HubProcess, hub_process
 
-GOING_AWAY = 1001
 LOG = {"LOG_FORMAT": "text"}
 
 
@@ -46,10 +44,7 @@ async def test_the_first_signal_drains_the_hub_and_tells_its_workers_to_go(
             hub.process.send_signal(signal.SIGTERM)
             error = await worker.closed()
             code = await hub.process.wait()
-        assert error is not None
-        assert error.code is ErrorCode.UNAVAILABLE
-        assert worker.socket.closed is not None
-        assert worker.socket.closed.code == GOING_AWAY
+        assert_told_to_go(worker, error)
         assert code == 0, "\n".join(hub.log)
         assert any("SIGTERM: draining the hub" in line for line in hub.log), hub.log
         assert any("stopped" in line for line in hub.log), hub.log

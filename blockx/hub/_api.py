@@ -313,22 +313,23 @@ class ProducerApi:
         self._watch.wake_all()
 
     async def serve(
-        self,
-        stream: trio.abc.HalfCloseableStream,
-        connection: Connection,
-        request: Request,
-        *,
-        keep: bool = True,
+        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
     ) -> bool:
         """Answer `request`; whether the connection is kept for the client's next one (never
-        unless `keep`)."""
+        once the hub drains)."""
         try:
             status, body = await self._answer(stream, connection, request)
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
         text = json.dumps(body) + "\n"
         return await respond_keeping(
-            stream, connection, request, status, text, content_type="application/json", keep=keep
+            stream,
+            connection,
+            request,
+            status,
+            text,
+            content_type="application/json",
+            keep=not self.draining,
         )
 
     async def _answer(

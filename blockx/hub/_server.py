@@ -374,7 +374,7 @@ class Hub:
             await respond(stream, 503, _SHUTTING_DOWN, content_type="application/json")
             return False
         with trio.move_on_after(REQUEST_TIMEOUT_S):
-            return await self.api.serve(stream, connection, request, keep=not self.draining)
+            return await self.api.serve(stream, connection, request)
         return False  # it took too long: its connection is done
 
     # ------------------------------------------------------------------- sessions

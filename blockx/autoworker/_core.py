@@ -96,6 +96,10 @@ class Phase(enum.Enum):
     """The handler returned; Finish sent, not yet answered."""
 
 
+_HOLDS_SLOT: Final = frozenset({Phase.STARTING, Phase.RUNNING, Phase.LOST})
+"""The phases of an attempt that hold one of the worker's handler slots (rule 5)."""
+
+
 class Link(enum.Enum):
     DOWN = "DOWN"
     OPENING = "OPENING"
@@ -273,7 +277,7 @@ class _Attempt:
 
     @property
     def holds_slot(self) -> bool:
-        return self.phase in (Phase.STARTING, Phase.RUNNING, Phase.LOST)
+        return self.phase in _HOLDS_SLOT
 
 
 @attrs.define
@@ -687,21 +691,25 @@ class WorkerCore:
                 pass
 
     def _start_what_fits(self, now_ms: int, commands: _Commands) -> None:
+        """Start the oldest offers still open, as far as free slots go (one pass: this runs
+        after every event)."""
         if self._draining or self._link is not Link.OPEN:
             return
-        in_use = sum(1 for a in self._attempts.values() if a.holds_slot)
+        room = self.capacity
+        waiting: list[_Attempt] = []
         for attempt in self._attempts.values():
-            if in_use >= self.capacity:
-                return
-            if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms:
-                attempt.phase = Phase.STARTING
-                in_use += 1
-                start = Start(
-                    message_id=self._next_id(),
-                    attempt_id=attempt.attempt_id,
-                    epoch=attempt.offer.epoch,
-                )
-                self._send(start, commands)
+            if attempt.phase in _HOLDS_SLOT:
+                room -= 1
+            elif attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms:
+                waiting.append(attempt)
+        for attempt in waiting[: max(room, 0)]:
+            attempt.phase = Phase.STARTING
+            start = Start(
+                message_id=self._next_id(),
+                attempt_id=attempt.attempt_id,
+                epoch=attempt.offer.epoch,
+            )
+            self._send(start, commands)
 
     # ------------------------------------------------------------------ time, drain
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 import attrs
@@ -177,20 +177,19 @@ class _Link:
 @attrs.define(eq=False)
 class _InProgress:
     """How many things are under way (worker connections, producers' requests), and a wait
-    until none is."""
+    until none is. `with in_progress:` counts one for as long as it lasts (a plain context
+    manager: it wraps every request)."""
 
     count: int = 0
     _none: trio.Event = attrs.Factory(trio.Event)
 
-    @contextlib.contextmanager
-    def one(self) -> Iterator[None]:
+    def __enter__(self) -> None:
         self.count += 1
-        try:
-            yield
-        finally:
-            self.count -= 1
-            if self.count == 0:
-                self._none.set()
+
+    def __exit__(self, *_: object) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._none.set()
 
     async def none(self) -> None:
         while self.count:
@@ -357,7 +356,7 @@ class Hub:
             )
             return
         while request is not None:  # the producers' requests, while the client keeps it
-            with self._in_progress.one():
+            with self._in_progress:
                 if not await self._request(stream, connection, request):
                     return
             request = await read_request_head(stream, connection, bytearray())
@@ -387,7 +386,7 @@ class Hub:
         if self.draining:
             link.reading.cancel()
         try:
-            with self._in_progress.one():
+            with self._in_progress:
                 await self._serve_worker(socket, link, sessions, outbox)
                 for session in sessions:
                     session.closed = True

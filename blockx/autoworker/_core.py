@@ -268,8 +268,6 @@ class _Attempt:
     phase: Phase = Phase.OFFERED
     lease_deadline_ms: int = 0
     renew_due_ms: int | None = None
-    confirmed_link: int = 0
-    """The connection on which the hub last confirmed this attempt is held (0: never)."""
 
     @property
     def attempt_id(self) -> str:

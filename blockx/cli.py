@@ -68,7 +68,7 @@ from blockx.phases.builders import builder_registry
 from blockx.phases.plugins import plugin_registry
 from blockx.process.lifecycle import lone_errors
 from blockx.profiles import BLOCK, PROFILES
-from blockx.settings import FlagError, help_text
+from blockx.settings import FlagError, flag_overrides, help_text
 
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
@@ -342,8 +342,7 @@ def _serve(args: argparse.Namespace) -> int:
     from blockx import app  # noqa: PLC0415
 
     profile = PROFILES[args.profile]
-    given = {path: getattr(args, flag.removeprefix("--")) for path, flag in SERVE_FLAGS.items()}
-    overrides = {path: value for path, value in given.items() if value is not None}
+    overrides = flag_overrides(args, SERVE_FLAGS)
     if args.print_config:
         config = load_config(
             profile=profile.defaults, overrides=overrides, flags=SERVE_FLAGS, file=args.config

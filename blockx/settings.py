@@ -382,6 +382,13 @@ def help_lines(cls: type[Any]) -> list[str]:
     return [f"  {path:<{path_width}}  {env:<{env_width}}  {default}" for path, env, default in rows]
 
 
+def flag_overrides(args: object, flags: Mapping[str, str]) -> dict[str, object]:
+    """The overrides the command-line `flags` ({JSON path: "--flag-name"}) give in `args`
+    (an `argparse.Namespace`): {JSON path: value} for each flag that was given."""
+    given = {path: getattr(args, flag[2:].replace("-", "_")) for path, flag in flags.items()}
+    return {path: value for path, value in given.items() if value is not None}
+
+
 # --- loading -------------------------------------------------------------------------------
 
 _Layer = Iterator[tuple[str, object, str]]

@@ -36,7 +36,7 @@ from blockx.hub._server import Hub
 from blockx.hub._store import Store
 from blockx.process.lifecycle import lone_errors
 from blockx.process.signals import watch_signals
-from blockx.settings import FlagError, help_text
+from blockx.settings import FlagError, flag_overrides, help_text
 
 logger = logging.getLogger("blockx.hub")
 
@@ -139,9 +139,8 @@ def _add_submit(sub: Any) -> None:
 
 def _config(args: argparse.Namespace) -> HubConfig:
     """The hub's settings: defaults, the file, the environment, then the flags given."""
-    flags: dict[str, str] = args.flags
-    overrides = {path: getattr(args, flag[2:].replace("-", "_")) for path, flag in flags.items()}
-    return HubConfig.load(overrides=overrides, flags=flags, file=args.config)
+    overrides = flag_overrides(args, args.flags)
+    return HubConfig.load(overrides=overrides, flags=args.flags, file=args.config)
 
 
 def _store(args: argparse.Namespace) -> Store:

@@ -46,6 +46,7 @@ from blockx.settings import (
     ConfigError,
     Kind,
     check_choice,
+    check_listen_addr,
     check_paired,
     check_positive,
     parse_listen_addr,
@@ -456,12 +457,8 @@ class WorkerConfig:
             ("metricsListenAddr", self.observability.metrics_listen_addr, True),
             ("shadowSubmitTargetAddr", self.shadow.target_addr, True),
         ):
-            if optional and addr.lower() in ("", "none"):
-                continue
-            try:
-                parse_listen_addr(addr)
-            except ValueError as error:
-                raise ConfigError(field=field, value=addr, allowed=str(error)) from error
+            if not optional or addr.lower() not in ("", "none"):
+                check_listen_addr(addr, field=field)
 
     def _check_tls(self) -> None:
         """The TLS files go together: certificate and key, and a client CA only with them.

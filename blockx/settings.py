@@ -218,6 +218,15 @@ def parse_listen_addr(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port_text)
 
 
+def check_listen_addr(addr: str, *, field: str) -> None:
+    """ConfigError naming `field` unless `addr` is an address to listen on
+    (`parse_listen_addr`)."""
+    try:
+        parse_listen_addr(addr)
+    except ValueError as error:
+        raise ConfigError(field=field, value=addr, allowed=str(error)) from error
+
+
 # --- declarations --------------------------------------------------------------------------
 
 _SETTING_KEY: Final = "blockx.settings.setting"

@@ -19,6 +19,7 @@ from blockx.settings import (
     STR,
     ConfigError,
     check_choice,
+    check_listen_addr,
     check_positive,
     parse_listen_addr,
     setting,
@@ -59,12 +60,7 @@ class HubConfig:
 
     def __attrs_post_init__(self) -> None:
         check_positive(self)
-        try:
-            parse_listen_addr(self.listen_addr)
-        except ValueError as error:
-            raise ConfigError(
-                field="listenAddr", value=self.listen_addr, allowed=str(error)
-            ) from None
+        check_listen_addr(self.listen_addr, field="listenAddr")
         ConfigError.check(bool(self.db), field="db", value=self.db, allowed="must not be empty")
         ConfigError.check(
             self.max_retry_backoff_ms >= self.retry_backoff_ms,

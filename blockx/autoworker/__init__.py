@@ -11,13 +11,13 @@
 
 from blockx.autoworker._client import HubClient, HubRequestFailed
 from blockx.autoworker._core import WorkerCore
-from blockx.autoworker._options import (
+from blockx.autoworker._handlers import (
     InvalidOption,
     WorkerExecution,
+    WorkerFailure,
     WorkerHandler,
     WorkerOptions,
 )
-from blockx.autoworker._outcome import WorkerFailure
 from blockx.autoworker._runtime import (
     Worker,
     WorkerAlreadyRun,

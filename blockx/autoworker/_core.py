@@ -44,7 +44,7 @@ from typing import Final, TypeAlias, assert_never
 
 import attrs
 
-from blockx.autoworker._outcome import INVALID_HANDLER_RESULT, lease_lost
+from blockx.autoworker._handlers import INVALID_HANDLER_RESULT, lease_lost
 from blockx.errors import Misuse
 from blockx.hubwire import (
     AttemptRef,

@@ -27,7 +27,7 @@ import attrs
 import trio
 import trio_websocket
 
-from blockx.autoworker import _outcome
+from blockx.autoworker import _handlers
 from blockx.autoworker._client import HubClient
 from blockx.autoworker._core import (
     CancelHandler,
@@ -45,7 +45,7 @@ from blockx.autoworker._core import (
     TimePassed,
     WorkerCore,
 )
-from blockx.autoworker._options import WorkerExecution, WorkerOptions
+from blockx.autoworker._handlers import WorkerExecution, WorkerOptions
 from blockx.errors import BlockxError
 from blockx.hubwire import (
     MAX_FRAME_BYTES,
@@ -363,10 +363,10 @@ class Worker:
             except BaseException as raised:  # the handler's failure is the report
                 error = raised
         if lease.cancelled_caught:
-            return _outcome.lease_lost()
+            return _handlers.lease_lost()
         if error is not None:
-            return _outcome.raised(error)
-        return _outcome.returned(value)
+            return _handlers.raised(error)
+        return _handlers.returned(value)
 
     # ------------------------------------------------------------------ connections
 

@@ -14,7 +14,7 @@ from blockx.autoworker import (
     WorkerHandler,
     WorkerOptions,
 )
-from blockx.autoworker._outcome import MAX_NESTING, json_text, raised, returned
+from blockx.autoworker._handlers import MAX_NESTING, json_text, raised, returned
 from blockx.hubwire import MAX_JSON_BYTES, Failed, Succeeded, Unknown
 
 CAP = Capability(handler="text.normalize", handler_version="v1", payload_version="v1")

@@ -57,7 +57,7 @@ PURE = {
     "blockx.slots": Pure(PURE_ALLOWED),
     "blockx.dispatch": Pure(PURE_ALLOWED),
     "blockx.hub._rules": Pure(HUB_PURE_ALLOWED | {"blockx.hub._model"}),
-    "blockx.autoworker._core": Pure(HUB_PURE_ALLOWED | {"blockx.autoworker._outcome"}),
+    "blockx.autoworker._core": Pure(HUB_PURE_ALLOWED | {"blockx.autoworker._handlers"}),
     # What they may import is pure in turn.
     "blockx.calls": Pure(PURE_ALLOWED, libraries=frozenset({"msgpack"})),  # the value codec
     "blockx.steps": Pure(frozenset({"attrs"})),
@@ -66,7 +66,7 @@ PURE = {
         frozenset({"attrs", "blockx.errors"}), libraries=frozenset({"cattrs", "msgpack"})
     ),
     "blockx.hub._model": Pure(frozenset({"attrs", "blockx.hubwire"})),
-    "blockx.autoworker._outcome": Pure(frozenset({"blockx.errors", "blockx.hubwire"})),
+    "blockx.autoworker._handlers": Pure(frozenset({"attrs", "blockx.errors", "blockx.hubwire"})),
 }
 AUTOWORKER_MODULES = 15
 """At most this many blockx modules load with `import blockx.autoworker`."""

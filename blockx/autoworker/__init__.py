@@ -17,6 +17,7 @@ from blockx.autoworker._handlers import (
     WorkerFailure,
     WorkerHandler,
     WorkerOptions,
+    handles,
 )
 from blockx.autoworker._runtime import (
     Worker,
@@ -44,4 +45,5 @@ __all__ = [
     "WorkerRunError",
     "WorkerShutdownTimeout",
     "WorkerStats",
+    "handles",
 ]

@@ -5,7 +5,7 @@
 
 Each function is imported as Celery, RQ or Dramatiq import their tasks (the
 current directory first on the path). Its capability is the `Capability` in
-its `capability` attribute (`blockx.autoworker.capability` sets one), else
+its `capability` attribute (`blockx.autoworker.handles` sets one), else
 the handler name `module.function` with the `--handler-version` and
 `--payload-version` flags. The worker runs until the first SIGINT/SIGTERM,
 which drains it (no new attempts; running ones finish within the shutdown

@@ -334,3 +334,16 @@ async def test_a_refused_connection_is_retried_with_a_warning_every_30_s_until_t
     assert "Connection refused" in down.last_error
     assert up.connected is True
     assert auto.stats().connected is False  # drained and closed
+
+
+async def test_wss_to_a_port_that_does_not_speak_tls_ends_the_run_third_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def plain_http(stream: trio.abc.Stream) -> None:
+        await stream.send_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    async with serving(plain_http, scheme="wss") as fake:
+        ended = await run_error(fake_worker(fake.url))
+    assert ended.code == "TLS_FAILED"
+    assert fake.url in str(ended)
+    assert fake.connections == 3

@@ -7,6 +7,8 @@
     await worker.run()   # until the surrounding scope is cancelled; then it drains
 
 `WorkerCore` holds the rules (pure, tested by events); `Worker` runs it on Trio.
+`blockx.autoworker.command` is the `blockx autoworker` command, imported only by
+the command line (it is not loaded by `import blockx.autoworker`).
 """
 
 from blockx.autoworker._client import HubClient, HubRequestFailed

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from blockx.autoworker import Capability
-from blockx.autoworker._cli import _options
+from blockx.autoworker.command import _options
 from blockx.cli import _parser
 from blockx.settings import FlagError
 

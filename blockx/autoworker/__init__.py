@@ -12,6 +12,7 @@
 from blockx.autoworker._client import HubClient, HubRequestFailed
 from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
+    AttemptCancelled,
     InvalidOption,
     WorkerExecution,
     WorkerFailure,
@@ -29,6 +30,7 @@ from blockx.autoworker._runtime import (
 from blockx.hubwire import Capability
 
 __all__ = [
+    "AttemptCancelled",
     "Capability",
     "HubClient",
     "HubRequestFailed",

@@ -13,7 +13,7 @@ How a handler's ending becomes the outcome reported to the hub:
 | raised anything else                         | UNKNOWN / HANDLER_ERROR             |
 | raised a crash-like BaseException            | UNKNOWN / HANDLER_PANIC or _ABORTED |
 | returned something the hub cannot take       | UNKNOWN / INVALID_HANDLER_RESULT    |
-| was cancelled because its lease ran out      | UNKNOWN / LEASE_LOST                |
+| was cancelled (lease lost, drain overran)    | UNKNOWN / LEASE_LOST                |
 
 A result is checked before it is sent, so a report the hub would refuse for
 ever is never made: JSON without NaN or infinities, integers within 64 bits,

@@ -250,7 +250,8 @@ class Worker:
         """`run` returned: a handler that ends after that reports nothing."""
         self._failure: BaseException | None = None
         self._timer = trio.CancelScope()
-        self._changed = trio.Event()
+        self._offline = trio.CancelScope()
+        """Around connecting and the back-off: cancelled once drained, as no hub is needed."""
         self._nursery: trio.Nursery | None = None
         self._sockets: trio.Nursery | None = None
         self._health = _Health()
@@ -382,7 +383,8 @@ class Worker:
         deadline = self._core.next_deadline_ms()
         assert self._clock is not None
         self._timer.deadline = math.inf if deadline is None else self._clock.trio_time(deadline)
-        self._changed.set()
+        if self._core.drained():
+            self._offline.cancel()
 
     def _execute(self, command: Command) -> None:
         match command:
@@ -505,7 +507,10 @@ class Worker:
         delay_ms = options.reconnect_min_delay_ms
         while not self._core.drained():
             try:
-                stream, socket = await self._connect()
+                with self._until_drained() as offline:
+                    stream, socket = await self._connect()
+                if offline.cancelled_caught:
+                    break
                 delay_ms = options.reconnect_min_delay_ms
                 self._health.connected = True
                 try:
@@ -539,8 +544,15 @@ class Worker:
                 break
             sleep_ms = self._rng.uniform(options.reconnect_min_delay_ms, delay_ms)
             delay_ms = min(options.reconnect_max_delay_ms, delay_ms * 2)
-            await trio.sleep(sleep_ms / 1000)
+            with self._until_drained():
+                await trio.sleep(sleep_ms / 1000)
         return None
+
+    def _until_drained(self) -> trio.CancelScope:
+        self._offline = trio.CancelScope()
+        if self._core.drained():
+            self._offline.cancel()
+        return self._offline
 
     async def _connect(self) -> tuple[trio.abc.Stream, trio_websocket.WebSocketConnection]:
         """A WebSocket whose hello was welcomed, and the stream it runs on; `_Failed`

@@ -26,10 +26,18 @@ def credential(db: Path) -> str:
 
 
 async def hold_a_request(hub: HubProcess) -> trio.abc.Stream:
-    """A producer's request the hub has begun and cannot end: its body never comes."""
+    """A producer's request the hub has begun and cannot end: its body never comes.
+
+    Begun: its head is in the hub's socket before another request is even made, and the
+    hub has answered that one; so the hub has read the head (loopback delivers at once,
+    and Trio runs every ready task before any of them runs again)."""
     stream = await trio.open_tcp_stream("127.0.0.1", hub.port)
     head = f"POST /v1/queues/{QUEUE}/tasks HTTP/1.1\r\nhost: h\r\ncontent-length: 9\r\n\r\n"
     await stream.send_all(head.encode())
+    async with await trio.open_tcp_stream("127.0.0.1", hub.port) as other:
+        await other.send_all(b"GET /v1/tasks/none HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")
+        while await other.receive_some():
+            pass
     return stream
 
 

@@ -9,7 +9,7 @@
 `WorkerCore` holds the rules (pure, tested by events); `Worker` runs it on Trio.
 """
 
-from blockx.autoworker._client import HubClient, HubRequestFailed
+from blockx.autoworker._client import HubCertificateRejected, HubClient, HubRequestFailed
 from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
     InvalidOption,
@@ -30,6 +30,7 @@ from blockx.hubwire import Capability
 
 __all__ = [
     "Capability",
+    "HubCertificateRejected",
     "HubClient",
     "HubRequestFailed",
     "InvalidOption",

@@ -1,5 +1,6 @@
-"""Certificates made at test time with `trustme`: a CA, a worker's certificate for
-127.0.0.1 and localhost, and a client's, as PEM files, with the settings that name them."""
+"""Certificates made at test time with `trustme`: a CA, a server's certificate for
+127.0.0.1 and localhost (a worker's or a hub's), and a client's, as PEM files, with the
+settings that name them."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ class Pki:
         if with_cert:
             env["WORKER_TLS_CLIENT_CERT_FILE"] = self.client_cert_file
             env["WORKER_TLS_CLIENT_KEY_FILE"] = self.client_key_file
+        return env
+
+    def hub_env(self, *, mutual: bool = False) -> dict[str, str]:
+        """The hub's variables that serve HTTPS and WSS with the server certificate."""
+        env = {"HUB_TLS_CERT_FILE": self.cert_file, "HUB_TLS_KEY_FILE": self.key_file}
+        if mutual:
+            env["HUB_TLS_CLIENT_CA_FILE"] = self.ca_file
         return env
 
     def client(self, *, with_cert: bool = False) -> ClientTls:

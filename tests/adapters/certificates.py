@@ -4,12 +4,13 @@ settings that name them."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import attrs
 import trustme
 
-from blockx.net.tls import ClientTls
+from blockx.net.tls import HTTP1_ALPN, ClientTls, client_context, server_context
 
 
 @attrs.frozen
@@ -52,6 +53,16 @@ class Pki:
         if mutual:
             env["HUB_TLS_CLIENT_CA_FILE"] = self.ca_file
         return env
+
+    def hub_server_context(self) -> ssl.SSLContext:
+        """A context serving HTTPS and WSS with the server certificate, as a hub's."""
+        context = server_context((self.cert_file, "cert"), (self.key_file, "key"), alpn=HTTP1_ALPN)
+        assert context is not None
+        return context
+
+    def hub_client_context(self) -> ssl.SSLContext:
+        """A context of an HTTPS and WSS client trusting this CA, as `HubClient`'s."""
+        return client_context((self.ca_file, "ca"), alpn=HTTP1_ALPN)
 
     def client(self, *, with_cert: bool = False) -> ClientTls:
         if with_cert:

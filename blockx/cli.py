@@ -16,6 +16,8 @@ Subcommands:
   (`PlacementClient`), and `workers --etcd` lists the registered fleet.
   `submit --file TASKS.jsonl` runs a batch on one `RunTasks` stream (spread
   over the fleet with `--etcd`), checked whole before anything is sent.
+* `autoworker --hub URL --queue Q --credential-file F module:function ...` runs
+  those functions as an automatic worker's handlers (`blockx.autoworker.command`).
 * `functions publish DIR --redis URL [--prefix P]` publishes the `.py` files
   under DIR as the current function-code epoch and prints it.
 """
@@ -41,6 +43,7 @@ import trio_asyncio
 from tqdm import tqdm
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.autoworker.command import add_command as add_autoworker_command
 from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
     ClientSettings,
@@ -96,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_workers(commands)
     _add_functions(commands)
     add_hub_commands(commands)
+    add_autoworker_command(commands)
     return parser
 
 

@@ -7,6 +7,8 @@
     await worker.run()   # until the surrounding scope is cancelled; then it drains
 
 `WorkerCore` holds the rules (pure, tested by events); `Worker` runs it on Trio.
+`blockx.autoworker.command` is the `blockx autoworker` command, imported only by
+the command line (it is not loaded by `import blockx.autoworker`).
 """
 
 from blockx.autoworker._client import HubCertificateRejected, HubClient, HubRequestFailed
@@ -17,6 +19,7 @@ from blockx.autoworker._handlers import (
     WorkerFailure,
     WorkerHandler,
     WorkerOptions,
+    handles,
 )
 from blockx.autoworker._runtime import (
     Worker,
@@ -45,4 +48,5 @@ __all__ = [
     "WorkerRunError",
     "WorkerShutdownTimeout",
     "WorkerStats",
+    "handles",
 ]

@@ -27,7 +27,7 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -80,6 +80,32 @@ class WorkerExecution:
     attempt_deadline_ms: int
     """When this attempt must end at the latest (epoch ms): the attempt timeout or the
     task's deadline, whichever comes first."""
+
+
+CAPABILITY_ATTRIBUTE: Final = "capability"
+"""The attribute of a handler function that names its `Capability` (`handles` sets it)."""
+DEFAULT_VERSION: Final = "v1"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def handles(
+    handler: str, *, handler_version: str = DEFAULT_VERSION, payload_version: str = DEFAULT_VERSION
+) -> Callable[[_F], _F]:
+    """Declares the capability a function handles, for `blockx autoworker`:
+
+    @handles("text.normalize", handler_version="v2")
+    def normalize(execution: WorkerExecution) -> dict[str, str]: ...
+    """
+
+    def declare(function: _F) -> _F:
+        declared = Capability(
+            handler=handler, handler_version=handler_version, payload_version=payload_version
+        )
+        setattr(function, CAPABILITY_ATTRIBUTE, declared)
+        return function
+
+    return declare
 
 
 HandleFunction = Callable[[WorkerExecution], Awaitable[Any]]

@@ -1,8 +1,9 @@
 """The automatic worker on Trio: connections, handlers and their leases, the drain.
 
 `Worker.run` drives a `WorkerCore` (the rules) with what happens: it keeps a
-WebSocket to the hub (reconnecting with back-off and jitter), feeds each
-message to the core, runs each handler the core starts in a cancel scope whose
+WebSocket to the hub (reconnecting with back-off and jitter after a transient
+failure; one that retrying cannot heal ends `run`, as `_classify` judges), feeds
+each message to the core, runs each handler the core starts in a cancel scope whose
 deadline is the attempt's lease (the lease monitor: it fires on local time,
 whatever the network does), and sends what the core says to send, batching
 one step's messages into one frame.
@@ -21,14 +22,16 @@ import logging
 import math
 import random
 import secrets
+import ssl
 from typing import Any, Final
 
 import attrs
+import h11
 import trio
 import trio_websocket
 
 from blockx.autoworker import _handlers
-from blockx.autoworker._client import HubClient
+from blockx.autoworker._client import HubCertificateRejected, HubClient
 from blockx.autoworker._core import (
     CancelHandler,
     Command,
@@ -80,7 +83,15 @@ FATAL: Final = frozenset(
         ErrorCode.MESSAGE_ID_REUSED,
     }
 )
-"""What ends `run`: retrying cannot help. Other errors are reconnected after."""
+"""The hub's errors that end `run`: retrying cannot help. Other errors are reconnected after."""
+WARN_EVERY_S: Final = 30.0
+"""A failure to connect is logged as a warning at most this often (Trio clock); else at INFO."""
+AT_ONCE: Final = 1
+IN_A_ROW: Final = 3
+"""A failure that a one-off garble could cause (an answer that is not the protocol) ends
+`run` once it happened this many times in a row."""
+HEAD_BYTES: Final = 16 * 1024
+MAX_CAUSES: Final = 16
 
 
 class WorkerAlreadyRun(BlockxError):
@@ -93,8 +104,14 @@ class WorkerAlreadyRun(BlockxError):
 class WorkerRunError(BlockxError):
     """`run` ended before everything was confirmed: why, and what was left.
 
-    `unconfirmed` results were sent but not acknowledged; `running` handlers had not
-    returned (a handler that ignores cancellation may still be running).
+    `reason` names the hub's URL and what failed; `code` classifies a failure to reach
+    the hub that retrying cannot heal: the hub's error code (`AUTH_FAILED`,
+    `PERMISSION_DENIED`, ...), `UPGRADE_REFUSED` (the WebSocket upgrade was answered with
+    an HTTP status), `NOT_A_HUB` (an answer that is not the protocol), `TLS_CERTIFICATE`,
+    `TLS_FAILED`, `PROTOCOL_ERROR` (a frame the protocol does not allow) or `UNEXPECTED`;
+    it is empty when the drain overran. `unconfirmed` results were sent but not
+    acknowledged; `running` handlers had not returned (a handler that ignores
+    cancellation may still be running).
     """
 
     def __init__(self, reason: str, *, unconfirmed: int, running: int, code: str = "") -> None:
@@ -122,6 +139,10 @@ class WorkerStats:
     evidence_confirmed: int
     reconnects: int
     dropped_events: int
+    connected: bool
+    """A WebSocket to the hub is up (its hello was welcomed)."""
+    last_error: str
+    """Why the last connection failed or ended, kept after a reconnect; "" if none did."""
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +197,7 @@ class Worker:
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._sockets: trio.Nursery | None = None
+        self._health = _Health()
 
     # ------------------------------------------------------------------ what callers read
 
@@ -189,6 +211,8 @@ class Worker:
             evidence_confirmed=counters.evidence_confirmed,
             reconnects=counters.reconnects,
             dropped_events=self._dropped,
+            connected=self._health.connected,
+            last_error=self._health.last_error,
         )
 
     def events(self) -> trio.MemoryReceiveChannel[WorkerEvent]:
@@ -200,8 +224,12 @@ class Worker:
 
     async def run(self) -> None:
         """Work until the surrounding scope is cancelled, then drain and return (as
-        Trio does: the cancellation goes on to the scope). `WorkerRunError` if the hub
-        ended the session for good, `WorkerShutdownTimeout` if the drain overran."""
+        Trio does: the cancellation goes on to the scope). Lost connections are made
+        again with back-off; `WorkerRunError` (naming the URL, with a `code`) when one
+        fails in a way retrying cannot heal: the hub refused the worker (`FATAL`), the
+        upgrade was answered with an HTTP error that is not transient, the TLS
+        certificate failed verification (all at once), or the peer does not speak the
+        protocol (three times in a row). `WorkerShutdownTimeout` if the drain overran."""
         if self._ran:
             raise WorkerAlreadyRun()
         self._ran = True
@@ -371,30 +399,41 @@ class Worker:
     # ------------------------------------------------------------------ connections
 
     async def _connections(self) -> WorkerRunError | None:
-        """Connect, serve, and after a transient loss reconnect with back-off, until
-        drained; what a fatal error from the hub ended the run with."""
+        """Connect, serve, and after a loss reconnect with back-off, until drained; the
+        error a failure that cannot heal ended the run with (see `_classify`)."""
         options = self._options
         delay_ms = options.reconnect_min_delay_ms
         while not self._core.drained():
             try:
                 stream, socket = await self._connect()
                 delay_ms = options.reconnect_min_delay_ms
+                self._health.connected = True
                 try:
                     await self._serve(socket)
                 finally:
+                    self._health.connected = False
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
                         await socket.aclose()
                     # trio-websocket leaves the stream open when the hub went away first.
                     await trio.aclose_forcefully(stream)
-            except _Fatal as fatal:
-                return WorkerRunError(
-                    f"the hub ended the worker's session: {fatal}",
-                    code=fatal.error.code.value,
-                    unconfirmed=self._core.unconfirmed,
-                    running=self._core.running,
+            except Exception as error:
+                failure = error.failure if isinstance(error, _Failed) else _classify(error, None)
+                if self._health.failed(failure):
+                    ended = WorkerRunError(
+                        f"{self._client.url}: {failure.reason}",
+                        code=failure.code,
+                        unconfirmed=self._core.unconfirmed,
+                        running=self._core.running,
+                    )
+                    ended.__cause__ = error.__cause__ if isinstance(error, _Failed) else error
+                    return ended
+                warn = self._health.warns(now_s=trio.current_time())
+                logger.log(
+                    logging.WARNING if warn else logging.INFO,
+                    "hub %s: %s; connecting again after a back-off",
+                    self._client.url,
+                    failure.reason,
                 )
-            except _TRANSIENT as error:
-                logger.info("hub connection lost: %s", error or type(error).__name__)
             if self._core.drained():
                 break
             sleep_ms = self._rng.uniform(options.reconnect_min_delay_ms, delay_ms)
@@ -403,34 +442,43 @@ class Worker:
         return None
 
     async def _connect(self) -> tuple[trio.abc.Stream, trio_websocket.WebSocketConnection]:
-        """A WebSocket whose hello was welcomed, and the stream it runs on."""
-        with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-            stream = _Watched(await self._client.open_stream())
-            try:
+        """A WebSocket whose hello was welcomed, and the stream it runs on; `_Failed`
+        saying why not, judged with what the stream saw."""
+        stream: _Watched | None = None
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                stream = _Watched(await self._client.open_stream())
                 socket = await self._open_websocket(stream)
-            except BaseException:
+                try:
+                    await self._hello(socket)
+                except BaseException:
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        await socket.aclose()
+                    raise
+        except BaseException as error:
+            if stream is not None:
                 await trio.aclose_forcefully(stream)
-                raise
-            try:
-                hello = Hello(protocol_version=PROTOCOL_VERSION, credential=self._client.credential)
-                await socket.send_message(encode([hello]))
-                [welcome] = decode(await socket.get_message())
-                if isinstance(welcome, Error):
-                    _raise_error(welcome)
-                if not isinstance(welcome, Welcome):
-                    raise ProtocolError(reason=f"expected welcome, got {type(welcome).__name__}")
-            except BaseException:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await socket.aclose()
-                await trio.aclose_forcefully(stream)
-                raise
+            if isinstance(error, Exception):
+                raise _Failed(_classify(error, stream)) from error
+            raise
         return stream, socket
+
+    async def _hello(self, socket: trio_websocket.WebSocketConnection) -> None:
+        """Says hello; returns once the hub welcomed it."""
+        hello = Hello(protocol_version=PROTOCOL_VERSION, credential=self._client.credential)
+        await socket.send_message(encode([hello]))
+        first, *more = decode(await socket.get_message())  # never empty
+        if isinstance(first, Error):
+            _raise_error(first)
+        if more or not isinstance(first, Welcome):
+            names = ", ".join(type(message).__name__ for message in (first, *more))
+            raise ProtocolError(reason=f"expected one welcome, got {names}")
 
     async def _open_websocket(self, stream: _Watched) -> trio_websocket.WebSocketConnection:
         """The WebSocket's opening handshake on `stream`; `trio.BrokenResourceError` if the
         connection ends first (trio-websocket would wait for the handshake regardless)."""
         assert self._sockets is not None
-        nursery = self._sockets
+        nursery = await self._sockets.start(self._socket_tasks, stream)
         ended: list[trio_websocket.WebSocketConnection | Exception] = []
         async with trio.open_nursery() as race:
 
@@ -457,7 +505,22 @@ class Worker:
             raise trio.BrokenResourceError("the connection ended during the WebSocket handshake")
         if isinstance(ended[0], Exception):
             raise ended[0]
+        stream.upgraded = True
         return ended[0]
+
+    async def _socket_tasks(
+        self, stream: _Watched, *, task_status: trio.TaskStatus[trio.Nursery]
+    ) -> None:
+        """Where trio-websocket runs one connection's reader, open until the stream ends.
+        What the reader raises (`ConnectionRejected` when the upgrade is answered with an
+        HTTP status, a wsproto error) ends that connection, never the worker."""
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(nursery)
+                await stream.ended.wait()
+        except* Exception as group:
+            logger.debug("hub connection's reader ended: %r", group.exceptions)
+            await trio.aclose_forcefully(stream)
 
     async def _serve(self, socket: trio_websocket.WebSocketConnection) -> None:
         """One connection's life: what comes in goes to the core, what the core says
@@ -471,7 +534,7 @@ class Worker:
                 nursery.start_soon(self._write, socket)
                 try:
                     await self._read(socket)
-                except (_Fatal, *_TRANSIENT) as error:
+                except Exception as error:  # raised below, not as a group of one
                     ended.append(error)
                 nursery.cancel_scope.cancel()
         finally:
@@ -519,16 +582,22 @@ class _Closed(Exception):
 
 @attrs.define(eq=False)
 class _Watched(trio.abc.Stream):
-    """A connection's stream that tells when it ended (closed, reset, or at its end)."""
+    """A connection's stream that tells when it ended (closed, reset, or at its end), and
+    keeps what judges a failed handshake: the first bytes heard and the first error."""
 
     inner: trio.abc.Stream
     ended: trio.Event = attrs.Factory(trio.Event)
+    head: bytearray = attrs.Factory(bytearray)
+    """The first `HEAD_BYTES` received: the answer to the WebSocket upgrade."""
+    error: Exception | None = None
+    upgraded: bool = False
+    """The WebSocket's opening handshake succeeded."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         try:
             await self.inner.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.ended.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._broke(error)
             raise
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -537,16 +606,65 @@ class _Watched(trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         try:
             data = await self.inner.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.ended.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._broke(error)
             raise
         if not data:
             self.ended.set()
+        self.head += data[: HEAD_BYTES - len(self.head)]
         return data
 
     async def aclose(self) -> None:
         self.ended.set()
         await self.inner.aclose()
+
+    def _broke(self, error: Exception) -> None:
+        self.error = self.error or error
+        self.ended.set()
+
+
+class _Failed(Exception):
+    """A connection could not be made; `failure` says why and whether that can heal."""
+
+    def __init__(self, failure: _Failure) -> None:
+        self.failure = failure
+        super().__init__(failure.reason)
+
+
+@attrs.frozen
+class _Failure:
+    """Why a connection failed or ended. `code` is empty for a transient failure; else
+    `ends_after` in a row with that code end `run`."""
+
+    reason: str
+    code: str = ""
+    ends_after: int = 0
+
+
+@attrs.define
+class _Health:
+    """How the connection to the hub fares: what `stats` shows, whether a failure ends
+    `run`, and whether it is time to warn again."""
+
+    connected: bool = False
+    last_error: str = ""
+    _code: str = ""
+    _in_a_row: int = 0
+    _warned_at_s: float = -math.inf
+
+    def failed(self, failure: _Failure) -> bool:
+        """Notes `failure`; whether it ends the run."""
+        self.last_error = failure.reason
+        self._in_a_row = self._in_a_row + 1 if failure.code == self._code else 1
+        self._code = failure.code
+        return bool(failure.code) and self._in_a_row >= failure.ends_after
+
+    def warns(self, *, now_s: float) -> bool:
+        """Whether a failure at `now_s` is logged as a warning (at most every `WARN_EVERY_S`)."""
+        if now_s - self._warned_at_s < WARN_EVERY_S:
+            return False
+        self._warned_at_s = now_s
+        return True
 
 
 _TRANSIENT: Final = (
@@ -555,9 +673,98 @@ _TRANSIENT: Final = (
     trio.TooSlowError,
     trio_websocket.HandshakeError,
     trio_websocket.ConnectionClosed,
-    ProtocolError,
     _Closed,
 )
+PROTOCOL_CLOSE_CODES: Final = frozenset({1002, 1003, 1007})
+"""WebSocket close codes that say a frame broke the protocol (RFC 6455, 7.4.1)."""
+
+
+def _classify(error: Exception, stream: _Watched | None) -> _Failure:
+    """What `error` (and what `stream`, if the connection was being made, saw) means:
+    an error the hub sent, a certificate that failed verification, an answer to the
+    upgrade that is not the protocol, a frame the protocol does not allow, or else a
+    transient failure (`_TRANSIENT`); anything other is a fault of this worker."""
+    causes = [*_causes(error), *(_causes(stream.error) if stream and stream.error else ())]
+    untrusted = [cause for cause in causes if isinstance(cause, ssl.SSLCertVerificationError)]
+    if isinstance(error, _Fatal):
+        return _Failure(f"the hub ended the session: {error}", error.error.code.value, AT_ONCE)
+    if untrusted:
+        reason = untrusted[0].verify_message or untrusted[0].reason or str(untrusted[0])
+        trusted = [cause.trusted for cause in causes if isinstance(cause, HubCertificateRejected)]
+        against = f" against {trusted[0]}" if trusted else ""
+        return _Failure(
+            f"TLS certificate verification failed{against}: {reason}", "TLS_CERTIFICATE", AT_ONCE
+        )
+    if broken := _broken_protocol(error):
+        return _Failure(broken, "PROTOCOL_ERROR", IN_A_ROW)
+    if stream is not None and stream.head and not stream.upgraded:
+        return _answered(bytes(stream.head))
+    tls = [cause for cause in causes if type(cause) is ssl.SSLError]
+    if tls:
+        return _Failure(f"the TLS handshake failed: {tls[0].reason}", "TLS_FAILED", IN_A_ROW)
+    if isinstance(error, _TRANSIENT):
+        return _Failure("; ".join(dict.fromkeys(_describe(cause) for cause in causes[:3])))
+    return _Failure(f"unexpected {type(error).__name__}: {error}", "UNEXPECTED", AT_ONCE)
+
+
+def _broken_protocol(error: Exception) -> str:
+    """How `error` says the peer broke the protocol; "" if it does not."""
+    if isinstance(error, ProtocolError):
+        return str(error)
+    closed = error.reason if isinstance(error, trio_websocket.ConnectionClosed) else None
+    if closed is not None and closed.code in PROTOCOL_CLOSE_CODES:
+        return (
+            f"not the WebSocket protocol: closed with {closed.code} {closed.name} ({closed.reason})"
+        )
+    return ""
+
+
+def _answered(head: bytes) -> _Failure:
+    """What an answer to the WebSocket upgrade that did not complete it (`head`, all the
+    peer sent before the connection ended or the handshake timed out) means."""
+    http = h11.Connection(h11.CLIENT)
+    upgrade = [("host", "hub"), ("connection", "Upgrade"), ("upgrade", "websocket")]
+    http.send(h11.Request(method="GET", target=WORKER_PATH, headers=upgrade))
+    http.send(h11.EndOfMessage())
+    http.receive_data(head)
+    http.receive_data(b"")
+    try:
+        answer = http.next_event()
+    except h11.RemoteProtocolError:
+        answer = None
+    if not isinstance(answer, h11.Response | h11.InformationalResponse):
+        return _Failure(
+            "the upgrade was answered with something that is not HTTP", "NOT_A_HUB", IN_A_ROW
+        )
+    status = f"HTTP {answer.status_code} {answer.reason.decode(errors='replace')}".rstrip()
+    if answer.status_code == 101:
+        return _Failure(
+            f"the upgrade was answered {status} with a handshake that does not check out",
+            "NOT_A_HUB",
+            IN_A_ROW,
+        )
+    if answer.status_code in (408, 429) or answer.status_code >= 500:
+        return _Failure(f"the upgrade was answered {status}")
+    return _Failure(f"the upgrade was answered {status}", "UPGRADE_REFUSED", AT_ONCE)
+
+
+def _causes(error: BaseException) -> list[Exception]:
+    """`error`, what caused it or was being handled, and the members of groups among them."""
+    seen: list[BaseException] = []
+    waiting = [error]
+    while waiting and len(seen) < MAX_CAUSES:
+        cause = waiting.pop(0)
+        if any(cause is known for known in seen):
+            continue
+        seen.append(cause)
+        if isinstance(cause, BaseExceptionGroup):
+            waiting.extend(cause.exceptions)
+        waiting.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
+    return [c for c in seen if isinstance(c, Exception) and not isinstance(c, BaseExceptionGroup)]
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__
 
 
 def _raise_error(error: Error) -> None:

@@ -45,7 +45,7 @@ async def test_tasks_run_and_the_worker_drains_when_cancelled(
 
 
 @SQLITE
-async def test_each_outcome_is_reported_as_the_seed_classifies_it(
+async def test_each_outcome_is_reported_as_documented(
     hub_url: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     async def handle(execution: WorkerExecution) -> Any:

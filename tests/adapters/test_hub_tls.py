@@ -17,7 +17,7 @@ import attrs
 import pytest
 import trio
 
-from blockx.autoworker import HubCertificateRejected, HubClient, Worker
+from blockx.autoworker import HubCertificateRejected, HubClient, Worker, WorkerRunError
 from blockx.errors import InvalidValue
 from blockx.hub import Hub, HubConfig, Right, Store, create_credential, create_queue
 from blockx.hub import _server as hub_server
@@ -136,6 +136,23 @@ async def test_a_client_trusting_another_ca_fails_at_once_naming_its_ca_file(
     assert isinstance(rejected.value.__cause__, ssl.SSLCertVerificationError)
     assert isinstance(rejected.value, trio.BrokenResourceError)
     assert task["state"] == "QUEUED"
+
+
+async def test_a_worker_trusting_another_ca_ends_its_run_at_once_naming_its_ca_file(
+    tmp_path: Path, pki: Pki
+) -> None:
+    other = make_pki(tmp_path / "other")
+    with trio.fail_after(FAIL_AFTER_S):
+        async with tls_hub(tmp_path, pki) as hub:
+            worker = Worker(hub.client("wss", ca_file=other.ca_file), options())
+            with pytest.raises(WorkerRunError) as ended:
+                await worker.run()
+    assert ended.value.code == "TLS_CERTIFICATE"
+    assert str(ended.value) == (
+        f"wss://127.0.0.1:{hub.port}: TLS certificate verification failed against the CAs "
+        f"of ca_file {other.ca_file}: unable to get local issuer certificate "
+        "(unconfirmed results: 0, running: 0)"
+    )
 
 
 async def test_plain_text_and_silent_clients_are_dropped_and_the_hub_serves_on(

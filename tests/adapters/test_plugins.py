@@ -522,7 +522,7 @@ def test_registry_refuses_an_unknown_plugin_naming_it_and_the_known_ones() -> No
     )
 
 
-def test_a_plugin_answers_to_the_seeds_spelling_and_an_unknown_one_names_ours_too() -> None:
+def test_a_plugin_answers_to_the_camel_case_spelling_and_an_unknown_one_names_ours_too() -> None:
     registry = plugin_registry(KNOWN_PLUGINS)
     assert isinstance(registry.get("tableUpserts"), TableUpsertsPlugin)
     with pytest.raises(UnknownName) as caught:

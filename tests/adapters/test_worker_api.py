@@ -135,7 +135,7 @@ async def test_each_domain_error_reaches_the_client_as_its_status() -> None:
         assert "task is required" in message
 
 
-def test_every_domain_error_code_has_the_seed_status() -> None:
+def test_every_domain_error_code_has_its_documented_status() -> None:
     assert STATUS_OF == {
         ErrorCode.INVALID_ARGUMENT: Status.INVALID_ARGUMENT,
         ErrorCode.NO_SLOT: Status.RESOURCE_EXHAUSTED,

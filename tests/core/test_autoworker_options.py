@@ -33,7 +33,7 @@ def make(**fields: Any) -> WorkerOptions:
     return WorkerOptions(**values)
 
 
-def test_defaults_are_the_seeds() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     options = make()
     assert (options.capacity, options.shutdown_timeout_ms) == (4, 30_000)
     assert (options.reconnect_min_delay_ms, options.reconnect_max_delay_ms) == (200, 5_000)

@@ -114,7 +114,7 @@ def test_zero_max_restarts_always_backs_off() -> None:
     assert window(max_restarts=0).next_delay_ms(0) == 30_000
 
 
-def test_defaults_follow_the_seed() -> None:
+def test_defaults_follow_the_reference_design() -> None:
     config = default_config().pool_config()
     assert config.executor_count == 8
     assert config.restart_enabled is True

@@ -90,7 +90,7 @@ def test_profiles_name_only_builders_and_plugins_that_exist() -> None:
     assert set(BLOCK.plugins) == set(KNOWN_PLUGINS)
 
 
-def test_the_bundle_profile_has_the_seeds_builders_and_writers_and_streams() -> None:
+def test_the_bundle_profile_has_the_reference_builders_writers_and_streams() -> None:
     assert set(BUNDLE.builders) == {"bundle_scan", "call_list"}
     assert set(BUNDLE.plugins) == {"bundle_write", "table_upserts"}
     assert BUNDLE.defaults["streamBuild.enabled"] is True

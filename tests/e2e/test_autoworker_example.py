@@ -46,7 +46,7 @@ async def run_example(url: str, env: dict[str, str]) -> subprocess.CompletedProc
     return done
 
 
-async def test_the_example_prints_the_seeds_walk_through(tmp_path: Path) -> None:
+async def test_the_example_prints_the_documented_walk_through(tmp_path: Path) -> None:
     db = str(tmp_path / "hub.sqlite3")
     token = prepare(db)
     credentials = tmp_path / "worker.credential"

@@ -14,6 +14,7 @@ the command line (it is not loaded by `import blockx.autoworker`).
 from blockx.autoworker._client import HubCertificateRejected, HubClient, HubRequestFailed
 from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
+    AttemptCancelled,
     InvalidOption,
     WorkerExecution,
     WorkerFailure,
@@ -32,6 +33,7 @@ from blockx.autoworker._runtime import (
 from blockx.hubwire import Capability
 
 __all__ = [
+    "AttemptCancelled",
     "Capability",
     "HubCertificateRejected",
     "HubClient",

@@ -352,7 +352,11 @@ class WorkerCore:
         return len(self._attempts)
 
     def drained(self) -> bool:
-        return self._draining and self._drain_acked and not self._attempts
+        """Draining, holding no attempt, and the hub told (or no connection up: with
+        nothing held, there is nothing left to tell it, and no hub may answer)."""
+        return (
+            self._draining and not self._attempts and (self._drain_acked or self._link is Link.DOWN)
+        )
 
     def phase_of(self, attempt_id: str) -> Phase | None:
         attempt = self._attempts.get(attempt_id)

@@ -13,7 +13,7 @@ How a handler's ending becomes the outcome reported to the hub:
 | raised anything else                         | UNKNOWN / HANDLER_ERROR             |
 | raised a crash-like BaseException            | UNKNOWN / HANDLER_PANIC or _ABORTED |
 | returned something the hub cannot take       | UNKNOWN / INVALID_HANDLER_RESULT    |
-| was cancelled because its lease ran out      | UNKNOWN / LEASE_LOST                |
+| was cancelled (lease lost, drain overran)    | UNKNOWN / LEASE_LOST                |
 
 A result is checked before it is sent, so a report the hub would refuse for
 ever is never made: JSON without NaN or infinities, integers within 64 bits,
@@ -23,11 +23,13 @@ exception's own text is never sent: it may hold anything.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
@@ -62,6 +64,23 @@ class InvalidOption(InvalidValue):
         return f"WorkerOptions.{super().describe()}"
 
 
+class AttemptCancelled(BlockxError):
+    """Raised by `WorkerExecution.raise_if_cancelled` once the attempt is cancelled."""
+
+    def __init__(self, attempt_id: str) -> None:
+        self.attempt_id = attempt_id
+        super().__init__(f"attempt {attempt_id} was cancelled: its lease is lost or the drain over")
+
+
+class CancelSignal(Protocol):
+    """What `WorkerExecution` reads its cancellation from, from any thread (the runtime
+    gives a `threading.Event`, which it sets)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 @attrs.frozen(kw_only=True)
 class WorkerExecution:
     """What a handler gets for one attempt: never the worker's credential or secrets.
@@ -69,6 +88,12 @@ class WorkerExecution:
     `task_id` is the key to make effects idempotent across attempts; `attempt_id`
     names this attempt only; `epoch` grows with every attempt of the task, so a
     resource that checks it can refuse writes of an older attempt.
+
+    The attempt is cancelled when its lease is lost or the drain outlasts the shutdown
+    timeout. A plain handler, in its thread, sees it through `cancelled`,
+    `wait_cancelled` and `raise_if_cancelled`, and should stop soon: until it returns,
+    it keeps its slot. An async handler is cancelled as Trio does (`trio.Cancelled` at
+    its next `await`) and may read `cancelled` too.
     """
 
     task_id: str
@@ -80,6 +105,22 @@ class WorkerExecution:
     attempt_deadline_ms: int
     """When this attempt must end at the latest (epoch ms): the attempt timeout or the
     task's deadline, whichever comes first."""
+    _cancel_signal: CancelSignal = attrs.field(repr=False, eq=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the attempt is cancelled (it never becomes uncancelled)."""
+        return self._cancel_signal.is_set()
+
+    def wait_cancelled(self, timeout_s: float | None = None) -> bool:
+        """Blocks the calling thread until the attempt is cancelled or `timeout_s` passed;
+        whether it is cancelled. For plain handlers: never call it on the Trio thread."""
+        return self._cancel_signal.wait(timeout_s)
+
+    def raise_if_cancelled(self) -> None:
+        """`AttemptCancelled` if the attempt is cancelled: a plain handler's checkpoint."""
+        if self.cancelled:
+            raise AttemptCancelled(self.attempt_id)
 
 
 CAPABILITY_ATTRIBUTE: Final = "capability"
@@ -108,16 +149,28 @@ def handles(
     return declare
 
 
-HandleFunction = Callable[[WorkerExecution], Awaitable[Any]]
-"""Returns the result (any JSON value but None), or raises `WorkerFailure`."""
+HandleFunction = Callable[[WorkerExecution], Any]
+"""Returns the result (any JSON value but None), or raises `WorkerFailure`; an async
+function, or a plain one that runs in a worker thread."""
 
 
 @attrs.frozen(kw_only=True)
 class WorkerHandler:
-    """An exact capability and the async function that runs tasks of it."""
+    """An exact capability and the function that runs tasks of it."""
 
     capability: Capability
     handle: HandleFunction
+
+    @property
+    def in_thread(self) -> bool:
+        """Whether `handle` is a plain callable, run in a worker thread, rather than an
+        async one (a coroutine function, an object whose `__call__` is one, or a
+        `functools.partial` of either), run on the Trio thread."""
+        handle: Any = self.handle
+        while isinstance(handle, functools.partial):
+            handle = handle.func
+        called = type(handle).__call__  # what calling an object runs is its type's
+        return not (inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(called))
 
 
 def _check_handlers(handlers: Sequence[WorkerHandler]) -> None:
@@ -150,7 +203,7 @@ def _check_handlers(handlers: Sequence[WorkerHandler]) -> None:
             callable(handler.handle),
             field=f"{field}.handle",
             value=handler.handle,
-            allowed="must be an async function taking a WorkerExecution",
+            allowed="a function taking a WorkerExecution, async or plain (run in a thread)",
         )
         InvalidOption.check(
             capability not in seen,

@@ -3,26 +3,45 @@
 `Worker.run` drives a `WorkerCore` (the rules) with what happens: it keeps a
 WebSocket to the hub (reconnecting with back-off and jitter after a transient
 failure; one that retrying cannot heal ends `run`, as `_classify` judges), feeds
-each message to the core, runs each handler the core starts in a cancel scope whose
+each message to the core, runs each handler the core starts, and sends what the
+core says to send, batching one step's messages into one frame.
+
+Handlers. An async handler runs on the Trio thread in a cancel scope whose
 deadline is the attempt's lease (the lease monitor: it fires on local time,
-whatever the network does), and sends what the core says to send, batching
-one step's messages into one frame.
+whatever the network does). A plain one runs in a worker thread (at most
+`capacity` at once, by the worker's own limiter), so that blocking code never
+holds up heartbeats, renewals and the lease monitors; Python cannot interrupt
+a thread, so it is told of its cancellation through `WorkerExecution`, and the
+runtime waits for it to return (its slot stays held) like for an async handler
+that ignores cancellation.
 
 Cancelling the scope around `run` starts the drain: no new attempts, the
 running ones renewed and their results confirmed, then `run` returns. If that
-takes longer than the shutdown timeout, the handlers and control requests are
-cancelled and `run` raises `WorkerRunError` with what was left.
+takes longer than the shutdown timeout, the handlers and the connection are
+cancelled and `run` raises `WorkerShutdownTimeout` with what was left, at most
+about a second later: the handlers get `EXIT_GRACE_S` to end, the connection's
+closing handshake at most a second. A handler still running then is abandoned.
+So that it can be, each handler runs as a Trio system task (a task of no
+nursery of `run`'s) that the worker tracks itself, and a thread is awaited
+with `abandon_on_cancel`, which only the end of `trio.run` uses. A system task
+must never raise (that would crash `trio.run`): what a handler's task catches
+goes to `run`, which raises it. System tasks are shielded from
+KeyboardInterrupt, which Trio hands to the main task instead. Trio waits for
+system tasks at the end of `trio.run`, and no thread can be killed: a process
+whose `run` left handlers running should exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import math
 import random
 import secrets
 import ssl
+import threading
 from typing import Any, Final
 
 import attrs
@@ -73,6 +92,8 @@ logger = logging.getLogger(__name__)
 
 EVENTS_BUFFER: Final = 128
 HANDSHAKE_TIMEOUT_S: Final = 10.0
+EXIT_GRACE_S: Final = 0.5
+"""How long `run`, giving up, waits for the handlers it cancelled before abandoning them."""
 RECEIVE_BUFFER_BYTES: Final = 64 * 1024
 FATAL: Final = frozenset(
     {
@@ -110,16 +131,29 @@ class WorkerRunError(BlockxError):
     an HTTP status), `NOT_A_HUB` (an answer that is not the protocol), `TLS_CERTIFICATE`,
     `TLS_FAILED`, `PROTOCOL_ERROR` (a frame the protocol does not allow) or `UNEXPECTED`;
     it is empty when the drain overran. `unconfirmed` results were sent but not
-    acknowledged; `running` handlers had not returned (a handler that ignores
-    cancellation may still be running).
+    acknowledged; `running` handlers had not returned, `attempts` their attempt ids.
+    They were cancelled; one that did not end within `EXIT_GRACE_S` was abandoned and
+    may still be running (see the module).
     """
 
-    def __init__(self, reason: str, *, unconfirmed: int, running: int, code: str = "") -> None:
+    def __init__(
+        self,
+        reason: str,
+        *,
+        unconfirmed: int,
+        running: int,
+        attempts: tuple[str, ...],
+        code: str = "",
+    ) -> None:
         self.reason = reason
         self.code = code
         self.unconfirmed = unconfirmed
         self.running = running
-        super().__init__(f"{reason} (unconfirmed results: {unconfirmed}, running: {running})")
+        self.attempts = attempts
+        named = f", attempts: {', '.join(attempts)}" if attempts else ""
+        super().__init__(
+            f"{reason} (unconfirmed results: {unconfirmed}, running: {running}{named})"
+        )
 
 
 class WorkerShutdownTimeout(WorkerRunError):
@@ -158,6 +192,21 @@ class WorkerEvent:
     detail: str = ""
 
 
+@attrs.define(eq=False)
+class _Handling:
+    """One handler under way: the scope an async one runs in (its deadline is the lease)
+    and the signal a plain one reads; `cancel` trips both."""
+
+    offer: Offer
+    scope: trio.CancelScope
+    signal: threading.Event = attrs.Factory(threading.Event)
+    ended: trio.Event = attrs.Factory(trio.Event)
+
+    def cancel(self) -> None:
+        self.signal.set()
+        self.scope.cancel()
+
+
 class _Fatal(Exception):
     def __init__(self, error: Error) -> None:
         self.error = error
@@ -192,9 +241,17 @@ class Worker:
         self._dropped = 0
         self._outbox: list[ToHub] = []
         self._outbox_ready = trio.Event()
-        self._scopes: dict[str, trio.CancelScope] = {}
+        self._handlers: dict[str, _Handling] = {}
+        self._threads = trio.CapacityLimiter(options.capacity)
+        self._context = contextvars.Context()
+        """What the handlers' tasks start from: a copy of the context `run` was called in."""
+        self._give_up_at = math.inf
+        self._over = False
+        """`run` returned: a handler that ends after that reports nothing."""
+        self._failure: BaseException | None = None
         self._timer = trio.CancelScope()
-        self._changed = trio.Event()
+        self._offline = trio.CancelScope()
+        """Around connecting and the back-off: cancelled once drained, as no hub is needed."""
         self._nursery: trio.Nursery | None = None
         self._sockets: trio.Nursery | None = None
         self._health = _Health()
@@ -234,42 +291,65 @@ class Worker:
             raise WorkerAlreadyRun()
         self._ran = True
         self._clock = self._clock or EpochClock()
+        self._context = contextvars.copy_context()
         finished = trio.Event()
-        failure: list[WorkerRunError] = []
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._live, finished, failure)
+                nursery.start_soon(self._live, finished)
                 try:
                     await finished.wait()
                 except trio.Cancelled:
                     with trio.CancelScope(shield=True):
-                        await self._drain(finished, failure)
+                        await self._drain(finished)
                     raise
         finally:
+            with trio.CancelScope(shield=True):
+                await self._let_go()
             self._events_in.close()
-            if failure:
-                raise failure[0]  # it ends the run, whatever else was going on
+            if self._failure is not None:
+                raise self._failure  # it ends the run, whatever else was going on
 
-    async def _drain(self, finished: trio.Event, failure: list[WorkerRunError]) -> None:
+    async def _drain(self, finished: trio.Event) -> None:
         now_ms, stimulus_id = self._stamp("drain")
         self._apply(DrainRequested(now_ms=now_ms, stimulus_id=stimulus_id))
         with trio.move_on_after(self._options.shutdown_timeout_ms / 1000):
             await finished.wait()
             return
-        unconfirmed, running = self._core.unconfirmed, self._core.running
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-        await finished.wait()
-        failure.append(
+        self._fail(
             WorkerShutdownTimeout(
                 f"the drain did not finish within {self._options.shutdown_timeout_ms} ms",
-                unconfirmed=unconfirmed,
-                running=running,
+                unconfirmed=self._core.unconfirmed,
+                running=self._core.running,
+                attempts=tuple(self._handlers),
             )
         )
+        self._cancel_handlers()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        await finished.wait()  # what is left of the connection closes within a second
 
-    async def _live(self, finished: trio.Event, failure: list[WorkerRunError]) -> None:
-        """Everything the worker does, shielded: only the drain or its timeout ends it."""
+    async def _let_go(self) -> None:
+        """Cancels the handlers still running, waits for them until `EXIT_GRACE_S` after
+        the first cancel, and leaves any still running behind."""
+        self._cancel_handlers()
+        with trio.move_on_at(self._give_up_at):
+            for handling in list(self._handlers.values()):
+                await handling.ended.wait()
+        self._over = True
+
+    def _cancel_handlers(self) -> None:
+        self._give_up_at = min(self._give_up_at, trio.current_time() + EXIT_GRACE_S)
+        for handling in self._handlers.values():
+            handling.cancel()
+
+    def _fail(self, error: BaseException) -> None:
+        """What `run` raises: the first failure, whatever followed from it."""
+        if self._failure is None:
+            self._failure = error
+
+    async def _live(self, finished: trio.Event) -> None:
+        """Everything the worker does but its handlers, shielded: only the drain or its
+        timeout ends it."""
         try:
             with trio.CancelScope(shield=True):
                 # The sockets' own tasks outlive the work, so a connection cancelled by the
@@ -281,7 +361,7 @@ class Worker:
                         nursery.start_soon(self._tick)
                         error = await self._connections()
                         if error is not None:
-                            failure.append(error)
+                            self._fail(error)
                         nursery.cancel_scope.cancel()
                     sockets.cancel_scope.cancel()
         finally:
@@ -303,7 +383,8 @@ class Worker:
         deadline = self._core.next_deadline_ms()
         assert self._clock is not None
         self._timer.deadline = math.inf if deadline is None else self._clock.trio_time(deadline)
-        self._changed.set()
+        if self._core.drained():
+            self._offline.cancel()
 
     def _execute(self, command: Command) -> None:
         match command:
@@ -311,19 +392,15 @@ class Worker:
                 self._outbox.extend(messages)
                 self._outbox_ready.set()
             case RunHandler(offer=offer, lease_deadline_ms=deadline_ms):
-                assert self._nursery is not None
-                assert self._clock is not None
-                scope = trio.CancelScope(deadline=self._clock.trio_time(deadline_ms))
-                self._scopes[offer.attempt_id] = scope
-                self._nursery.start_soon(self._run_handler, offer, scope)
+                self._start_handler(offer, deadline_ms)
             case SetLease(attempt_id=attempt_id, lease_deadline_ms=deadline_ms):
-                lease = self._scopes.get(attempt_id)
-                if lease is not None and self._clock is not None:
-                    lease.deadline = self._clock.trio_time(deadline_ms)
+                running = self._handlers.get(attempt_id)
+                if running is not None and self._clock is not None:
+                    running.scope.deadline = self._clock.trio_time(deadline_ms)
             case CancelHandler(attempt_id=attempt_id):
-                lease = self._scopes.get(attempt_id)
-                if lease is not None:
-                    lease.cancel()
+                running = self._handlers.get(attempt_id)
+                if running is not None:
+                    running.cancel()
             case Notice():
                 self._notify(command)
 
@@ -354,19 +431,37 @@ class Worker:
 
     # ------------------------------------------------------------------ handlers
 
-    async def _run_handler(self, offer: Offer, lease: trio.CancelScope) -> None:
-        try:
-            outcome = await self._outcome_of(offer, lease)
-        finally:
-            self._scopes.pop(offer.attempt_id, None)
-        now_ms, stimulus_id = self._stamp("returned")
-        self._apply(
-            HandlerReturned(
-                now_ms=now_ms, stimulus_id=stimulus_id, attempt_id=offer.attempt_id, outcome=outcome
-            )
-        )
+    def _start_handler(self, offer: Offer, lease_deadline_ms: int) -> None:
+        assert self._clock is not None
+        scope = trio.CancelScope(deadline=self._clock.trio_time(lease_deadline_ms))
+        handling = _Handling(offer=offer, scope=scope)
+        self._handlers[offer.attempt_id] = handling
+        trio.lowlevel.spawn_system_task(self._run_handler, handling, context=self._context.copy())
 
-    async def _outcome_of(self, offer: Offer, lease: trio.CancelScope) -> Outcome:
+    async def _run_handler(self, handling: _Handling) -> None:
+        """One handler, as a system task (see the module): it raises nothing but the
+        `Cancelled` of the end of `trio.run`."""
+        attempt_id = handling.offer.attempt_id
+        try:
+            outcome = await self._outcome_of(handling)
+            if not self._over:
+                now_ms, stimulus_id = self._stamp("returned")
+                returned = HandlerReturned(
+                    now_ms=now_ms, stimulus_id=stimulus_id, attempt_id=attempt_id, outcome=outcome
+                )
+                self._apply(returned)
+        except trio.Cancelled:
+            raise
+        except BaseException as error:  # KeyboardInterrupt from the handler, or a fault here
+            self._fail(error)
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+        finally:
+            del self._handlers[attempt_id]
+            handling.ended.set()
+
+    async def _outcome_of(self, handling: _Handling) -> Outcome:
+        offer = handling.offer
         handler = self._options.handler_for(offer.capability)
         assert handler is not None  # the core keeps only offers of declared capabilities
         try:
@@ -380,17 +475,24 @@ class Worker:
             capability=offer.capability,
             payload=payload,
             attempt_deadline_ms=min(offer.task_deadline_ms, self._now() + offer.attempt_timeout_ms),
+            cancel_signal=handling.signal,
         )
         value: Any = None
         error: BaseException | None = None
-        with lease:
-            try:
-                value = await handler.handle(execution)
-            except (trio.Cancelled, KeyboardInterrupt):
-                raise
-            except BaseException as raised:  # the handler's failure is the report
-                error = raised
-        if lease.cancelled_caught:
+        try:
+            if handler.in_thread:
+                # Out of the lease's scope: a lost lease signals the thread and waits for it.
+                value = await trio.to_thread.run_sync(
+                    handler.handle, execution, limiter=self._threads, abandon_on_cancel=True
+                )
+            else:
+                with handling.scope:
+                    value = await handler.handle(execution)
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except BaseException as raised:  # the handler's failure is the report
+            error = raised
+        if handling.scope.cancel_called:
             return _handlers.lease_lost()
         if error is not None:
             return _handlers.raised(error)
@@ -405,7 +507,10 @@ class Worker:
         delay_ms = options.reconnect_min_delay_ms
         while not self._core.drained():
             try:
-                stream, socket = await self._connect()
+                with self._until_drained() as offline:
+                    stream, socket = await self._connect()
+                if offline.cancelled_caught:
+                    break
                 delay_ms = options.reconnect_min_delay_ms
                 self._health.connected = True
                 try:
@@ -424,6 +529,7 @@ class Worker:
                         code=failure.code,
                         unconfirmed=self._core.unconfirmed,
                         running=self._core.running,
+                        attempts=tuple(self._handlers),
                     )
                     ended.__cause__ = error.__cause__ if isinstance(error, _Failed) else error
                     return ended
@@ -438,8 +544,15 @@ class Worker:
                 break
             sleep_ms = self._rng.uniform(options.reconnect_min_delay_ms, delay_ms)
             delay_ms = min(options.reconnect_max_delay_ms, delay_ms * 2)
-            await trio.sleep(sleep_ms / 1000)
+            with self._until_drained():
+                await trio.sleep(sleep_ms / 1000)
         return None
+
+    def _until_drained(self) -> trio.CancelScope:
+        self._offline = trio.CancelScope()
+        if self._core.drained():
+            self._offline.cancel()
+        return self._offline
 
     async def _connect(self) -> tuple[trio.abc.Stream, trio_websocket.WebSocketConnection]:
         """A WebSocket whose hello was welcomed, and the stream it runs on; `_Failed`

@@ -386,6 +386,23 @@ def test_recorded_settles_the_attempt_and_counts_evidence(
     assert (machine.counters.reports_confirmed, machine.counters.evidence_confirmed) == (1, 1)
 
 
+def test_a_drain_without_a_connection_or_attempts_is_done_at_once(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    """No hub can acknowledge it, and nothing is held that the hub must be told of."""
+    never_connected = make_worker_core(capacity=1)
+    assert sent(never_connected.handle(drain_requested(now_ms=0))) == []
+    assert never_connected.drained()
+    lost = make_worker_core(capacity=1)
+    opened(lost)
+    started(lost, 1)
+    lost.handle(disconnected(now_ms=5))
+    lost.handle(drain_requested(now_ms=10))
+    assert not lost.drained()  # a1 still runs: its result is to be confirmed on reconnecting
+    lost.handle(returned("a1", Succeeded(result="1"), now_ms=20))
+    assert not lost.drained()
+
+
 def test_a_drain_stops_starts_finishes_what_runs_and_ends_drained(
     make_worker_core: WorkerCoreFactory,
 ) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 import pytest
 
 from blockx.autoworker import (
+    AttemptCancelled,
     Capability,
     InvalidOption,
     WorkerExecution,
@@ -78,6 +81,72 @@ def test_a_bad_option_is_refused_naming_it(fields: dict[str, Any], named: str) -
         make(**fields)
     assert refused.value.field == named
     assert str(refused.value).startswith(f"WorkerOptions.{named}=")
+
+
+def test_a_handle_that_is_not_callable_is_refused_saying_both_kinds_are_allowed() -> None:
+    with pytest.raises(InvalidOption) as refused:
+        make(handlers=[WorkerHandler(capability=CAP, handle=42)])  # type: ignore[arg-type]
+    assert refused.value.field == "handlers[0].handle"
+    assert "async or plain" in str(refused.value)
+
+
+class AsyncCall:
+    async def __call__(self, execution: WorkerExecution) -> Any:
+        return execution.payload
+
+
+class PlainCall:
+    def __call__(self, execution: WorkerExecution) -> Any:
+        return execution.payload
+
+
+def plain(execution: WorkerExecution, extra: int = 0) -> Any:
+    return execution.payload
+
+
+async def coroutine(execution: WorkerExecution, extra: int = 0) -> Any:
+    return execution.payload
+
+
+@pytest.mark.parametrize(
+    ("handle", "in_thread"),
+    [
+        (coroutine, False),
+        (AsyncCall(), False),
+        (functools.partial(coroutine, extra=1), False),
+        (functools.partial(AsyncCall()), False),
+        (plain, True),
+        (PlainCall(), True),
+        (functools.partial(plain, extra=1), True),
+        (lambda execution: execution.payload, True),
+    ],
+)
+def test_plain_callables_run_in_threads_and_async_ones_on_the_trio_thread(
+    handle: Any, in_thread: bool
+) -> None:
+    assert WorkerHandler(capability=CAP, handle=handle).in_thread is in_thread
+
+
+def test_an_execution_tells_its_cancellation_to_any_thread() -> None:
+    signal = threading.Event()
+    execution = WorkerExecution(
+        task_id="t1",
+        attempt_id="a1",
+        epoch=1,
+        capability=CAP,
+        payload={},
+        attempt_deadline_ms=0,
+        cancel_signal=signal,
+    )
+    execution.raise_if_cancelled()  # not cancelled: nothing happens
+    assert (execution.cancelled, execution.wait_cancelled(timeout_s=0)) == (False, False)
+    threading.Timer(0.01, signal.set).start()
+    assert execution.wait_cancelled(timeout_s=30)
+    assert execution.cancelled
+    with pytest.raises(AttemptCancelled) as cancelled:
+        execution.raise_if_cancelled()
+    assert cancelled.value.attempt_id == "a1"
+    assert "cancel_signal" not in repr(execution)
 
 
 def test_thirty_two_handlers_are_allowed_and_thirty_three_are_not() -> None:

@@ -53,17 +53,22 @@ async def test_the_command_runs_a_plain_handler_and_drains_at_sigint(tmp_path: P
     with trio.fail_after(RUN_TIMEOUT_S):
         async with hub_process(db, {"LOG_FORMAT": "text"}) as hub, trio.open_nursery() as nursery:
             url = f"http://127.0.0.1:{hub.port}"
-            worker = await nursery.start(
-                lambda task_status: trio.run_process(
-                    command(url, credential_file),
-                    cwd=REPO,
-                    env=env,
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    task_status=task_status,
+            ended: list[subprocess.CompletedProcess[bytes]] = []
+
+            async def run(task_status: trio.TaskStatus[trio.Process]) -> None:
+                ended.append(
+                    await trio.run_process(
+                        command(url, credential_file),
+                        cwd=REPO,
+                        env=env,
+                        capture_stdout=True,
+                        capture_stderr=True,
+                        check=False,
+                        task_status=task_status,
+                    )
                 )
-            )
+
+            worker = await nursery.start(run)
             client = HubClient(url=url, credential=token)
             task = await client.submit("text", CAPABILITY, {"text": "  hello   hub "})
             while (task := await client.task(task["task_id"], wait_ms=5_000))["state"] not in (
@@ -73,11 +78,11 @@ async def test_the_command_runs_a_plain_handler_and_drains_at_sigint(tmp_path: P
             ):
                 pass
             worker.send_signal(signal.SIGINT)
-            await worker.wait()
     assert task["state"] == "SUCCEEDED"
     assert task["result"] == {"text": "HELLO HUB"}
-    assert worker.returncode == 0
-    stats = json.loads(worker.stdout.decode().splitlines()[-1])
+    [done] = ended
+    assert done.returncode == 0, done.stderr.decode()
+    stats = json.loads(done.stdout.decode().splitlines()[-1])
     assert (stats["started"], stats["reports_confirmed"], stats["running"]) == (1, 1, 0)
 
 

@@ -310,6 +310,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         assert self.core.running == len(self.running)
         if not self.connected:
             assert self.core.link is Link.DOWN
+        if self.core.drained():  # the run may end: nothing of it is left anywhere
+            assert (self.core.known, self.core.running, len(self.running)) == (0, 0, 0)
 
 
 TestWorkerCore = WorkerCoreMachine.TestCase

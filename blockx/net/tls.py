@@ -17,10 +17,11 @@ The hub takes the same files from its own settings (`tlsCertFile`,
 worker's `HubClient` from its `ca_file`, `cert_file` and `key_file`: both name
 their fields, and offer HTTP/1.1, by the `alpn` argument.
 
-Both sides speak TLS 1.2 or later and offer only HTTP/2 by ALPN (`h2`) unless
-told otherwise, which gRPC clients such as grpcio require. A file that cannot be read or is not what
-its setting needs is a ConfigError naming the setting, raised when the context
-is made (at the worker's start; when a client connects). Must never log a
+Both sides speak TLS 1.2 or later and, unless told otherwise, offer only
+HTTP/2 by ALPN (`h2`), which gRPC clients such as grpcio require. A file that
+cannot be read or is not what its setting needs is a ConfigError naming the
+setting, raised when the context is made (at the start of the worker or the
+hub; when a client connects, or a `HubClient` is made). Must never log a
 file's contents, nor put them into an error: errors carry paths.
 """
 

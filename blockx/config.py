@@ -47,8 +47,8 @@ from blockx.settings import (
     Kind,
     check_choice,
     check_listen_addr,
-    check_paired,
     check_positive,
+    check_tls_files,
     parse_listen_addr,
     section,
     setting,
@@ -423,7 +423,7 @@ class WorkerConfig:
         check_positive(self)
         self._check_addresses()
         self._check_choices()
-        self._check_tls()
+        check_tls_files(*self.grpc.tls_files())
         # The lower-level configs own the rest of the rules (slot table, pool,
         # code retention); building them here keeps one copy of each rule.
         self._check_stall_timeout()
@@ -459,19 +459,6 @@ class WorkerConfig:
         ):
             if not optional or addr.lower() not in ("", "none"):
                 check_listen_addr(addr, field=field)
-
-    def _check_tls(self) -> None:
-        """The TLS files go together: certificate and key, and a client CA only with them.
-        What they hold is checked when the worker starts (`blockx.net.tls`)."""
-        grpc = self.grpc
-        check_paired((grpc.tls_cert_file, "grpcTlsCertFile"), (grpc.tls_key_file, "grpcTlsKeyFile"))
-        ConfigError.check(
-            grpc.tls_enabled or not grpc.tls_client_ca_file,
-            field="grpcTlsClientCaFile",
-            value=grpc.tls_client_ca_file,
-            allowed="needs grpcTlsCertFile and grpcTlsKeyFile: clients are asked for "
-            "certificates over TLS only",
-        )
 
     def _check_choices(self) -> None:
         check = ConfigError.check

@@ -349,6 +349,21 @@ def check_paired(first: tuple[str, str], second: tuple[str, str]) -> None:
         )
 
 
+def check_tls_files(
+    cert: tuple[str, str], key: tuple[str, str], client_ca: tuple[str, str]
+) -> None:
+    """A server's TLS settings, each (value, name): the certificate and its key go together,
+    and a client CA only with them. What the files hold is checked when the server starts
+    (`blockx.net.tls`)."""
+    check_paired(cert, key)
+    ConfigError.check(
+        bool(cert[0]) or not client_ca[0],
+        field=client_ca[1],
+        value=client_ca[0],
+        allowed=f"needs {cert[1]} and {key[1]}: clients are asked for certificates over TLS only",
+    )
+
+
 def to_json_dict(settings: object) -> dict[str, Any]:
     """The settings under their JSON names (secrets left out); loads back to an equal value
     when no secret is set."""

@@ -6,6 +6,8 @@ it, CI=true (any value but "", "0" or "false") selects `ci`, else `dev`.
 
 `hub_url` is a fresh hub database, once a SQLite file and once a database of
 its own on one real PostgreSQL that the first test needing it starts.
+`hub_tls` is how a hub is reached: once in plain text (HTTP and WS), once over
+TLS (HTTPS and WSS) with certificates of a fresh test CA.
 """
 
 import os
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.adapters.certificates import Pki, make_pki
 from tests.e2e.postgres_server import PostgresServer, create_database, postgres_in_background
 
 # Hypothesis loads its own derandomized "ci" profile by itself whenever a CI
@@ -60,3 +63,10 @@ def hub_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(tmp_path / "hub.sqlite3")
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture(params=["ws", "wss"])
+def hub_tls(request: pytest.FixtureRequest, tmp_path: Path) -> Pki | None:
+    """None for a hub in plain text (HTTP and WS); for one serving HTTPS and WSS, the
+    certificates: a fresh CA, and the hub's certificate for 127.0.0.1 it signed."""
+    return make_pki(tmp_path / "pki") if request.param == "wss" else None

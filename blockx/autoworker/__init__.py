@@ -11,7 +11,7 @@
 the command line (it is not loaded by `import blockx.autoworker`).
 """
 
-from blockx.autoworker._client import HubClient, HubRequestFailed
+from blockx.autoworker._client import HubCertificateRejected, HubClient, HubRequestFailed
 from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
     AttemptCancelled,
@@ -35,6 +35,7 @@ from blockx.hubwire import Capability
 __all__ = [
     "AttemptCancelled",
     "Capability",
+    "HubCertificateRejected",
     "HubClient",
     "HubRequestFailed",
     "InvalidOption",

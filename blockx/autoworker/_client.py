@@ -6,6 +6,10 @@ tests need: each on a connection of its own, or, with `keep_alive`, on
 connections the hub keeps open between requests. A test may subclass it to
 reach a hub some other way (in memory, or through a proxy that injects
 faults) by overriding `open_stream`.
+
+Over TLS (`https://`, `wss://`) it always verifies the hub's certificate and
+name: against the CAs of `ca_file` when given, else the system's. Its TLS files
+are read when it is made, so a missing one fails at once, naming the field.
 """
 
 from __future__ import annotations
@@ -27,6 +31,20 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 REUSE_IDLE_S = 5.0
 """A kept connection idle longer than this is not used again: the hub closes its kept
 connections after 10 s idle, and a request must not cross that close."""
+
+
+class HubCertificateRejected(BlockxError, trio.BrokenResourceError):
+    """The hub's certificate did not verify against the CAs this client trusts (or does not
+    name the host dialled): the cause is the `ssl.SSLCertVerificationError`. A connection
+    that broke (`trio.BrokenResourceError`), and one that trying again will not mend."""
+
+    def __init__(self, *, url: str, trusted: str, reason: str) -> None:
+        self.url = url
+        self.trusted = trusted
+        self.reason = reason
+        super().__init__(
+            f"the hub's certificate at {url} did not verify against {trusted}: {reason}"
+        )
 
 
 class HubRequestFailed(BlockxError):
@@ -66,7 +84,16 @@ class HubClient:
     url: str
     credential: str = attrs.field(repr=False)
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, repr=False)
-    """For https/wss: the context to verify the hub with (default: the system's CAs)."""
+    """For https/wss, full control: the context to connect with, instead of the one made
+    from `ca_file`, `cert_file` and `key_file`."""
+    ca_file: str = ""
+    """For https/wss: a PEM file of the CA certificates that sign the hub's certificate (a
+    private CA), trusted instead of the system's CAs; "" trusts the system's."""
+    cert_file: str = ""
+    """For https/wss: a PEM certificate (chain) to present to a hub that asks clients for
+    one (mutual TLS), with `key_file`; both or neither."""
+    key_file: str = ""
+    """The unencrypted PEM private key of `cert_file`."""
     keep_alive: bool = False
     """Producer requests reuse the connections the hub keeps open (HTTP/1.1 keep-alive),
     until `aclose`; else each request has a connection of its own."""
@@ -76,21 +103,72 @@ class HubClient:
     host: str = attrs.field(init=False)
     port: int = attrs.field(init=False)
     tls: bool = attrs.field(init=False)
+    _context: ssl.SSLContext | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         host, port, tls = _parse(self.url)
         object.__setattr__(self, "host", host)
         object.__setattr__(self, "port", port)
         object.__setattr__(self, "tls", tls)
+        object.__setattr__(self, "_context", self._tls_context())
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The context to connect with, None for plain text. The TLS fields are for https
+        and wss only, and `ssl_context` comes alone (it decides what is trusted)."""
+        given = [
+            (field, value)
+            for field, value in (
+                ("ssl_context", self.ssl_context),
+                ("ca_file", self.ca_file),
+                ("cert_file", self.cert_file),
+                ("key_file", self.key_file),
+            )
+            if value
+        ]
+        for field, value in given:
+            InvalidValue.check(
+                self.tls, field=field, value=value, allowed="only for an https or wss url"
+            )
+        for field, value in given[1:]:
+            InvalidValue.check(
+                self.ssl_context is None, field=field, value=value, allowed="not with ssl_context"
+            )
+        if not self.tls or self.ssl_context is not None:
+            return self.ssl_context
+        # Only a TLS client loads the TLS module (and what it imports).
+        from blockx.net.tls import HTTP1_ALPN, client_context  # noqa: PLC0415
+
+        return client_context(
+            (self.ca_file, "ca_file"),
+            (self.cert_file, "cert_file"),
+            (self.key_file, "key_file"),
+            alpn=HTTP1_ALPN,
+        )
 
     async def open_stream(self) -> trio.abc.Stream:
-        """A fresh byte stream to the hub."""
-        if self.tls:
-            context = self.ssl_context or ssl.create_default_context()
-            return await trio.open_ssl_over_tcp_stream(
-                self.host, self.port, ssl_context=context, https_compatible=True
-            )
-        return await trio.open_tcp_stream(self.host, self.port)
+        """A fresh byte stream to the hub; over TLS, once its handshake is done:
+        `HubCertificateRejected` if the hub's certificate did not verify."""
+        if self._context is None:
+            return await trio.open_tcp_stream(self.host, self.port)
+        stream = await trio.open_ssl_over_tcp_stream(
+            self.host, self.port, ssl_context=self._context, https_compatible=True
+        )
+        try:
+            await stream.do_handshake()
+        except BaseException as error:
+            await trio.aclose_forcefully(stream)
+            cause = error.__cause__
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                raise HubCertificateRejected(
+                    url=self.url, trusted=self._trusted(), reason=cause.verify_message
+                ) from cause
+            raise
+        return stream
+
+    def _trusted(self) -> str:
+        if self.ssl_context is not None:
+            return "the CAs of the ssl_context given"
+        return f"the CAs of ca_file {self.ca_file}" if self.ca_file else "the system's CAs"
 
     # ------------------------------------------------------------------ producers' API
 
@@ -135,7 +213,9 @@ class HubClient:
             )
             while not isinstance(event := connection.next_event(), h11.EndOfMessage):
                 if event is h11.NEED_DATA:
-                    connection.receive_data(bytes(await stream.receive_some()))
+                    if not (data := bytes(await stream.receive_some())):
+                        raise trio.BrokenResourceError(self._closed_early())
+                    connection.receive_data(data)
                 elif isinstance(event, h11.Response):
                     status = event.status_code
                 elif isinstance(event, h11.Data):
@@ -154,6 +234,15 @@ class HubClient:
         if status >= 300:
             raise HubRequestFailed(status=status, body=answer)
         return answer
+
+    def _closed_early(self) -> str:
+        hint = (
+            " (a hub that asks for client certificates does so when it accepts none:"
+            " see cert_file and key_file)"
+            if self.tls and not self.cert_file
+            else ""
+        )
+        return f"the hub closed the connection before answering{hint}"
 
     async def _connection(self) -> tuple[trio.abc.Stream, h11.Connection]:
         while self._idle:

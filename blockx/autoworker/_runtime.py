@@ -50,7 +50,7 @@ import trio
 import trio_websocket
 
 from blockx.autoworker import _handlers
-from blockx.autoworker._client import HubClient
+from blockx.autoworker._client import HubCertificateRejected, HubClient
 from blockx.autoworker._core import (
     CancelHandler,
     Command,
@@ -803,8 +803,10 @@ def _classify(error: Exception, stream: _Watched | None) -> _Failure:
         return _Failure(f"the hub ended the session: {error}", error.error.code.value, AT_ONCE)
     if untrusted:
         reason = untrusted[0].verify_message or untrusted[0].reason or str(untrusted[0])
+        trusted = [cause.trusted for cause in causes if isinstance(cause, HubCertificateRejected)]
+        against = f" against {trusted[0]}" if trusted else ""
         return _Failure(
-            f"TLS certificate verification failed: {reason}", "TLS_CERTIFICATE", AT_ONCE
+            f"TLS certificate verification failed{against}: {reason}", "TLS_CERTIFICATE", AT_ONCE
         )
     if broken := _broken_protocol(error):
         return _Failure(broken, "PROTOCOL_ERROR", IN_A_ROW)

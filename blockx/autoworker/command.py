@@ -153,9 +153,10 @@ def _client(args: argparse.Namespace) -> HubClient:
         allowed="a file holding a credential; it is empty",
     )
     try:
-        return HubClient(url=args.hub, credential=credential)  # TODO-MERGE ca_file
-    except InvalidValue as error:
-        raise FlagError(field="--hub", value=args.hub, allowed=error.allowed) from None
+        return HubClient(url=args.hub, credential=credential, ca_file=args.ca_file or "")
+    except InvalidValue as error:  # the URL's, or the CA file's (not for an http URL, unread)
+        flag = "--ca-file" if error.field == "ca_file" else "--hub"
+        raise FlagError(field=flag, value=error.value, allowed=error.allowed) from None
 
 
 def _options(args: argparse.Namespace) -> WorkerOptions:

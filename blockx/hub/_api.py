@@ -313,7 +313,7 @@ class ProducerApi:
         self._watch.wake_all()
 
     async def serve(
-        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
+        self, stream: trio.abc.Stream, connection: Connection, request: Request
     ) -> bool:
         """Answer `request`; whether the connection is kept for the client's next one (never
         once the hub drains)."""
@@ -333,7 +333,7 @@ class ProducerApi:
         )
 
     async def _answer(
-        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
+        self, stream: trio.abc.Stream, connection: Connection, request: Request
     ) -> Answer:
         """The answer to `request`: its credential is checked in the same transaction as
         the work it asks for (one commit), and a refusal for the credential comes first."""
@@ -351,7 +351,7 @@ class ProducerApi:
 
     async def _route(
         self,
-        stream: trio.abc.HalfCloseableStream,
+        stream: trio.abc.Stream,
         connection: Connection,
         request: Request,
         target: urllib.parse.SplitResult,
@@ -401,7 +401,7 @@ class ProducerApi:
 
     async def _submission(
         self,
-        stream: trio.abc.HalfCloseableStream,
+        stream: trio.abc.Stream,
         connection: Connection,
         request: Request,
         queue_id: str,

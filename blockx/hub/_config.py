@@ -21,6 +21,7 @@ from blockx.settings import (
     check_choice,
     check_listen_addr,
     check_positive,
+    check_tls_files,
     parse_listen_addr,
     setting,
 )
@@ -55,6 +56,14 @@ class HubConfig:
     drain_timeout_ms: int = setting(10_000, "drainTimeoutMs", "HUB_DRAIN_TIMEOUT_MS", positive=True)
     """At the first SIGINT/SIGTERM: how long commits in flight may take to finish before the
     hub stops anyway (a second signal exits at once)."""
+    tls_cert_file: str = setting("", "tlsCertFile", "HUB_TLS_CERT_FILE", STR)
+    """The PEM certificate (chain) the port serves HTTPS and WSS with (`blockx.net.tls`);
+    set with `tls_key_file`, or neither (plain HTTP and WS)."""
+    tls_key_file: str = setting("", "tlsKeyFile", "HUB_TLS_KEY_FILE", STR)
+    """The PEM private key of `tls_cert_file`, unencrypted."""
+    tls_client_ca_file: str = setting("", "tlsClientCaFile", "HUB_TLS_CLIENT_CA_FILE", STR)
+    """PEM CA certificates a client's certificate must be signed by (mutual TLS); "" asks
+    clients for no certificate. Only with `tls_cert_file`."""
     log_format: str = setting("auto", "logFormat", "LOG_FORMAT", STR)
     """"json" (one object per line), "text", or "auto": text on a terminal, else JSON."""
 
@@ -69,9 +78,19 @@ class HubConfig:
             allowed=f"must be >= retryBackoffMs ({self.retry_backoff_ms})",
         )
         check_choice(self.log_format, LOG_FORMATS, field="logFormat")
+        check_tls_files(*self.tls_files())
 
     def listen_host_port(self) -> tuple[str, int]:
         return parse_listen_addr(self.listen_addr)
+
+    def tls_files(self) -> tuple[tuple[str, str], tuple[str, str], tuple[str, str]]:
+        """Certificate, key and client CA, each (path, setting name), as
+        `blockx.net.tls.server_context` reads them."""
+        return (
+            (self.tls_cert_file, "tlsCertFile"),
+            (self.tls_key_file, "tlsKeyFile"),
+            (self.tls_client_ca_file, "tlsClientCaFile"),
+        )
 
     @property
     def timing(self) -> Timing:

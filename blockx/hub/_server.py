@@ -1,8 +1,9 @@
 """The hub server: worker sessions over WebSocket and the producers' HTTP JSON API, one port.
 
 `GET /v1/worker` upgrades to the worker protocol (`blockx.hubwire`);
-everything else under `/v1/` is the producers' API (see `_api`). Behind both
-is the committer (`_committer`), the only writer of the database: every
+everything else under `/v1/` is the producers' API (see `_api`); with a
+certificate set (`tlsCertFile`), both over TLS only (HTTPS and WSS). Behind
+both is the committer (`_committer`), the only writer of the database: every
 answer a worker gets was committed first.
 
 Per connection, a reader decodes frames and hands each control message to
@@ -23,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import attrs
@@ -80,10 +82,13 @@ from blockx.net.http import (
     respond,
     serve_guarded,
 )
+from blockx.net.tls import HTTP1_ALPN, server_context
 from blockx.process.clock import EpochClock
 
 logger = logging.getLogger("blockx.hub")
 
+TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
+"""How long a client may take over its TLS handshake once connected."""
 HELLO_TIMEOUT_S: Final = 10.0
 """How long a worker may take to send its hello once connected."""
 _FRAME_ROOM: Final = MAX_FRAME_BYTES - 3
@@ -275,15 +280,20 @@ class Hub:
         stop: trio.Event | None = None,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve on (host, port) until `stop` is set (never, if None), then `drain` and end."""
+        """Serve on (host, port) until `stop` is set (never, if None), then `drain` and end.
+        With `tlsCertFile` set, the port speaks HTTPS and WSS only; a TLS file that cannot
+        be used ends the run before it listens (a ConfigError naming the setting)."""
+        tls = server_context(*self.config.tls_files(), alpn=HTTP1_ALPN)
+        serve = self.serve_connection if tls is None else functools.partial(self._serve_tls, tls)
         async with trio.open_nursery() as actors:
             await actors.start(self.run_actors)
             async with trio.open_nursery() as connections:
                 listeners = await trio.open_tcp_listeners(port, host=host)
                 bound = int(listeners[0].socket.getsockname()[1])
                 accepting = trio.CancelScope()
-                connections.start_soon(self._accept, listeners, connections, accepting)
-                logger.info("hub %s listening on %s:%d", self.hub_id, host, bound)
+                connections.start_soon(self._accept, serve, listeners, connections, accepting)
+                schemes = _schemes(self.config)
+                logger.info("hub %s listening on %s:%d (%s)", self.hub_id, host, bound, schemes)
                 task_status.started(bound)
                 await (trio.Event() if stop is None else stop).wait()
                 accepting.cancel()  # the listeners close: new connections are refused
@@ -294,14 +304,13 @@ class Hub:
 
     async def _accept(
         self,
+        serve: Callable[[trio.SocketStream], Awaitable[None]],
         listeners: list[trio.SocketListener],
         connections: trio.Nursery,
         scope: trio.CancelScope,
     ) -> None:
         with scope:
-            await trio.serve_listeners(
-                self.serve_connection, listeners, handler_nursery=connections
-            )
+            await trio.serve_listeners(serve, listeners, handler_nursery=connections)
 
     async def drain(self) -> None:
         """Take no new work and let what was taken finish, within `drain_timeout_ms`.
@@ -342,11 +351,31 @@ class Hub:
 
     # ---------------------------------------------------------------- connections
 
-    async def serve_connection(self, stream: trio.abc.HalfCloseableStream) -> None:
+    async def _serve_tls(self, context: ssl.SSLContext, stream: trio.SocketStream) -> None:
+        """One client connection over TLS: the handshake, within `TLS_HANDSHAKE_TIMEOUT_S`,
+        then `serve_connection`. A client whose handshake fails is dropped and logged (a
+        plain-text client, one that does not trust this hub, one without the client
+        certificate asked for); one that just went away, at debug level only."""
+        tls = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
+                await tls.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as error:
+            if isinstance(error, trio.TooSlowError):
+                logger.info("hub: a client's TLS handshake took over %s s", TLS_HANDSHAKE_TIMEOUT_S)
+            elif isinstance(error.__cause__, ssl.SSLError):
+                logger.info("hub: a client's TLS handshake failed: %s", error.__cause__)
+            else:
+                logger.debug("hub: a client left during its TLS handshake: %r", error.__cause__)
+            await trio.aclose_forcefully(tls)
+            return
+        await self.serve_connection(tls)
+
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """One client connection (a worker's WebSocket, or one HTTP request), until it ends."""
         await serve_guarded(stream, self._serve, logger)
 
-    async def _serve(self, stream: trio.abc.HalfCloseableStream) -> None:
+    async def _serve(self, stream: trio.abc.Stream) -> None:
         connection = Connection()
         received = bytearray()
         request = await read_request_head(stream, connection, received)
@@ -362,7 +391,7 @@ class Hub:
             request = await read_request_head(stream, connection, bytearray())
 
     async def _request(
-        self, stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request
+        self, stream: trio.abc.Stream, connection: Connection, request: Request
     ) -> bool:
         """Answer one producer's request; whether its connection is kept for the next."""
         if _path(request) == WORKER_PATH:
@@ -709,6 +738,15 @@ class Hub:
         """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""
         if self._sweep_by is not None:
             self._sweep_by.deadline = min(self._sweep_by.deadline, self._clock.trio_time(due_ms))
+
+
+def _schemes(config: HubConfig) -> str:
+    """What the port speaks, for the line that says the hub listens."""
+    if not config.tls_cert_file:
+        return "http and ws"
+    if not config.tls_client_ca_file:
+        return "https and wss"
+    return f"https and wss; client certificates signed by a CA of {config.tls_client_ca_file}"
 
 
 def _path(request: Request) -> str:

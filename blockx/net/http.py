@@ -18,7 +18,7 @@ import http
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, TypeVar
 
 import attrs
 import httptools
@@ -38,6 +38,7 @@ HANDSHAKE_TIMEOUT_S: Final = 10.0
 WEBSOCKET_MAX_MESSAGE_BYTES: Final = 1024 * 1024
 """trio-websocket's own default."""
 _KNOWN_STATUSES: Final = frozenset(status.value for status in http.HTTPStatus)
+S = TypeVar("S", bound=trio.abc.Stream)
 
 
 @attrs.define(eq=False)
@@ -167,9 +168,7 @@ class BodyTooLarge(BadRequest):
 
 
 async def serve_guarded(
-    stream: trio.abc.HalfCloseableStream,
-    serve: Callable[[trio.abc.HalfCloseableStream], Awaitable[None]],
-    logger: logging.Logger,
+    stream: S, serve: Callable[[S], Awaitable[None]], logger: logging.Logger
 ) -> None:
     """`serve(stream)`, then close it. A client that went away ends it quietly; a bug is
     logged and ends this connection only, never the port."""
@@ -183,7 +182,7 @@ async def serve_guarded(
 
 
 async def read_request(
-    stream: trio.abc.HalfCloseableStream, connection: Connection, received: bytearray
+    stream: trio.abc.Stream, connection: Connection, received: bytearray
 ) -> Request | None:
     """The next request head, or None if the client closed first. Raises `BadRequest`."""
     while (request := connection.next_head()) is None:
@@ -198,7 +197,7 @@ async def read_request(
 
 
 async def read_request_head(
-    stream: trio.abc.HalfCloseableStream, connection: Connection, received: bytearray
+    stream: trio.abc.Stream, connection: Connection, received: bytearray
 ) -> Request | None:
     """The request head within `REQUEST_HEAD_TIMEOUT_S`, or None: the client closed, was too
     slow, or sent a malformed head (answered with a 4xx naming what is wrong)."""
@@ -213,7 +212,7 @@ async def read_request_head(
 
 
 async def accept_websocket(
-    stream: trio.abc.HalfCloseableStream,
+    stream: trio.abc.Stream,
     received: bytes,
     serve: Callable[[trio_websocket.WebSocketConnection], Awaitable[None]],
     *,
@@ -234,7 +233,7 @@ async def accept_websocket(
 
 
 async def respond(
-    stream: trio.abc.HalfCloseableStream,
+    stream: trio.abc.Stream,
     status: int,
     body: bytes | str,
     content_type: str = "text/plain; charset=utf-8",
@@ -248,7 +247,7 @@ async def respond(
 
 
 async def respond_keeping(
-    stream: trio.abc.HalfCloseableStream,
+    stream: trio.abc.Stream,
     connection: Connection,
     request: Request,
     status: int,
@@ -268,7 +267,7 @@ async def respond_keeping(
 
 
 async def _send_response(
-    stream: trio.abc.HalfCloseableStream,
+    stream: trio.abc.Stream,
     status: int,
     body: bytes | str,
     content_type: str,
@@ -292,7 +291,7 @@ async def _send_response(
 
 
 async def read_body(
-    stream: trio.abc.HalfCloseableStream, connection: Connection, request: Request, limit: int
+    stream: trio.abc.Stream, connection: Connection, request: Request, limit: int
 ) -> bytes:
     """The whole body of `request`, the request just read (cut short if the client
     closed); `BodyTooLarge` above `limit` bytes, `BadRequest` if its framing is broken."""
@@ -308,15 +307,17 @@ async def read_body(
         connection.feed(bytes(await stream.receive_some(RECEIVE_BYTES)))
 
 
-async def close_gently(stream: trio.abc.HalfCloseableStream) -> None:
-    """Half-close, then read (briefly) what the client still sends before the socket closes.
+async def close_gently(stream: trio.abc.Stream) -> None:
+    """Half-close (where the stream can: TLS cannot), then read (briefly) what the client
+    still sends before the socket closes.
 
     Closing a socket that has unread input makes the kernel answer with a
     reset, which can destroy the response before the client reads it (after a
     request head that was too large, or a body that was never read).
     """
     with trio.move_on_after(LINGER_S):
-        await stream.send_eof()
+        if isinstance(stream, trio.abc.HalfCloseableStream):
+            await stream.send_eof()
         discarded = 0
         while discarded < LINGER_BYTES and (chunk := await stream.receive_some(RECEIVE_BYTES)):
             discarded += len(chunk)
@@ -342,7 +343,7 @@ def is_websocket_upgrade(request: Request) -> bool:
 class ReplayedStream(trio.abc.Stream):
     """`stream`, with `prefix` (the bytes already read from it) returned first."""
 
-    def __init__(self, stream: trio.abc.HalfCloseableStream, prefix: bytes) -> None:
+    def __init__(self, stream: trio.abc.Stream, prefix: bytes) -> None:
         self._stream = stream
         self._prefix = prefix
 

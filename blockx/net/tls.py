@@ -1,4 +1,5 @@
-"""TLS on the gRPC port: the worker's server context and its clients' contexts, from files.
+"""TLS contexts from certificate files: the worker's gRPC port and the hub's port, and their
+clients.
 
 The worker serves TLS when `grpcTlsCertFile` and `grpcTlsKeyFile` are set
 (`WORKER_TLS_CERT_FILE`, `WORKER_TLS_KEY_FILE`), and mutual TLS when
@@ -11,16 +12,23 @@ settings `blockx.client.ClientSettings` reads: `WORKER_TLS_CA_FILE`,
 it names none, and presents its own certificate if it has one. Reads no
 environment itself: the settings arrive as values.
 
-Both sides speak TLS 1.2 or later and offer only HTTP/2 by ALPN (`h2`), which
-gRPC clients such as grpcio require. A file that cannot be read or is not what
-its setting needs is a ConfigError naming the setting, raised when the context
-is made (at the worker's start; when a client connects). Must never log a
+The hub takes the same files from its own settings (`tlsCertFile`,
+`tlsKeyFile`, `tlsClientCaFile`, see `blockx.hub.HubConfig`), and the automatic
+worker's `HubClient` from its `ca_file`, `cert_file` and `key_file`: both name
+their fields, and offer HTTP/1.1, by the `alpn` argument.
+
+Both sides speak TLS 1.2 or later and, unless told otherwise, offer only
+HTTP/2 by ALPN (`h2`), which gRPC clients such as grpcio require. A file that
+cannot be read or is not what its setting needs is a ConfigError naming the
+setting, raised when the context is made (at the start of the worker or the
+hub; when a client connects, or a `HubClient` is made). Must never log a
 file's contents, nor put them into an error: errors carry paths.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -32,14 +40,20 @@ CLIENT_CERT_FILE_ENV: Final = "WORKER_TLS_CLIENT_CERT_FILE"
 CLIENT_KEY_FILE_ENV: Final = "WORKER_TLS_CLIENT_KEY_FILE"
 SERVER_NAME_ENV: Final = "WORKER_TLS_SERVER_NAME"
 
-ALPN_PROTOCOLS: Final = ["h2"]
+ALPN_PROTOCOLS: Final = ("h2",)
+HTTP1_ALPN: Final = ("http/1.1",)
+"""What the hub's port speaks (HTTP/1.1 and its WebSocket upgrade), offered by ALPN."""
 TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
 """The TLS 1.2 suites HTTP/2 allows (RFC 7540, 9.2.2) that grpclib's own client offers;
 TLS 1.3 suites are not affected by this list."""
 
 
 def server_context(
-    cert: tuple[str, str], key: tuple[str, str], client_ca: tuple[str, str] = ("", "")
+    cert: tuple[str, str],
+    key: tuple[str, str],
+    client_ca: tuple[str, str] = ("", ""),
+    *,
+    alpn: Sequence[str] = ALPN_PROTOCOLS,
 ) -> ssl.SSLContext | None:
     """A server's TLS context, from the files of its settings, each (path, setting name),
     or None when no certificate is set (it serves plain text). With a client CA, clients
@@ -47,7 +61,7 @@ def server_context(
     be read or holds the wrong thing."""
     if not cert[0]:
         return None
-    context = _context(ssl.PROTOCOL_TLS_SERVER)
+    context = _context(ssl.PROTOCOL_TLS_SERVER, alpn)
     _load_identity(context, cert, key)
     if client_ca[0]:
         # Only this file's CAs: a server context trusts nothing else for client certificates.
@@ -78,25 +92,40 @@ class ClientTls:
 
     def context(self) -> ssl.SSLContext:
         """A context checking the worker's certificate and name, with the files read now."""
-        context = _context(ssl.PROTOCOL_TLS_CLIENT)  # verifies the certificate and its name
-        if self.ca_file:
-            _load_cas(context, self.ca_file, CA_FILE_ENV)
-        else:
-            context.load_default_certs(ssl.Purpose.SERVER_AUTH)
-        if self.cert_file:
-            _load_identity(
-                context,
-                (self.cert_file, CLIENT_CERT_FILE_ENV),
-                (self.key_file, CLIENT_KEY_FILE_ENV),
-            )
-        return context
+        return client_context(
+            (self.ca_file, CA_FILE_ENV),
+            (self.cert_file, CLIENT_CERT_FILE_ENV),
+            (self.key_file, CLIENT_KEY_FILE_ENV),
+        )
 
 
-def _context(protocol: int) -> ssl.SSLContext:
+def client_context(
+    ca: tuple[str, str],
+    cert: tuple[str, str] = ("", ""),
+    key: tuple[str, str] = ("", ""),
+    *,
+    alpn: Sequence[str] = ALPN_PROTOCOLS,
+) -> ssl.SSLContext:
+    """A client's TLS context checking the server's certificate and name, from files, each
+    (path, the name of the setting or field that gave it): the CAs of `ca`, else the
+    system's, and the client's own certificate and key, if given (both or neither).
+    ConfigError naming the field whose file cannot be read or holds the wrong thing."""
+    check_paired(cert, key)
+    context = _context(ssl.PROTOCOL_TLS_CLIENT, alpn)  # verifies the certificate and its name
+    if ca[0]:
+        _load_cas(context, *ca)
+    else:
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if cert[0]:
+        _load_identity(context, cert, key)
+    return context
+
+
+def _context(protocol: int, alpn: Sequence[str]) -> ssl.SSLContext:
     context = ssl.SSLContext(protocol)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers(TLS12_CIPHERS)
-    context.set_alpn_protocols(ALPN_PROTOCOLS)
+    context.set_alpn_protocols(list(alpn))
     return context
 
 

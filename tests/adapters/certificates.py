@@ -1,14 +1,16 @@
-"""Certificates made at test time with `trustme`: a CA, a worker's certificate for
-127.0.0.1 and localhost, and a client's, as PEM files, with the settings that name them."""
+"""Certificates made at test time with `trustme`: a CA, a server's certificate for
+127.0.0.1 and localhost (a worker's or a hub's), and a client's, as PEM files, with the
+settings that name them."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import attrs
 import trustme
 
-from blockx.net.tls import ClientTls
+from blockx.net.tls import HTTP1_ALPN, ClientTls, client_context, server_context
 
 
 @attrs.frozen
@@ -44,6 +46,23 @@ class Pki:
             env["WORKER_TLS_CLIENT_CERT_FILE"] = self.client_cert_file
             env["WORKER_TLS_CLIENT_KEY_FILE"] = self.client_key_file
         return env
+
+    def hub_env(self, *, mutual: bool = False) -> dict[str, str]:
+        """The hub's variables that serve HTTPS and WSS with the server certificate."""
+        env = {"HUB_TLS_CERT_FILE": self.cert_file, "HUB_TLS_KEY_FILE": self.key_file}
+        if mutual:
+            env["HUB_TLS_CLIENT_CA_FILE"] = self.ca_file
+        return env
+
+    def hub_server_context(self) -> ssl.SSLContext:
+        """A context serving HTTPS and WSS with the server certificate, as a hub's."""
+        context = server_context((self.cert_file, "cert"), (self.key_file, "key"), alpn=HTTP1_ALPN)
+        assert context is not None
+        return context
+
+    def hub_client_context(self) -> ssl.SSLContext:
+        """A context of an HTTPS and WSS client trusting this CA, as `HubClient`'s."""
+        return client_context((self.ca_file, "ca"), alpn=HTTP1_ALPN)
 
     def client(self, *, with_cert: bool = False) -> ClientTls:
         if with_cert:

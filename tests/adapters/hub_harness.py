@@ -187,7 +187,7 @@ class HubEndpoint:
     nursery: trio.Nursery
     """Where a client connection's background tasks run."""
 
-    async def open_stream(self) -> trio.abc.HalfCloseableStream:
+    async def open_stream(self) -> trio.abc.Stream:
         raise NotImplementedError
 
     @asynccontextmanager

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from blockx.autoworker import Capability
-from blockx.autoworker.command import _options
+from blockx.autoworker.command import _client, _options
 from blockx.cli import _parser
 from blockx.settings import FlagError
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    base = ["autoworker", "--hub", "http://127.0.0.1:8090", "--queue", "text"]
-    return _parser().parse_args([*base, "--credential-file", "unused", *argv])
+def parse(
+    *argv: str, hub: str = "http://127.0.0.1:8090", credential: str = "unused"
+) -> argparse.Namespace:
+    base = ["autoworker", "--hub", hub, "--queue", "text"]
+    return _parser().parse_args([*base, "--credential-file", credential, *argv])
 
 
 def test_a_function_declared_with_handles_keeps_its_capability() -> None:
@@ -44,3 +47,27 @@ def test_a_name_that_is_not_callable_is_refused() -> None:
         _options(parse("json:__doc__"))
     assert raised.value.field == "json:__doc__"
     assert raised.value.allowed == "a function"
+
+
+@pytest.mark.parametrize(
+    ("hub", "allowed"),
+    [
+        ("wss://hub.internal", "must be a readable file (No such file or directory)"),
+        ("ws://hub.internal", "only for an https or wss url"),
+    ],
+)
+def test_a_ca_file_the_client_cannot_use_names_the_flag(
+    tmp_path: Path, hub: str, allowed: str
+) -> None:
+    (tmp_path / "worker.credential").write_text("bxc_x\n")
+    missing = str(tmp_path / "ca.pem")
+    args = parse(
+        "--ca-file", missing, "json:dumps", hub=hub, credential=str(tmp_path / "worker.credential")
+    )
+    with pytest.raises(FlagError) as raised:
+        _client(args)
+    assert (raised.value.field, raised.value.value, raised.value.allowed) == (
+        "--ca-file",
+        missing,
+        allowed,
+    )

@@ -1,6 +1,7 @@
 """An automatic worker in a process of its own, for the test that SIGKILLs it.
 
-Usage: python -m tests.e2e.autoworker_runner HUB_URL CAPACITY  (the token in HUB_TOKEN)
+Usage: python -m tests.e2e.autoworker_runner HUB_URL CAPACITY  (the token in HUB_TOKEN;
+for a wss:// URL, the CA to trust in HUB_CA_FILE)
 
 It takes tasks of `CAPABILITY` on `QUEUE` (tests/adapters/hub_harness.py). Its
 handler prints `started <task_id> <attempt_id>` on stdout, then waits for ever:
@@ -27,7 +28,9 @@ async def handle(execution: WorkerExecution) -> Any:
 
 
 def main(url: str, capacity: int) -> None:
-    client = HubClient(url=url, credential=os.environ["HUB_TOKEN"])
+    client = HubClient(
+        url=url, credential=os.environ["HUB_TOKEN"], ca_file=os.environ.get("HUB_CA_FILE", "")
+    )
     handler = WorkerHandler(capability=CAPABILITY, handle=handle)
     options = WorkerOptions(queue_id=QUEUE, handlers=[handler], capacity=capacity)
     trio.run(Worker(client, options).run)

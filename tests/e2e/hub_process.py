@@ -1,9 +1,11 @@
-"""A real `python -m blockx hub` process for e2e tests, reached over loopback TCP."""
+"""A real `python -m blockx hub` process for e2e tests, reached over loopback TCP: in plain
+text, or over TLS when it is given certificates (`tests.adapters.certificates.Pki`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -12,6 +14,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from tests.adapters.certificates import Pki
 from tests.adapters.hub_harness import HubEndpoint
 from tests.e2e.serve_process import REPO, START_TIMEOUT_S, free_port
 
@@ -22,6 +25,8 @@ READY_LINE = "listening on"
 class HubProcess(HubEndpoint):
     process: trio.Process | None = None
     port: int = 0
+    tls: ssl.SSLContext | None = None
+    """How this test's clients reach the hub over TLS; None in plain text."""
     log: list[str] = attrs.Factory(list)
     logged: trio.Event = attrs.Factory(trio.Event)
     """Replaced by a fresh event, after being set, whenever a line is logged."""
@@ -34,8 +39,12 @@ class HubProcess(HubEndpoint):
                     return index
             await self.logged.wait()
 
-    async def open_stream(self) -> trio.abc.HalfCloseableStream:
-        return await trio.open_tcp_stream("127.0.0.1", self.port)
+    async def open_stream(self) -> trio.abc.Stream:
+        if self.tls is None:
+            return await trio.open_tcp_stream("127.0.0.1", self.port)
+        return await trio.open_ssl_over_tcp_stream(
+            "127.0.0.1", self.port, ssl_context=self.tls, https_compatible=True
+        )
 
     async def kill(self) -> None:
         """SIGKILL: the hub gets no chance to finish anything."""
@@ -59,18 +68,24 @@ async def _pump(stream: trio.abc.ReceiveStream, hub: HubProcess, ready: trio.Eve
 
 
 @asynccontextmanager
-async def hub_process(db: str, env: dict[str, str] | None = None) -> AsyncIterator[HubProcess]:
-    """A hub on `db` and a free loopback port; yields once it listens, kills it on exit."""
+async def hub_process(
+    db: str, env: dict[str, str] | None = None, tls: Pki | None = None
+) -> AsyncIterator[HubProcess]:
+    """A hub on `db` and a free loopback port, serving HTTPS and WSS with `tls`'s
+    certificate if given; yields once it listens, kills it on exit."""
     port = free_port()
     command = [sys.executable, "-m", "blockx", "hub", "--listen", f"127.0.0.1:{port}", "--db", db]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
     environment.update(env or {})
+    if tls is not None:
+        environment.update(tls.hub_env())
     async with trio.open_nursery() as nursery:
         process = await trio.lowlevel.open_process(
             command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=environment, cwd=REPO
         )
         assert process.stderr is not None
-        hub = HubProcess(nursery=nursery, process=process, port=port)
+        context = None if tls is None else tls.hub_client_context()
+        hub = HubProcess(nursery=nursery, process=process, port=port, tls=context)
         ready = trio.Event()
         nursery.start_soon(_pump, process.stderr, hub, ready)
         with trio.move_on_after(START_TIMEOUT_S):
@@ -78,6 +93,8 @@ async def hub_process(db: str, env: dict[str, str] | None = None) -> AsyncIterat
         if not ready.is_set():
             process.kill()
             raise AssertionError("the hub did not start:\n" + "\n".join(hub.log))
+        served = hub.log[await hub.wait_for_line(READY_LINE)]
+        assert ("(https and wss)" in served) == (tls is not None), served
         try:
             yield hub
         finally:

@@ -13,6 +13,12 @@ It forwards bytes as they come. Each direction is read as an HTTP head and
 then WebSocket frames (tests/adapters/ws_wire.py), so the proxy can leave out
 exactly one frame, whole, and note every message it saw. It never changes a
 byte it forwards.
+
+With certificates (`tcp_proxy(port, tls=pki)`) both legs are TLS: the proxy
+serves the worker with the hub's certificate and reaches the hub as a client
+trusting the same CA, so it still reads, eats and notes frames in between
+(no byte of the plain text it forwards is changed either). A reset resets
+the TCP connections under the TLS.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import attrs
 import trio
 
 from blockx.hubwire import Message
+from tests.adapters.certificates import Pki
 from tests.adapters.ws_wire import WireReader
 
 TO_HUB: Final = "to_hub"
@@ -60,6 +67,7 @@ class _Connection:
     number: int
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     streams: list[trio.SocketStream] = attrs.Factory(list)
+    """The TCP connections, both ends (under the TLS, if any)."""
 
     def reset(self) -> None:
         """Close both ends with RST (SO_LINGER 0), dropping whatever was held."""
@@ -73,6 +81,7 @@ class TcpProxy:
     """See the module docstring; made by `tcp_proxy`."""
 
     target_port: int
+    tls: Pki | None = None
     port: int = 0
     heard: list[Heard] = attrs.Factory(list)
     accepted: int = 0
@@ -87,7 +96,13 @@ class TcpProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where a worker connects: ws://, or wss:// when the proxy speaks TLS."""
+        return f"{'ws' if self.tls is None else 'wss'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> str:
+        """The CA a client of `url` trusts ("" in plain text)."""
+        return "" if self.tls is None else self.tls.ca_file
 
     # ------------------------------------------------------------------ faults
 
@@ -157,25 +172,45 @@ class TcpProxy:
                     connection.reset()  # no hub there: the client sees its connection reset
                     return
                 connection.streams.append(upstream)
+                worker_side, hub_side = self._wrap(client, upstream)
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, connection, client, upstream, TO_HUB)
-                    nursery.start_soon(self._pump, connection, upstream, client, TO_WORKER)
+                    nursery.start_soon(self._pump, connection, worker_side, hub_side, TO_HUB)
+                    nursery.start_soon(self._pump, connection, hub_side, worker_side, TO_WORKER)
         finally:
             del self._open[connection.number]
             for stream in connection.streams:
                 await trio.aclose_forcefully(stream)
 
+    def _wrap(
+        self, client: trio.SocketStream, upstream: trio.SocketStream
+    ) -> tuple[trio.abc.Stream, trio.abc.Stream]:
+        """The two legs as the proxy speaks them: TLS both (each handshake done when first
+        read or written), or the TCP connections themselves."""
+        if self.tls is None:
+            return client, upstream
+        return (
+            trio.SSLStream(
+                client, self.tls.hub_server_context(), server_side=True, https_compatible=True
+            ),
+            trio.SSLStream(
+                upstream,
+                self.tls.hub_client_context(),
+                server_hostname="127.0.0.1",
+                https_compatible=True,
+            ),
+        )
+
     async def _pump(
         self,
         connection: _Connection,
-        source: trio.SocketStream,
-        sink: trio.SocketStream,
+        source: trio.abc.Stream,
+        sink: trio.abc.Stream,
         direction: str,
     ) -> None:
         """Forward one direction until it ends; then the whole connection ends."""
         reader = WireReader()
         try:
-            while data := await source.receive_some(RECEIVE_BYTES):
+            while data := bytes(await source.receive_some(RECEIVE_BYTES)):
                 await self._flowing.wait()
                 kept = b"".join(
                     piece.data
@@ -218,9 +253,10 @@ class TcpProxy:
 
 
 @asynccontextmanager
-async def tcp_proxy(target_port: int) -> AsyncIterator[TcpProxy]:
-    """A proxy on a free loopback port to `target_port`; every connection closed on exit."""
-    proxy = TcpProxy(target_port=target_port)
+async def tcp_proxy(target_port: int, tls: Pki | None = None) -> AsyncIterator[TcpProxy]:
+    """A proxy on a free loopback port to `target_port`, speaking TLS with `tls`'s
+    certificates on both legs if given; every connection closed on exit."""
+    proxy = TcpProxy(target_port=target_port, tls=tls)
     async with trio.open_nursery() as nursery:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         proxy.port = int(listeners[0].socket.getsockname()[1])

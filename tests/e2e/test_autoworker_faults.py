@@ -18,6 +18,10 @@ steers (tests/e2e/tcp_proxy.py):
 * the worker process killed mid-task: once the lease ends the hub retries an
   IDEMPOTENT task (another worker runs it) and parks a NON_IDEMPOTENT one.
 
+Each runs twice (`hub_tls`): in plain text (HTTP and WS), and with the hub
+serving HTTPS and WSS and every client trusting the test CA; then the proxy
+speaks TLS on both of its legs, so it still sees (and eats) whole frames.
+
 Wall-clock time: the hub is another process. Conditions are waited for (the
 hub's API polled, the worker's notices, the messages the proxy saw) under
 `fail_after`, never slept for.
@@ -59,6 +63,7 @@ from blockx.hubwire import (
     Resumed,
     Start,
 )
+from tests.adapters.certificates import Pki
 from tests.adapters.hub_harness import CAPABILITY, QUEUE
 from tests.e2e.autoworker_runner import STARTED
 from tests.e2e.hub_process import HubProcess, hub_process
@@ -151,8 +156,8 @@ async def running(worker: Worker) -> AsyncIterator[Running]:
 
 
 def proxied_worker(proxy: TcpProxy, token: str, handle: Handle, *, capacity: int = 1) -> Worker:
-    """A worker that reaches the hub through `proxy`."""
-    client = HubClient(url=proxy.url, credential=token)
+    """A worker that reaches the hub through `proxy` (trusting its CA, over TLS)."""
+    client = HubClient(url=proxy.url, credential=token, ca_file=proxy.ca_file)
     return Worker(client, options(handle, capacity=capacity))
 
 
@@ -179,11 +184,11 @@ class Rig:
 
 
 @asynccontextmanager
-async def faulty_hub(tmp_path: Path) -> AsyncIterator[Rig]:
-    """A hub process on a fresh SQLite database, and a proxy to it."""
+async def faulty_hub(tmp_path: Path, tls: Pki | None) -> AsyncIterator[Rig]:
+    """A hub process on a fresh SQLite database, and a proxy to it (TLS with `tls`)."""
     db = str(tmp_path / "hub.sqlite3")
     token = prepare(db)
-    async with hub_process(db, ENV) as hub, tcp_proxy(hub.port) as proxy:
+    async with hub_process(db, ENV, tls) as hub, tcp_proxy(hub.port, tls) as proxy:
         yield Rig(hub=hub, proxy=proxy, token=token)
 
 
@@ -195,7 +200,7 @@ def attempt_states(task: dict[str, Any]) -> list[str]:
 
 
 async def test_a_websocket_dropped_mid_task_is_resumed_and_the_attempt_goes_on(
-    tmp_path: Path,
+    tmp_path: Path, hub_tls: Pki | None
 ) -> None:
     runs: list[str] = []
     release = trio.Event()
@@ -206,7 +211,7 @@ async def test_a_websocket_dropped_mid_task_is_resumed_and_the_attempt_goes_on(
         return {"echo": execution.payload}
 
     with trio.fail_after(FAIL_AFTER_S):
-        async with faulty_hub(tmp_path) as rig:
+        async with faulty_hub(tmp_path, hub_tls) as rig:
             worker = rig.worker(handle)
             async with running(worker) as notices:
                 task_id = await rig.submit(n=1)
@@ -239,7 +244,7 @@ async def test_a_websocket_dropped_mid_task_is_resumed_and_the_attempt_goes_on(
     ids=["recorded-lost", "granted-lost", "finish-lost"],
 )
 async def test_a_lost_frame_is_made_good_by_resending_under_the_same_message_id(
-    tmp_path: Path, direction: str, kind: type[Message]
+    tmp_path: Path, hub_tls: Pki | None, direction: str, kind: type[Message]
 ) -> None:
     """The frame is eaten, then the connection reset (a frame is lost only with its
     connection): the reconnected worker resumes and resends what was unanswered."""
@@ -250,7 +255,7 @@ async def test_a_lost_frame_is_made_good_by_resending_under_the_same_message_id(
         return {"echo": execution.payload}
 
     with trio.fail_after(FAIL_AFTER_S):
-        async with faulty_hub(tmp_path) as rig:
+        async with faulty_hub(tmp_path, hub_tls) as rig:
             eaten = rig.proxy.eat(direction, kind)
             worker = rig.worker(handle)
             async with running(worker) as notices:
@@ -294,7 +299,7 @@ async def test_a_lost_frame_is_made_good_by_resending_under_the_same_message_id(
     ids=["idempotent-healed", "not-idempotent-reset"],
 )
 async def test_a_partition_longer_than_the_lease_cancels_the_handler_and_the_hub_decides(
-    tmp_path: Path, idempotency: str, reset: bool
+    tmp_path: Path, hub_tls: Pki | None, idempotency: str, reset: bool
 ) -> None:
     """Nothing gets through, both ways, for longer than the lease; then the held bytes go
     on (`reset` False) or every connection is reset and the worker reconnects."""
@@ -314,7 +319,7 @@ async def test_a_partition_longer_than_the_lease_cancels_the_handler_and_the_hub
         return {"echo": execution.payload}
 
     with trio.fail_after(FAIL_AFTER_S):
-        async with faulty_hub(tmp_path) as rig:
+        async with faulty_hub(tmp_path, hub_tls) as rig:
             worker = rig.worker(handle)
             async with running(worker) as notices:
                 task_id = await rig.submit(idempotency, n=3)
@@ -351,7 +356,7 @@ async def test_a_partition_longer_than_the_lease_cancels_the_handler_and_the_hub
 
 
 async def test_a_hub_killed_and_started_again_loses_nothing_the_worker_was_told(
-    tmp_path: Path,
+    tmp_path: Path, hub_tls: Pki | None
 ) -> None:
     """Three tasks: the first succeeds (its report acknowledged) before the hub is killed;
     the second's handler returns while the hub is down; the third still runs when a hub
@@ -371,10 +376,10 @@ async def test_a_hub_killed_and_started_again_loses_nothing_the_worker_was_told(
         return {"n": n}
 
     with trio.fail_after(FAIL_AFTER_S):
-        async with tcp_proxy(0) as proxy:
+        async with tcp_proxy(0, hub_tls) as proxy:
             worker = proxied_worker(proxy, token, handle, capacity=3)
             async with running(worker) as notices:
-                async with hub_process(db, env) as first:
+                async with hub_process(db, env, hub_tls) as first:
                     rig = Rig(hub=first, proxy=proxy, token=token)
                     proxy.retarget(first.port)
                     ids = [await rig.submit(n=n) for n in range(3)]
@@ -387,7 +392,7 @@ async def test_a_hub_killed_and_started_again_loses_nothing_the_worker_was_told(
                 tried = proxy.accepted
                 while proxy.accepted < tried + 2:  # the worker keeps trying, backing off
                     await trio.sleep(POLL_S)
-                async with hub_process(db, env) as second:
+                async with hub_process(db, env, hub_tls) as second:
                     rig.hub = second
                     proxy.retarget(second.port)
                     await notices.wait_for("reconnected")
@@ -444,12 +449,16 @@ class WorkerProcess:
 
 
 @asynccontextmanager
-async def worker_process(url: str, token: str, capacity: int) -> AsyncIterator[WorkerProcess]:
-    """An automatic worker in a process of its own; killed on exit if it still runs."""
-    command = [sys.executable, "-m", "tests.e2e.autoworker_runner", url, str(capacity)]
+async def worker_process(
+    proxy: TcpProxy, token: str, capacity: int
+) -> AsyncIterator[WorkerProcess]:
+    """An automatic worker in a process of its own, reaching the hub through `proxy`;
+    killed on exit if it still runs."""
+    command = [sys.executable, "-m", "tests.e2e.autoworker_runner", proxy.url, str(capacity)]
+    env = {**os.environ, "HUB_TOKEN": token, "HUB_CA_FILE": proxy.ca_file}
     async with trio.open_nursery() as nursery:
         process = await trio.lowlevel.open_process(
-            command, stdout=subprocess.PIPE, env={**os.environ, "HUB_TOKEN": token}, cwd=REPO
+            command, stdout=subprocess.PIPE, env=env, cwd=REPO
         )
         assert process.stdout is not None
         worker = WorkerProcess(process=process)
@@ -464,7 +473,9 @@ async def worker_process(url: str, token: str, capacity: int) -> AsyncIterator[W
             nursery.cancel_scope.cancel()
 
 
-async def test_a_killed_worker_process_leaves_its_attempts_to_the_hub(tmp_path: Path) -> None:
+async def test_a_killed_worker_process_leaves_its_attempts_to_the_hub(
+    tmp_path: Path, hub_tls: Pki | None
+) -> None:
     """A worker process holds two attempts when it is killed; once their leases end the
     hub queues the IDEMPOTENT task again (a worker started after the kill runs it) and
     parks the other for review. Nothing the killed process knew survives it."""
@@ -475,10 +486,10 @@ async def test_a_killed_worker_process_leaves_its_attempts_to_the_hub(tmp_path: 
         return {"echo": execution.payload}
 
     with trio.fail_after(FAIL_AFTER_S):
-        async with faulty_hub(tmp_path) as rig:
+        async with faulty_hub(tmp_path, hub_tls) as rig:
             retried = await rig.submit("IDEMPOTENT", n=5)
             parked = await rig.submit("NON_IDEMPOTENT", n=6)
-            async with worker_process(rig.proxy.url, rig.token, capacity=2) as doomed:
+            async with worker_process(rig.proxy, rig.token, capacity=2) as doomed:
                 held = await doomed.started(2)
                 await doomed.kill()
             successor = rig.worker(handle, capacity=2)

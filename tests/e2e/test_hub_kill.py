@@ -1,11 +1,12 @@
 """A hub killed with SIGKILL mid-flight and started again loses nothing it acknowledged.
 
 A real `python -m blockx hub` process on SQLite (the default) and on
-PostgreSQL. A scripted worker claims every task, has its starts granted,
-finishes a third of them and waits for the answers, then sends finishes for
-another third and the hub is killed before it can answer them all; the last
-third stay running. The hub stays down until every lease has run out, then
-starts again on the same database. Then:
+PostgreSQL, each reached in plain text (HTTP and WS) and over TLS (HTTPS and
+WSS). A scripted worker claims every task, has its starts granted, finishes a
+third of them and waits for the answers, then sends finishes for another
+third and the hub is killed before it can answer them all; the last third
+stay running. The hub stays down until every lease has run out, then starts
+again on the same database. Then:
 
 * every submission the hub answered exists;
 * every finish it answered stands, and a resend gets the very same answer;
@@ -28,6 +29,7 @@ import trio
 
 from blockx.hub import Right, Store, create_credential, create_queue
 from blockx.hubwire import Answer, Disposition, Finish, Granted, Offer, Recorded, Succeeded
+from tests.adapters.certificates import Pki
 from tests.adapters.hub_harness import QUEUE, HubClient
 from tests.e2e.hub_process import HubProcess, hub_process
 
@@ -97,15 +99,17 @@ async def settled(hub: HubProcess, token: str, task_id: str) -> dict[str, Any]:
         await trio.sleep(0.02)
 
 
-async def test_a_killed_hub_loses_nothing_it_acknowledged(hub_url: str) -> None:
+async def test_a_killed_hub_loses_nothing_it_acknowledged(
+    hub_url: str, hub_tls: Pki | None
+) -> None:
     token = prepare(hub_url)
     with trio.fail_after(FAIL_AFTER_S):
-        async with hub_process(hub_url, ENV) as hub:
+        async with hub_process(hub_url, ENV, hub_tls) as hub:
             submitted, answered, in_flight, running, last_lease_ms = await before_the_kill(
                 hub, token
             )
         await trio.sleep(max(last_lease_ms / 1000 - time.time(), 0) + 0.05)
-        async with hub_process(hub_url, ENV) as hub:
+        async with hub_process(hub_url, ENV, hub_tls) as hub:
             async with hub.worker(token, capacity=0) as worker:  # the same instance, back
                 resent = [await worker.request(finish) for finish, _ in answered]
                 late = [await worker.request(finish) for finish in in_flight]

@@ -1,7 +1,8 @@
 """TLS and mutual TLS on a real worker's gRPC port: the worker reads its files from the
 environment, the command line reaches it with the client's variables and is refused
-without them, a bad file stops the start with one line naming its setting, and no key
-ever reaches the log or `--print-config`. Certificates are made by `trustme` per test.
+without them, a bad file stops the start with one line naming its setting (the hub's
+too), and no key ever reaches the log or `--print-config`. Certificates are made by
+`trustme` per test.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ TASK = pb.TaskSpec(
 BARE_ENV = {
     key: value
     for key, value in os.environ.items()
-    if not key.startswith(("WORKER_TLS", "WORKER_AUTH", "WORKER_CONFIG"))
+    if not key.startswith(("WORKER_TLS", "WORKER_AUTH", "WORKER_CONFIG", "HUB_"))
 }
 """The test run's environment without any TLS, token or config-file setting."""
 
@@ -121,6 +122,20 @@ async def test_a_bad_tls_file_stops_the_start_with_one_line_naming_it(tmp_path: 
     )
     assert "Traceback" not in started.stderr.decode()
     assert "worker ready" not in started.stderr.decode()
+
+
+async def test_a_hub_with_a_bad_tls_file_exits_at_start_with_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path / "pki")
+    env = {**pki.hub_env(), "HUB_TLS_KEY_FILE": pki.ca_file, "LOG_FORMAT": "text"}
+    db = str(tmp_path / "hub.sqlite3")
+    with trio.fail_after(60):
+        started = await blockx("hub", "--listen", "127.0.0.1:0", "--db", db, env=env)
+    assert started.returncode == 1
+    assert started.stderr.decode() == (
+        f"blockx: error: tlsKeyFile = {pki.ca_file!r}: must hold a PEM private key\n"
+    )
 
 
 async def test_a_bad_client_file_is_one_line_naming_its_variable(tmp_path: Path) -> None:

@@ -26,13 +26,14 @@ from blockx.autoworker._runtime import (
     WorkerShutdownTimeout,
     WorkerStats,
 )
-from blockx.hubwire import Capability
+from blockx.hubwire import Capability, RawJson
 
 __all__ = [
     "Capability",
     "HubClient",
     "HubRequestFailed",
     "InvalidOption",
+    "RawJson",
     "Worker",
     "WorkerAlreadyRun",
     "WorkerCore",

@@ -16,7 +16,6 @@ cancelled and `run` raises `WorkerRunError` with what was left.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import random
@@ -342,7 +341,7 @@ class Worker:
         handler = self._options.handler_for(offer.capability)
         assert handler is not None  # the core keeps only offers of declared capabilities
         try:
-            payload = json.loads(offer.payload)
+            payload = handler.payload_of(offer.payload)
         except ValueError:
             return Failed(code="INVALID_PAYLOAD", details='{"reason":"payload is not JSON"}')
         execution = WorkerExecution(
@@ -351,6 +350,7 @@ class Worker:
             epoch=offer.epoch,
             capability=offer.capability,
             payload=payload,
+            payload_text=offer.payload,
             attempt_deadline_ms=min(offer.task_deadline_ms, self._now() + offer.attempt_timeout_ms),
         )
         value: Any = None

@@ -371,7 +371,8 @@ class _Walk:
 
 
 class _Unwritable(Exception):
-    """A value `dumps` cannot write; `where` gathers its path on the way out."""
+    """A value `dumps` cannot write (`value` says what it is, never its whole repr, which
+    may be huge or fail); `where` gathers its path on the way out."""
 
     def __init__(self, value: object, allowed: str) -> None:
         self.value = value
@@ -406,7 +407,9 @@ def _write(value: Any, out: list[str], depth: int, indent: str | None) -> None:
         out.append(float.__repr__(value))
     elif isinstance(value, (dict, list, tuple)):
         if depth == MAX_NESTING:
-            raise _Unwritable(value, f"arrays and objects nested at most {MAX_NESTING} deep")
+            raise _Unwritable(
+                f"a {type(value).__name__}", f"arrays and objects nested at most {MAX_NESTING} deep"
+            )
         _write_items(value, out, depth + 1, indent)
     elif isinstance(value, RawJson):
         out.append(value.text)
@@ -416,7 +419,8 @@ def _write(value: Any, out: list[str], depth: int, indent: str | None) -> None:
         raise _Unwritable(value, "a JSON number: RFC 8259 has no NaN or infinities")
     else:
         raise _Unwritable(
-            value, "a JSON value: dict, list, str, int, float, bool, None, Decimal or RawJson"
+            f"a {type(value).__name__}",
+            "a JSON value: dict, list, str, int, float, bool, None, Decimal or RawJson",
         )
 
 
@@ -438,7 +442,7 @@ def _write_items(
             out.append(closing + indent)  # type: ignore[operator]
         if is_object:
             if not isinstance(key, str):
-                raise _Unwritable(key, "an object's key: a string")
+                raise _Unwritable(f"a {type(key).__name__} key", "an object's key: a string")
             out.append(json.encoder.encode_basestring(key))
             out.append(":" if indent is None else ": ")
         try:

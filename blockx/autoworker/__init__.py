@@ -30,7 +30,7 @@ from blockx.autoworker._runtime import (
     WorkerShutdownTimeout,
     WorkerStats,
 )
-from blockx.hubwire import Capability
+from blockx.hubwire import Capability, RawJson
 
 __all__ = [
     "AttemptCancelled",
@@ -39,6 +39,7 @@ __all__ = [
     "HubClient",
     "HubRequestFailed",
     "InvalidOption",
+    "RawJson",
     "Worker",
     "WorkerAlreadyRun",
     "WorkerCore",

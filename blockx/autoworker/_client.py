@@ -14,6 +14,7 @@ are read when it is made, so a missing one fails at once, naming the field.
 
 from __future__ import annotations
 
+import decimal
 import json
 import ssl
 import urllib.parse
@@ -24,7 +25,7 @@ import h11
 import trio
 
 from blockx.errors import BlockxError, InvalidValue
-from blockx.hubwire import Capability, queue_tasks_path, task_path
+from blockx.hubwire import Capability, dumps, queue_tasks_path, task_path
 
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -175,7 +176,10 @@ class HubClient:
     async def submit(
         self, queue_id: str, capability: Capability, payload: Any, **fields: Any
     ) -> dict[str, Any]:
-        """Queue a task (`fields`: idempotency, max_attempts, task_id, ...); the task."""
+        """Queue a task (`fields`: idempotency, max_attempts, task_id, ...); the task.
+
+        `payload` is any JSON value (`decimal.Decimal`s written exactly), or a `RawJson`
+        whose text is the payload exactly as the handler will get it."""
         document = {
             "handler": capability.handler,
             "handler_version": capability.handler_version,
@@ -186,16 +190,32 @@ class HubClient:
         task: dict[str, Any] = await self.request("POST", queue_tasks_path(queue_id), document)
         return task
 
-    async def task(self, task_id: str, *, wait_ms: int = 0) -> dict[str, Any]:
+    async def task(
+        self, task_id: str, *, wait_ms: int = 0, decimals: bool = False
+    ) -> dict[str, Any]:
         """A task as the hub has it now, with its attempts and history; with `wait_ms`
-        (at most 30,000), as soon as it has ended, or once that much time has passed."""
+        (at most 30,000), as soon as it has ended, or once that much time has passed.
+        With `decimals`, numbers with a fraction or an exponent are `decimal.Decimal`s."""
         query = f"?wait_ms={wait_ms}" if wait_ms else ""
-        task: dict[str, Any] = await self.request("GET", task_path(task_id) + query)
+        task: dict[str, Any] = await self.request(
+            "GET", task_path(task_id) + query, decimals=decimals
+        )
         return task
 
-    async def request(self, method: str, target: str, body: Any = None) -> Any:
-        """One producer request; its JSON answer, or `HubRequestFailed`."""
-        data = b"" if body is None else json.dumps(body).encode()
+    async def request(
+        self, method: str, target: str, body: Any = None, *, decimals: bool = False
+    ) -> Any:
+        """One producer request; its JSON answer (with `decimals`, numbers with a fraction
+        or an exponent as `decimal.Decimal`s), or `HubRequestFailed`."""
+        text = await self.request_text(method, target, body)
+        parse_float = decimal.Decimal if decimals else float
+        return json.loads(text, parse_float=parse_float) if text else None
+
+    async def request_text(self, method: str, target: str, body: Any = None) -> str:
+        """One producer request; its JSON answer's text exactly as the hub sent it (a
+        task's payload and result as their producers wrote them), or `HubRequestFailed`.
+        `body` is written by `blockx.hubwire.dumps`: `RawJson` and Decimals exactly."""
+        data = b"" if body is None else dumps(body).encode()
         headers = [
             ("host", f"{self.host}:{self.port}"),
             ("authorization", f"Bearer {self.credential}"),
@@ -230,10 +250,10 @@ class HubClient:
             self._idle.append((trio.current_time(), stream, connection))
         else:
             await stream.aclose()
-        answer = json.loads(content) if content else None
+        text = content.decode()
         if status >= 300:
-            raise HubRequestFailed(status=status, body=answer)
-        return answer
+            raise HubRequestFailed(status=status, body=json.loads(text) if text else None)
+        return text
 
     def _closed_early(self) -> str:
         hint = (

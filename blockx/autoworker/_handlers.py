@@ -15,18 +15,22 @@ How a handler's ending becomes the outcome reported to the hub:
 | returned something the hub cannot take       | UNKNOWN / INVALID_HANDLER_RESULT    |
 | was cancelled (lease lost, drain overran)    | UNKNOWN / LEASE_LOST                |
 
-A result is checked before it is sent, so a report the hub would refuse for
-ever is never made: JSON without NaN or infinities, integers within 64 bits,
-nesting at most `MAX_NESTING` deep, at most `MAX_JSON_BYTES` as text. The
-exception's own text is never sent: it may hold anything.
+A result (or failure details) is checked before it is sent by the rules the
+hub checks it by (`blockx.hubwire.parse_json`), so a report the hub would
+refuse for ever is never made. A handler may return a `RawJson` (or hold one
+in what it returns) to send a text exactly as it is, and `decimal.Decimal`s
+are written exactly. The exception's own text is never sent: it may hold
+anything.
+
+A handler gets the payload as the producer wrote it (`payload_text`) and
+decoded (`payload`): numbers with a fraction or an exponent as floats, or as
+`decimal.Decimal`s for a handler declared with `decimals=True`.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import json
-import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol, TypeVar
@@ -37,12 +41,14 @@ from blockx.errors import BlockxError, InvalidValue
 from blockx.hubwire import (
     CODE_FORM,
     MAX_ID_CHARS,
-    MAX_JSON_BYTES,
     Capability,
     Failed,
+    InvalidJson,
     Outcome,
     Succeeded,
     Unknown,
+    dumps,
+    parse_json,
 )
 
 DEFAULT_CAPACITY: Final = 4
@@ -101,7 +107,9 @@ class WorkerExecution:
     epoch: int
     capability: Capability
     payload: Any
-    """The task's payload, decoded from JSON."""
+    """The task's payload, decoded from JSON (see `WorkerHandler.decimals`)."""
+    payload_text: str
+    """The task's payload: the JSON text exactly as the producer wrote it."""
     attempt_deadline_ms: int
     """When this attempt must end at the latest (epoch ms): the attempt timeout or the
     task's deadline, whichever comes first."""
@@ -150,8 +158,8 @@ def handles(
 
 
 HandleFunction = Callable[[WorkerExecution], Any]
-"""Returns the result (any JSON value but None), or raises `WorkerFailure`; an async
-function, or a plain one that runs in a worker thread."""
+"""Returns the result (any JSON value but None, `RawJson` for a text sent as it is), or
+raises `WorkerFailure`; an async function, or a plain one that runs in a worker thread."""
 
 
 @attrs.frozen(kw_only=True)
@@ -160,6 +168,14 @@ class WorkerHandler:
 
     capability: Capability
     handle: HandleFunction
+    decimals: bool = False
+    """The payload's numbers with a fraction or an exponent are `decimal.Decimal`s,
+    exactly as written (`1.10` stays `Decimal("1.10")`), not floats."""
+
+    def payload_of(self, text: str) -> Any:
+        """The payload this handler gets for the JSON text `text` (`InvalidJson`, a
+        `ValueError`, if it breaks the protocol's rules)."""
+        return parse_json(text, "payload", decimals=self.decimals)
 
     @property
     def in_thread(self) -> bool:
@@ -273,10 +289,6 @@ class WorkerOptions:
         return None
 
 
-MAX_NESTING: Final = 64
-"""Deepest nesting of arrays and objects in a result or details."""
-INT_RANGE: Final = (-(2**63), 2**63 - 1)
-
 HANDLER_ERROR: Final = "HANDLER_ERROR"
 HANDLER_PANIC: Final = "HANDLER_PANIC"
 HANDLER_ABORTED: Final = "HANDLER_ABORTED"
@@ -288,8 +300,9 @@ class WorkerFailure(BlockxError):
     """Raise from a handler to fail the attempt on purpose.
 
     `code` matches `[A-Z][A-Z0-9_]{0,63}`; `details` is any JSON value (an empty
-    object when None); `retryable` says running the task again is safe and may
-    succeed (the hub still applies the task's attempts and deadline).
+    object when None; a `RawJson` is sent as it is); `retryable` says running the
+    task again is safe and may succeed (the hub still applies the task's attempts
+    and deadline).
     """
 
     def __init__(self, code: str, details: Any = None, *, retryable: bool = False) -> None:
@@ -299,44 +312,12 @@ class WorkerFailure(BlockxError):
         super().__init__(f"{code} (retryable: {retryable})")
 
 
-class UnfitResult(ValueError):
-    """A value the hub would not take as a result or details; says why."""
-
-
-def json_text(value: Any) -> str:
-    """`value` as compact JSON text, or `UnfitResult` saying why it cannot be sent."""
-    _check_value(value, depth=1)
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as error:
-        raise UnfitResult(str(error)) from None
-    size = len(text.encode("utf-8"))
-    if size > MAX_JSON_BYTES:
-        raise UnfitResult(f"{size} bytes of JSON; at most {MAX_JSON_BYTES}")
+def json_text(value: Any, name: str = "result") -> str:
+    """`value` as JSON text the hub takes as `name` (result or details), or `InvalidJson`
+    naming the path of what it would refuse."""
+    text = dumps(value, name=name)
+    parse_json(text, name)
     return text
-
-
-def _check_value(value: Any, *, depth: int) -> None:
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return
-    if isinstance(value, int):
-        if not INT_RANGE[0] <= value <= INT_RANGE[1]:
-            raise UnfitResult(f"an integer outside 64 bits: {value.bit_length()} bits")
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise UnfitResult(f"a number JSON cannot hold: {value}")
-        return
-    if isinstance(value, (list, tuple, dict)):
-        if depth > MAX_NESTING:
-            raise UnfitResult(f"nested deeper than {MAX_NESTING} levels")
-        items = value.values() if isinstance(value, dict) else value
-        if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
-            raise UnfitResult("an object key that is not a string")
-        for item in items:
-            _check_value(item, depth=depth + 1)
-        return
-    raise UnfitResult(f"a {type(value).__name__}, which is not a JSON value")
 
 
 def returned(value: Any) -> Outcome:
@@ -345,7 +326,7 @@ def returned(value: Any) -> Outcome:
         return Unknown(code=INVALID_HANDLER_RESULT)
     try:
         return Succeeded(result=json_text(value))
-    except UnfitResult:
+    except InvalidJson:
         return Unknown(code=INVALID_HANDLER_RESULT)
 
 
@@ -364,8 +345,8 @@ def _failure(error: WorkerFailure) -> Outcome:
     if not isinstance(error.code, str) or not CODE_FORM.fullmatch(error.code):
         return Unknown(code=INVALID_HANDLER_RESULT)
     try:
-        details = json_text(error.details)
-    except UnfitResult:
+        details = json_text(error.details, "details")
+    except InvalidJson:
         return Unknown(code=INVALID_HANDLER_RESULT)
     return Failed(code=error.code, details=details, retryable=bool(error.retryable))
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import math
 import random
@@ -465,7 +464,7 @@ class Worker:
         handler = self._options.handler_for(offer.capability)
         assert handler is not None  # the core keeps only offers of declared capabilities
         try:
-            payload = json.loads(offer.payload)
+            payload = handler.payload_of(offer.payload)
         except ValueError:
             return Failed(code="INVALID_PAYLOAD", details='{"reason":"payload is not JSON"}')
         execution = WorkerExecution(
@@ -474,6 +473,7 @@ class Worker:
             epoch=offer.epoch,
             capability=offer.capability,
             payload=payload,
+            payload_text=offer.payload,
             attempt_deadline_ms=min(offer.task_deadline_ms, self._now() + offer.attempt_timeout_ms),
             cancel_signal=handling.signal,
         )

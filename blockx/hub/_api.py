@@ -7,14 +7,16 @@
 
 Every request carries `Authorization: Bearer <token>` of a credential with
 the producer right on the queue (or admin). A bad request is answered 400
-with `{"error": ..., "field": ...}` naming the JSON key that is wrong.
+with `{"error": ..., "field": ...}` naming the JSON key that is wrong, or the
+path in the payload (`payload.items[3].price`). Payloads, results and details
+are served as the texts the hub was given (`RawJson`), never decoded and
+written again.
 `submission_from_json` and `task_json` are the same forms the command line
 uses.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import urllib.parse
@@ -39,7 +41,18 @@ from blockx.hub._model import (
     TaskState,
 )
 from blockx.hub._store import StoreError, Tx
-from blockx.hubwire import CONVERTER, MAX_ID_CHARS, MAX_JSON_BYTES, Capability
+from blockx.hubwire import (
+    CONVERTER,
+    MAX_ID_CHARS,
+    MAX_JSON_BYTES,
+    MAX_NESTING,
+    Capability,
+    InvalidJson,
+    RawJson,
+    dumps,
+    object_members,
+    parse_json,
+)
 from blockx.net.http import BadRequest, Connection, Request, header, read_body, respond_keeping
 from blockx.process.clock import EpochClock
 
@@ -76,8 +89,16 @@ class InvalidSubmission(InvalidValue):
     """A key of a submission (its JSON form) is missing or wrong."""
 
 
-def submission_from_json(document: object, queue_id: str) -> Submission:
-    """The submission `document` describes; `InvalidSubmission` naming the key otherwise."""
+def submission_from_json(text: str, queue_id: str) -> Submission:
+    """The submission the JSON text `text` describes; `InvalidSubmission` naming the key
+    (or the path in the payload) otherwise. The payload is kept as the very text the
+    submission holds, so numbers reach the handler and the reader as written."""
+    try:
+        document = parse_json(text, "", max_bytes=MAX_BODY_BYTES, max_nesting=MAX_NESTING + 1)
+    except InvalidJson as error:
+        raise InvalidSubmission(
+            field=error.field or "(body)", value=error.value, allowed=error.allowed
+        ) from None
     if not isinstance(document, dict):
         raise InvalidSubmission(field="(body)", value=document, allowed="must be a JSON object")
     unknown = sorted(set(document) - set(SUBMISSION_KEYS))
@@ -93,11 +114,12 @@ def submission_from_json(document: object, queue_id: str) -> Submission:
     }
     if "payload" not in fields:
         raise InvalidSubmission(field="payload", value=None, allowed="is required (any JSON value)")
-    payload = json.dumps(fields["payload"], separators=(",", ":"))
+    payload = object_members(text)["payload"]
+    size = len(payload.encode())
     InvalidSubmission.check(
-        len(payload.encode()) <= MAX_JSON_BYTES,
+        size <= MAX_JSON_BYTES,
         field="payload",
-        value=f"{len(payload)} characters",
+        value=f"{size} bytes",
         allowed=f"at most {MAX_JSON_BYTES} bytes of JSON",
     )
     idempotency = fields["idempotency"]
@@ -158,7 +180,7 @@ def task_json(
         "handler": task.capability.handler,
         "handler_version": task.capability.handler_version,
         "payload_version": task.capability.payload_version,
-        "payload": json.loads(task.payload),
+        "payload": RawJson(task.payload),
         "idempotency": task.idempotency.value,
         "max_attempts": task.max_attempts,
         "attempt_timeout_ms": task.attempt_timeout_ms,
@@ -167,7 +189,7 @@ def task_json(
         "deadline_at_ms": task.deadline_at_ms,
         "started_attempts": task.started_attempts,
         "uncertain": task.uncertain,
-        "result": None if task.result is None else json.loads(task.result),
+        "result": None if task.result is None else RawJson(task.result),
         "failure": None
         if not task.failure_code
         else {"code": task.failure_code, "details": _json_or_text(task.failure_details)},
@@ -205,12 +227,10 @@ def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
 
 
 def _json_or_text(text: str) -> object:
+    """A detail as the hub wrote it: a JSON object's text (kept exactly) or plain words."""
     if not text:
         return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return RawJson(text) if text.startswith("{") else text
 
 
 def load_task(task_id: str) -> Callable[[Tx], dict[str, Any] | None]:
@@ -321,7 +341,7 @@ class ProducerApi:
             status, body = await self._answer(stream, connection, request)
         except StoreError as error:
             status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
-        text = json.dumps(body) + "\n"
+        text = dumps(body) + "\n"
         return await respond_keeping(
             stream,
             connection,
@@ -412,9 +432,9 @@ class ProducerApi:
         except BadRequest as error:
             return _fixed(error.status, str(error))
         try:
-            submission = submission_from_json(json.loads(body), queue_id)
-        except ValueError as error:
-            return _fixed(400, f"the body is not JSON: {error}", "(body)")
+            submission = submission_from_json(body.decode(), queue_id)
+        except UnicodeDecodeError as error:
+            return _fixed(400, f"the body is not UTF-8: {error}", "(body)")
         except InvalidSubmission as error:
             return _fixed(400, str(error), error.field)
         submit = _ops.submit(submission, self._clock.now_ms(), self._new_id)

@@ -18,7 +18,6 @@ server (`blockx.process.signals`): the first SIGINT/SIGTERM drains it
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import textwrap
 import time
@@ -34,6 +33,7 @@ from blockx.hub._model import ANY_QUEUE, Right
 from blockx.hub._ops import SubmitRefusal
 from blockx.hub._server import Hub
 from blockx.hub._store import Store
+from blockx.hubwire import InvalidJson, RawJson, dumps, parse_json
 from blockx.process.lifecycle import lone_errors
 from blockx.process.signals import watch_signals
 from blockx.settings import FlagError, flag_overrides, help_text
@@ -175,14 +175,14 @@ def _create_credential(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     try:
-        payload = json.loads(args.payload)
-    except ValueError as error:
+        parse_json(args.payload, "payload")
+    except InvalidJson as error:
         raise FlagError(field="--payload", value=args.payload, allowed=f"JSON: {error}") from None
     document: dict[str, object] = {
         "handler": args.handler,
         "handler_version": args.handler_version,
         "payload_version": args.payload_version,
-        "payload": payload,
+        "payload": RawJson(args.payload),
         "idempotency": "IDEMPOTENT" if args.idempotent else "NON_IDEMPOTENT",
     }
     for key, value in (
@@ -194,7 +194,7 @@ def _submit(args: argparse.Namespace) -> int:
         if value is not None:
             document[key] = value
     try:
-        submission = submission_from_json(document, args.queue)
+        submission = submission_from_json(dumps(document), args.queue)
     except InvalidSubmission as error:
         flag = _SUBMIT_FLAGS.get(error.field, "--" + error.field.replace("_", "-"))
         raise FlagError(field=flag, value=error.value, allowed=error.allowed) from None
@@ -202,7 +202,7 @@ def _submit(args: argparse.Namespace) -> int:
     if isinstance(outcome, SubmitRefusal):
         flag = "--" + outcome.field.replace("_", "-")
         raise FlagError(field=flag, value=getattr(args, outcome.field), allowed=outcome.message)
-    print(json.dumps(task_json(outcome.task), indent=2))
+    print(dumps(task_json(outcome.task), indent=2))
     return 0
 
 
@@ -214,7 +214,7 @@ def _show_task(args: argparse.Namespace) -> int:
     shown = show_task(_store(args), args.task_id)
     if shown is None:
         raise FlagError(field="TASK", value=args.task_id, allowed="no such task")
-    print(json.dumps(shown, indent=2))
+    print(dumps(shown, indent=2))
     return 0
 
 

@@ -11,7 +11,6 @@ not committed.
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,6 @@ from blockx.hub._rules import Change, Refusal, Timing
 from blockx.hub._store import Keys, Tx
 from blockx.hubwire import (
     CODE_FORM,
-    MAX_JSON_BYTES,
     Answer,
     AttemptRef,
     Capability,
@@ -34,6 +32,8 @@ from blockx.hubwire import (
     Failed,
     Finish,
     Granted,
+    InvalidJson,
+    JsonTooLarge,
     Offer,
     Recorded,
     RefusalCode,
@@ -44,6 +44,7 @@ from blockx.hubwire import (
     Start,
     Succeeded,
     encode_message,
+    parse_json,
 )
 
 Decide: TypeAlias = Callable[[Tx], Answer]
@@ -278,7 +279,8 @@ def _refused(message: Start | Renew | Finish, refusal: Refusal) -> Refused:
 
 
 def check_report(message: Finish) -> Refusal | None:
-    """Why the hub cannot take a report as it is (size, JSON, code form), or None."""
+    """Why the hub cannot take a report as it is (size, the JSON rules, code form), or
+    None; a refusal of a text names the path of what breaks a rule (`result.items[3]`)."""
     match message.outcome:
         case Succeeded(result=text):
             texts = [("result", text)]
@@ -290,14 +292,12 @@ def check_report(message: Finish) -> Refusal | None:
     if code is not None and not CODE_FORM.fullmatch(code):
         return _invalid(f"code {code!r} must match {CODE_FORM.pattern}")
     for name, text in texts:
-        size = len(text.encode("utf-8"))
-        if size > MAX_JSON_BYTES:
-            reason = f"{name} of {size} bytes; at most {MAX_JSON_BYTES}"
-            return Refusal(code=RefusalCode.TOO_LARGE, message=reason)
         try:
-            value = json.loads(text)
-        except (ValueError, RecursionError) as error:
-            return _invalid(f"{name} is not JSON text ({error})")
+            value = parse_json(text, name)
+        except JsonTooLarge as error:
+            return Refusal(code=RefusalCode.TOO_LARGE, message=str(error))
+        except InvalidJson as error:
+            return _invalid(str(error))
         if name == "result" and value is None:
             return _invalid("result must not be null")
     return None

@@ -47,9 +47,11 @@ from blockx.hubwire import (
     Disposition,
     Failed,
     Outcome,
+    RawJson,
     RefusalCode,
     Succeeded,
     Unknown,
+    dumps,
 )
 
 DEADLINE_EXCEEDED: Final = "DEADLINE_EXCEEDED"
@@ -215,21 +217,22 @@ _ENDED_AS: Final = {
 
 
 def _report(outcome: Outcome) -> str:
-    """A report in full, as evidence keeps it (its texts were checked to be JSON)."""
+    """A report in full, as evidence keeps it (its texts were checked, and are kept as
+    they came)."""
     match outcome:
         case Succeeded(result=result):
-            return json.dumps({"reported": "SUCCEEDED", "result": json.loads(result)})
+            return dumps({"reported": "SUCCEEDED", "result": RawJson(result)})
         case Failed(code=code, details=details, retryable=retryable):
-            return json.dumps(
+            return dumps(
                 {
                     "reported": "FAILED",
                     "code": code,
-                    "details": json.loads(details),
+                    "details": RawJson(details),
                     "retryable": retryable,
                 }
             )
         case Unknown(code=code):
-            return json.dumps({"reported": "UNKNOWN", "code": code})
+            return dumps({"reported": "UNKNOWN", "code": code})
 
 
 # ------------------------------------------------------------------- lapses

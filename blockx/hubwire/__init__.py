@@ -1,8 +1,13 @@
 """The hub's wire protocol: what an automatic worker and the hub say to each other.
 
-A leaf package: message classes, the codec, limits and paths. It imports only
-attrs, cattrs, msgpack and `blockx.errors`, so the automatic worker (a client)
-and the hub (its server) share it without either importing the other.
+A leaf package: message classes, the codec, limits, paths and the JSON rules.
+It imports only attrs, cattrs, msgpack and `blockx.errors`, so the automatic
+worker (a client) and the hub (its server) share it without either importing
+the other.
+
+Payloads, results and failure details are JSON texts, kept as their producer
+wrote them from end to end; `parse_json` holds the rules every one of them
+keeps, and `dumps` writes values with stored texts (`RawJson`) spliced in.
 
 Workers speak over a WebSocket at `WORKER_PATH`; producers use HTTP JSON under
 `API_PREFIX` (`queue_tasks_path`, `task_path`).
@@ -41,6 +46,16 @@ from blockx.hubwire._codec import (
     encode,
     encode_message,
     frame,
+)
+from blockx.hubwire._json import (
+    MAX_NESTING,
+    MIN_INT,
+    InvalidJson,
+    JsonTooLarge,
+    RawJson,
+    dumps,
+    object_members,
+    parse_json,
 )
 from blockx.hubwire._messages import (
     API_PREFIX,
@@ -101,6 +116,8 @@ __all__ = [
     "MAX_ID_CHARS",
     "MAX_INT",
     "MAX_JSON_BYTES",
+    "MAX_NESTING",
+    "MIN_INT",
     "PROTOCOL_VERSION",
     "TAGS",
     "TYPE_KEY",
@@ -121,11 +138,14 @@ __all__ = [
     "Heartbeat",
     "HeartbeatAck",
     "Hello",
+    "InvalidJson",
+    "JsonTooLarge",
     "Message",
     "Offer",
     "OpenSession",
     "Outcome",
     "ProtocolError",
+    "RawJson",
     "Recorded",
     "RefusalCode",
     "Refused",
@@ -142,9 +162,12 @@ __all__ = [
     "Welcome",
     "check",
     "decode",
+    "dumps",
     "encode",
     "encode_message",
     "frame",
+    "object_members",
+    "parse_json",
     "queue_tasks_path",
     "task_path",
 ]

@@ -40,13 +40,14 @@ def test_a_queue_a_credential_a_task_and_its_history(
     assert code == 0
     assert token.startswith("bxc_")
     code, out, _ = run(capsys, db, "submit", "--queue", "images", *SUBMIT, "--payload",
-                       '{"image": "a.png"}', "--idempotent", "--max-attempts", "5",
+                       '{"image": "a.png", "scale": 1.10}', "--idempotent", "--max-attempts", "5",
                        "--task-id", "order-1")  # fmt: skip
     assert code == 0
     submitted = json.loads(out)
     assert (submitted["task_id"], submitted["state"]) == ("order-1", "QUEUED")
     assert (submitted["idempotency"], submitted["max_attempts"]) == ("IDEMPOTENT", 5)
-    assert submitted["payload"] == {"image": "a.png"}
+    assert submitted["payload"] == {"image": "a.png", "scale": 1.1}
+    assert '"payload": {"image": "a.png", "scale": 1.10},' in out  # as given
     code, out, _ = run(capsys, db, "task", "show", "order-1")
     assert code == 0
     shown = json.loads(out)
@@ -71,7 +72,16 @@ def test_a_queue_a_credential_a_task_and_its_history(
         ),
         (
             ["submit", "--queue", "q", *SUBMIT, "--payload", "{oops"],
-            "blockx: error: --payload '{oops': JSON: Expecting property name",
+            "blockx: error: --payload '{oops': JSON: payload: an object's key",
+        ),
+        (
+            ["submit", "--queue", "q", *SUBMIT, "--payload", '{"items": [{"price": NaN}]}'],
+            'blockx: error: --payload \'{"items": [{"price": NaN}]}\': JSON: '
+            "payload.items[0].price: a JSON number: RFC 8259 has no NaN",
+        ),
+        (
+            ["submit", "--queue", "q", *SUBMIT, "--payload", "[18446744073709551616]"],
+            "blockx: error: --payload '[18446744073709551616]': JSON: payload[0]: an integer",
         ),
         (
             ["submit", "--queue", "q", *SUBMIT, "--payload", "1", "--max-attempts", "0"],

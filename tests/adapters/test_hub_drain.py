@@ -4,6 +4,7 @@ what it took finish, and tells each worker to go with a going-away close."""
 from __future__ import annotations
 
 import contextlib
+import json
 
 import attrs
 import trio
@@ -148,6 +149,6 @@ def _submit_to_the_database(rig: HubRig) -> str:
         "payload_version": CAPABILITY.payload_version,
         "payload": {"n": 2},
     }
-    outcome = submit(rig.store, submission_from_json(document, QUEUE), rig.now_ms())
+    outcome = submit(rig.store, submission_from_json(json.dumps(document), QUEUE), rig.now_ms())
     assert isinstance(outcome, Submitted)
     return outcome.task.task_id

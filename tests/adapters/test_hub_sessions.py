@@ -62,7 +62,7 @@ async def test_claim_renew_finish(hub_url: str, autojump_clock: trio.testing.Moc
                 1,
                 CAPABILITY,
             )
-            assert offer.payload == '{"image":"a.png"}'
+            assert offer.payload == '{"image": "a.png"}'  # the text as submitted
             granted = await worker.start(offer)
             assert granted == Granted(
                 reply_to=granted.reply_to,
@@ -321,11 +321,11 @@ async def test_a_worker_is_offered_no_more_than_its_capacity(
             await rig.submit(token, payload={"n": n})
         async with rig.worker(token, capacity=2) as worker:
             await worker.listen(1)
-            assert [o.payload for o in worker.offers] == ['{"n":0}', '{"n":1}']
+            assert [o.payload for o in worker.offers] == ['{"n": 0}', '{"n": 1}']
             first = await worker.claim()
             await worker.finish(first, Succeeded(result="0"))
             await worker.listen(1)
-            assert [o.payload for o in worker.offers] == ['{"n":1}', '{"n":2}']
+            assert [o.payload for o in worker.offers] == ['{"n": 1}', '{"n": 2}']
             await worker.send(Heartbeat(capacity=0))
             await worker.listen(1)
             for offer in list(worker.offers):
@@ -374,7 +374,7 @@ async def test_the_offer_that_takes_a_finished_attempts_place_shares_the_finishs
     assert recorded == Recorded(
         reply_to=finish.message_id, attempt_id=first.attempt_id, disposition=Disposition.ACCEPTED
     )
-    assert second.payload == '{"n":1}'
+    assert second.payload == '{"n": 1}'
     assert committed == 1
     assert more == []  # capacity 1: the place was filled once
     assert late == Recorded(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import functools
 import threading
 from typing import Any
@@ -12,13 +13,14 @@ from blockx.autoworker import (
     AttemptCancelled,
     Capability,
     InvalidOption,
+    RawJson,
     WorkerExecution,
     WorkerFailure,
     WorkerHandler,
     WorkerOptions,
 )
-from blockx.autoworker._handlers import MAX_NESTING, json_text, raised, returned
-from blockx.hubwire import MAX_JSON_BYTES, Failed, Succeeded, Unknown
+from blockx.autoworker._handlers import json_text, raised, returned
+from blockx.hubwire import MAX_JSON_BYTES, MAX_NESTING, Failed, InvalidJson, Succeeded, Unknown
 
 CAP = Capability(handler="text.normalize", handler_version="v1", payload_version="v1")
 
@@ -135,6 +137,7 @@ def test_an_execution_tells_its_cancellation_to_any_thread() -> None:
         epoch=1,
         capability=CAP,
         payload={},
+        payload_text="{}",
         attempt_deadline_ms=0,
         cancel_signal=signal,
     )
@@ -190,12 +193,42 @@ def nested(depth: int) -> Any:
         (b"bytes", Unknown(code="INVALID_HANDLER_RESULT")),
         ("x" * MAX_JSON_BYTES, Unknown(code="INVALID_HANDLER_RESULT")),
         (nested(MAX_NESTING + 1), Unknown(code="INVALID_HANDLER_RESULT")),
+        (nested(100_000), Unknown(code="INVALID_HANDLER_RESULT")),
+        (
+            {"raw": RawJson("[1.10, 1E5]"), "exact": decimal.Decimal("2.50")},
+            Succeeded(result='{"raw":[1.10, 1E5],"exact":2.50}'),
+        ),
+        (RawJson('{"x": NaN}'), Unknown(code="INVALID_HANDLER_RESULT")),
+        (RawJson("[" * 100_000 + "]" * 100_000), Unknown(code="INVALID_HANDLER_RESULT")),
+        (RawJson('"\\ud800"'), Unknown(code="INVALID_HANDLER_RESULT")),
+        (decimal.Decimal("1e400"), Unknown(code="INVALID_HANDLER_RESULT")),
+        (decimal.Decimal("NaN"), Unknown(code="INVALID_HANDLER_RESULT")),
     ],
 )
 def test_a_returned_value_becomes_a_result_only_if_the_hub_can_take_it(
     value: Any, outcome: Any
 ) -> None:
     assert returned(value) == outcome
+
+
+def test_an_unfit_result_is_refused_naming_its_path() -> None:
+    with pytest.raises(InvalidJson) as refused:
+        json_text({"items": [1, {"price": float("nan")}]})
+    assert refused.value.field == "result.items[1].price"
+    with pytest.raises(InvalidJson) as refused:
+        json_text({"raw": RawJson("[1, 18446744073709551616]")}, "details")
+    assert refused.value.field == "details.raw[1]"
+
+
+def test_a_handler_gets_floats_or_exact_decimals_as_declared() -> None:
+    text = '{"price": 1.10, "id": 1234567890123456789}'
+    plain = WorkerHandler(capability=CAP, handle=handle)
+    exact = WorkerHandler(capability=CAP, handle=handle, decimals=True)
+    assert plain.payload_of(text) == {"price": 1.1, "id": 1234567890123456789}
+    assert exact.payload_of(text) == {"price": decimal.Decimal("1.10"), "id": 1234567890123456789}
+    assert str(exact.payload_of(text)["price"]) == "1.10"
+    with pytest.raises(ValueError, match=r"payload\.x"):
+        plain.payload_of('{"x": NaN}')
 
 
 def test_results_at_the_limits_are_taken() -> None:

@@ -43,6 +43,7 @@ from blockx.hubwire import (
     ResumedAttempt,
     Start,
     Succeeded,
+    compact,
     encode_message,
     parse_json,
 )
@@ -469,15 +470,12 @@ def submit(
 
 
 def _same_submission(existing: Task, new: Task) -> bool:
-    keep = (
-        "queue_id",
-        "capability",
-        "payload",
-        "idempotency",
-        "max_attempts",
-        "attempt_timeout_ms",
+    """Whether `new` repeats `existing`: the same fields, and the same payload text but
+    for its spacing (a producer that sends again may write it out anew)."""
+    keep = ("queue_id", "capability", "idempotency", "max_attempts", "attempt_timeout_ms")
+    return all(getattr(existing, name) == getattr(new, name) for name in keep) and (
+        existing.payload == new.payload or compact(existing.payload) == compact(new.payload)
     )
-    return all(getattr(existing, name) == getattr(new, name) for name in keep)
 
 
 # ----------------------------------------------------------------- operators

@@ -112,3 +112,21 @@ async def test_failure_details_are_checked_and_kept_as_given(
     assert refused.code is RefusalCode.INVALID_REPORT
     assert refused.message.startswith("details[0][0]")
     assert object_members(object_members(read[1])["failure"])["details"] == '{"why": [1.50]}'
+
+
+@SQLITE
+async def test_a_repeat_may_space_its_payload_anew_but_not_change_a_number(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    def submission(payload: str) -> bytes:
+        return body(payload)[:-1] + b', "task_id": "t1"}'
+
+    async with running_hub(hub_url) as rig:
+        token = rig.credential()
+        first = await rig.http("POST", SUBMIT, token=token, raw=submission('{"a": [1.10, "x y"]}'))
+        again = await rig.http("POST", SUBMIT, token=token, raw=submission('{"a":[1.10,"x y"]}'))
+        spaced = await rig.http("POST", SUBMIT, token=token, raw=submission('{"a":[1.10,"x  y"]}'))
+        other = await rig.http("POST", SUBMIT, token=token, raw=submission('{"a":[1.1,"x y"]}'))
+    assert (first[0], again[0]) == (201, 200)
+    assert again[1]["task_id"] == "t1"
+    assert (spaced[0], other[0]) == (409, 409)

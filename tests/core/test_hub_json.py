@@ -19,6 +19,7 @@ from blockx.hubwire import (
     InvalidJson,
     JsonTooLarge,
     RawJson,
+    compact,
     dumps,
     object_members,
     parse_json,
@@ -153,3 +154,9 @@ def test_valid_texts_are_accepted_and_read_as_the_standard_library_reads_them(
     text = json.dumps(value, indent=indent)
     assert parse_json(text, "payload") == json.loads(text)
     assert json.loads(dumps(value)) == json.loads(text)
+
+
+def test_compact_drops_the_spacing_between_tokens_and_keeps_strings_whole() -> None:
+    text = ' { "a" : [ 1.10 , "x \\" y  " ] ,\n\t"b": null } '
+    assert compact(text) == '{"a":[1.10,"x \\" y  "],"b":null}'
+    assert compact(compact(text)) == compact(text)

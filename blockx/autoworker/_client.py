@@ -49,7 +49,8 @@ class HubCertificateRejected(BlockxError, trio.BrokenResourceError):
 
 
 class HubRequestFailed(BlockxError):
-    """The hub answered a producer request with an error status."""
+    """The hub answered a producer request with an error status; `body` is its JSON
+    answer (the text itself when it is not JSON: a peer that is not a hub)."""
 
     def __init__(self, *, status: int, body: Any) -> None:
         self.status = status
@@ -252,7 +253,7 @@ class HubClient:
             await stream.aclose()
         text = content.decode()
         if status >= 300:
-            raise HubRequestFailed(status=status, body=json.loads(text) if text else None)
+            raise HubRequestFailed(status=status, body=_json_or_text(text))
         return text
 
     def _closed_early(self) -> str:
@@ -276,3 +277,10 @@ class HubClient:
         """Close the connections kept for later requests."""
         while self._idle:
             await self._idle.pop()[1].aclose()
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return text

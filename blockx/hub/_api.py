@@ -48,6 +48,7 @@ from blockx.hubwire import (
     MAX_NESTING,
     Capability,
     InvalidJson,
+    Outcome,
     RawJson,
     dumps,
     object_members,
@@ -213,8 +214,18 @@ def _attempt_json(attempt: Attempt) -> dict[str, Any]:
         "started_at_ms": attempt.started_at_ms or None,
         "lease_deadline_ms": attempt.lease_deadline_ms or None,
         "finished_at_ms": attempt.finished_at_ms or None,
-        "outcome": None if attempt.outcome is None else CONVERTER.unstructure(attempt.outcome),
+        "outcome": None if attempt.outcome is None else _outcome_json(attempt.outcome),
     }
+
+
+def _outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """An attempt's reported outcome, its result or details shown as the JSON they are
+    (checked when the report came), not as strings."""
+    shown: dict[str, Any] = CONVERTER.unstructure(outcome)
+    for key in ("result", "details"):
+        if key in shown:
+            shown[key] = RawJson(shown[key])
+    return shown
 
 
 def _entry_json(entry: HistoryEntry) -> dict[str, Any]:

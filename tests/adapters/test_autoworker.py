@@ -77,6 +77,8 @@ async def test_each_outcome_is_reported_as_documented(
     assert ended["fail"]["state"] == "FAILED"
     reported = {do: task["attempts"][-1]["outcome"] for do, task in ended.items()}
     assert reported["fail"]["code"] == "OBJECT_REJECTED"
+    assert reported["fail"]["details"] == {"why": "too big"}
+    assert reported["ok"]["result"] == {"ok": True}  # the JSON it is, not a string of it
     assert reported["error"] == {"code": "HANDLER_ERROR"}  # unknown: nothing else
     assert ended["error"]["state"] == "NEEDS_REVIEW"  # not idempotent: a person decides
     assert reported["nan"]["code"] == "INVALID_HANDLER_RESULT"

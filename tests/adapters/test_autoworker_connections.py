@@ -25,7 +25,7 @@ import trio
 import trio.testing
 import trustme
 
-from blockx.autoworker import HubClient, Worker, WorkerRunError
+from blockx.autoworker import HubClient, HubRequestFailed, Worker, WorkerRunError
 from blockx.hub import Right
 from blockx.hubwire import HeartbeatAck, encode
 from blockx.process.clock import EpochClock
@@ -344,3 +344,14 @@ async def test_wss_to_a_port_that_does_not_speak_tls_ends_the_run_third_time(
     assert ended.code == "TLS_FAILED"
     assert fake.url in str(ended)
     assert fake.connections == 3
+
+
+async def test_a_producer_request_answered_with_a_page_keeps_its_text_as_the_body(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    page = b"HTTP/1.1 404 Not Found\r\nContent-Length: 19\r\n\r\n<html>a page</html>"
+    async with serving(answering(page, then="close")) as fake:
+        client = HubClient(url=fake.url, credential="bxc_test.secret")
+        with pytest.raises(HubRequestFailed) as failed:
+            await client.task("t1")
+    assert (failed.value.status, failed.value.body) == (404, "<html>a page</html>")

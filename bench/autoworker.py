@@ -101,13 +101,18 @@ async def echo(execution: WorkerExecution) -> Any:
     return execution.payload
 
 
-async def work(url: str, capacity: int) -> None:
+def echo_in_a_thread(execution: WorkerExecution) -> Any:
+    return execution.payload
+
+
+async def work(url: str, capacity: int, plain: bool) -> None:
     """`--worker` mode: one automatic worker until SIGTERM, then its drain; prints its counts."""
     client = HubClient(url=url, credential=os.environ["BENCH_HUB_CREDENTIAL"])
+    handle = echo_in_a_thread if plain else echo
     options = WorkerOptions(
         queue_id=QUEUE,
         capacity=capacity,
-        handlers=[WorkerHandler(capability=CAPABILITY, handle=echo)],
+        handlers=[WorkerHandler(capability=CAPABILITY, handle=handle)],
     )
     worker = Worker(client, options)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -320,7 +325,15 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     worker_env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
     workers = [
         await open_logged(
-            [sys.executable, __file__, "--worker", url, "--capacity", str(args.capacity)],
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                url,
+                "--capacity",
+                str(args.capacity),
+                *(["--plain"] if args.plain else []),
+            ],
             worker_env,
             b"worker running",
             directory / f"worker{n}.log",
@@ -386,11 +399,14 @@ def main() -> None:
     parser.add_argument(
         "--profile-hub", metavar="PATH", help="py-spy's collapsed stacks of the hub in auto phase"
     )
+    parser.add_argument(
+        "--plain", action="store_true", help="the handler is a plain def (run in a thread)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the directory (logs, database)")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        trio.run(work, args.worker, args.capacity)
+        trio.run(work, args.worker, args.capacity, args.plain)
         return
     directory = Path(tempfile.mkdtemp(prefix="blockx-bench-autoworker-"))
     try:

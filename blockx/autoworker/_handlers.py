@@ -222,6 +222,12 @@ def _check_handlers(handlers: Sequence[WorkerHandler]) -> None:
             allowed="a function taking a WorkerExecution, async or plain (run in a thread)",
         )
         InvalidOption.check(
+            isinstance(handler.decimals, bool),
+            field=f"{field}.decimals",
+            value=handler.decimals,
+            allowed="True or False",
+        )
+        InvalidOption.check(
             capability not in seen,
             field=f"{field}.capability",
             value=capability,

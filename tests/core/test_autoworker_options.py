@@ -61,6 +61,10 @@ def test_defaults_are_the_documented_ones() -> None:
         ({"handlers": [WorkerHandler(capability=CAP, handle=None)]}, "handlers[0].handle"),  # type: ignore[arg-type]
         ({"handlers": ["resize"]}, "handlers[0]"),
         (
+            {"handlers": [WorkerHandler(capability=CAP, handle=handle, decimals="yes")]},  # type: ignore[arg-type]
+            "handlers[0].decimals",
+        ),
+        (
             {
                 "handlers": [
                     WorkerHandler(

@@ -193,7 +193,7 @@ def task_json(
         "result": None if task.result is None else RawJson(task.result),
         "failure": None
         if not task.failure_code
-        else {"code": task.failure_code, "details": _json_or_text(task.failure_details)},
+        else {"code": task.failure_code, "details": _json_text(task.failure_details)},
         "finished_at_ms": task.finished_at_ms or None,
     }
     if attempts is not None:
@@ -237,8 +237,13 @@ def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
     }
 
 
+def _json_text(text: str) -> RawJson | None:
+    """Failure details: a JSON text (a handler's, checked when it came, or the hub's own)."""
+    return RawJson(text) if text else None
+
+
 def _json_or_text(text: str) -> object:
-    """A detail as the hub wrote it: a JSON object's text (kept exactly) or plain words."""
+    """A history entry's detail as the hub wrote it: a JSON object's text or plain words."""
     if not text:
         return None
     return RawJson(text) if text.startswith("{") else text

@@ -107,11 +107,16 @@ async def test_failure_details_are_checked_and_kept_as_given(
             too_deep = "[" * 100_000 + "]" * 100_000
             refused = await worker.finish(offer, Failed(code="BAD", details=too_deep))
             await worker.finish(offer, Failed(code="BAD", details='{"why": [1.50]}'))
+            other = await rig.submit(token)
+            offer = await worker.claim()
+            await worker.finish(offer, Failed(code="BAD", details='[2.50, "no"]'))
         read = await rig.http_text("GET", f"/v1/tasks/{task['task_id']}", token=token)
+        _, listed = await rig.http("GET", f"/v1/tasks/{other['task_id']}", token=token)
     assert isinstance(refused, Refused)
     assert refused.code is RefusalCode.INVALID_REPORT
     assert refused.message.startswith("details[0][0]")
     assert object_members(object_members(read[1])["failure"])["details"] == '{"why": [1.50]}'
+    assert listed["failure"]["details"] == [2.5, "no"]  # any JSON, shown as JSON
 
 
 @SQLITE

@@ -11,7 +11,12 @@
 the command line (it is not loaded by `import blockx.autoworker`).
 """
 
-from blockx.autoworker._client import HubCertificateRejected, HubClient, HubRequestFailed
+from blockx.autoworker._client import (
+    HubCertificateRejected,
+    HubClient,
+    HubRequestFailed,
+    task_submission,
+)
 from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
     AttemptCancelled,
@@ -52,4 +57,5 @@ __all__ = [
     "WorkerShutdownTimeout",
     "WorkerStats",
     "handles",
+    "task_submission",
 ]

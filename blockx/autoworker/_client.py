@@ -18,6 +18,7 @@ import decimal
 import json
 import ssl
 import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -25,7 +26,16 @@ import h11
 import trio
 
 from blockx.errors import BlockxError, InvalidValue
-from blockx.hubwire import Capability, dumps, queue_tasks_path, task_path
+from blockx.hubwire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_TASKS,
+    Capability,
+    RawJson,
+    dumps,
+    queue_batch_path,
+    queue_tasks_path,
+    task_path,
+)
 
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -181,15 +191,25 @@ class HubClient:
 
         `payload` is any JSON value (`decimal.Decimal`s written exactly), or a `RawJson`
         whose text is the payload exactly as the handler will get it."""
-        document = {
-            "handler": capability.handler,
-            "handler_version": capability.handler_version,
-            "payload_version": capability.payload_version,
-            "payload": payload,
-            **fields,
-        }
+        document = task_submission(capability, payload, **fields)
         task: dict[str, Any] = await self.request("POST", queue_tasks_path(queue_id), document)
         return task
+
+    async def submit_many(
+        self, queue_id: str, documents: Iterable[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Queue many tasks, each a submission as `task_submission` makes it, in batches of at
+        most `MAX_BATCH_TASKS` tasks and `MAX_BATCH_BYTES` (one transaction each). One
+        answer per task, in order: `status` (201 queued, 200 a repeat of its task id, 4xx
+        refused) with its `task_id`, or with `error` and the `field` at fault."""
+        answers: list[dict[str, Any]] = []
+        for batch in _batches(documents):
+            text = await self.request_text("POST", queue_batch_path(queue_id), batch)
+            offset = len(answers)
+            for answer in json.loads(text)["results"]:
+                answer["index"] += offset
+                answers.append(answer)
+        return answers
 
     async def task(
         self, task_id: str, *, wait_ms: int = 0, decimals: bool = False
@@ -277,6 +297,36 @@ class HubClient:
         """Close the connections kept for later requests."""
         while self._idle:
             await self._idle.pop()[1].aclose()
+
+
+def task_submission(capability: Capability, payload: Any, **fields: Any) -> dict[str, Any]:
+    """A task as the producers' API takes it: its capability, its payload (any JSON value,
+    or a `RawJson` text) and optional `fields` (idempotency, max_attempts, task_id, ...)."""
+    return {
+        "handler": capability.handler,
+        "handler_version": capability.handler_version,
+        "payload_version": capability.payload_version,
+        "payload": payload,
+        **fields,
+    }
+
+
+def _batches(documents: Iterable[Mapping[str, Any]]) -> Iterator[RawJson]:
+    """The documents as JSON arrays of at most `MAX_BATCH_TASKS` items and (but for a lone
+    item, which the hub judges) `MAX_BATCH_BYTES`."""
+    texts: list[str] = []
+    size = 2
+    for document in documents:
+        text = dumps(document)
+        if texts and (
+            len(texts) == MAX_BATCH_TASKS or size + len(text.encode()) + 1 > MAX_BATCH_BYTES
+        ):
+            yield RawJson("[" + ",".join(texts) + "]")
+            texts, size = [], 2
+        texts.append(text)
+        size += len(text.encode()) + 1
+    if texts:
+        yield RawJson("[" + ",".join(texts) + "]")
 
 
 def _json_or_text(text: str) -> Any:

@@ -1,13 +1,13 @@
 """What an operator does to a hub's database directly: queues, credentials, tasks.
 
-The command line's `hub queue create`, `credential create`, `submit` and
-`task show` are these, and so are the tests' set-ups. Each runs in its own
+The command line's `hub queue create`, `credential create`, `submit` (one task,
+or a file of them) and `task show` are these, and so are the tests' set-ups. Each runs in its own
 transaction on a `Store`; a running hub sees the result at its next look.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from blockx.hub import _ops
@@ -43,6 +43,14 @@ def submit(
 ) -> _ops.Submitted | _ops.SubmitRefusal:
     """Queue a task (a repeat of the same task id returns the task as it is)."""
     return store.read(_ops.submit(submission, now_ms, new_id))
+
+
+def submit_many(
+    store: Store, submissions: Sequence[Submission], now_ms: int
+) -> list[_ops.Submitted | _ops.SubmitRefusal]:
+    """Queue tasks in one transaction, each on its own (as `submit` does one)."""
+    submits = [_ops.submit(submission, now_ms, _ops.new_id) for submission in submissions]
+    return store.read(lambda tx: [submit(tx) for submit in submits])
 
 
 def show_task(store: Store, task_id: str) -> dict[str, Any] | None:

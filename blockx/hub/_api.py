@@ -43,6 +43,8 @@ from blockx.hub._model import (
 from blockx.hub._store import StoreError, Tx
 from blockx.hubwire import (
     CONVERTER,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_TASKS,
     MAX_ID_CHARS,
     MAX_JSON_BYTES,
     MAX_NESTING,
@@ -50,6 +52,7 @@ from blockx.hubwire import (
     InvalidJson,
     Outcome,
     RawJson,
+    array_items,
     dumps,
     object_members,
     parse_json,
@@ -82,6 +85,7 @@ MAX_LIST: Final = 1_000
 MAX_WAIT_MS: Final = 30_000
 """The longest a task's reader may wait for it to end (well within `REQUEST_TIMEOUT_S`)."""
 _QUEUE_TASKS: Final = re.compile(r"/v1/queues/([^/]+)/tasks")
+_QUEUE_BATCH: Final = re.compile(r"/v1/queues/([^/]+)/tasks:batch")
 _TASK: Final = re.compile(r"/v1/tasks/([^/]+)")
 _ENDED: Final = frozenset(state.value for state in TaskState if state.is_terminal)
 
@@ -402,6 +406,12 @@ class ProducerApi:
             if request.method == b"GET":
                 return queue_id, _listing(queue_id, urllib.parse.parse_qs(target.query)), False
             return queue_id, _fixed(405, "GET or POST"), False
+        if (match := _QUEUE_BATCH.fullmatch(target.path)) is not None:
+            queue_id = urllib.parse.unquote(match[1])
+            if request.method != b"POST":
+                return queue_id, _fixed(405, "POST"), False
+            batch = await self._batch(stream, connection, request, queue_id)
+            return queue_id, batch, not isinstance(batch, _Fixed)
         unknown = _fixed(404, f"no such resource: {request.method.decode()} {target.path}")
         return None, unknown, False
 
@@ -463,6 +473,58 @@ class ProducerApi:
             return (201 if outcome.created else 200), task_json(outcome.task)
 
         return run
+
+    async def _batch(
+        self,
+        stream: trio.abc.Stream,
+        connection: Connection,
+        request: Request,
+        queue_id: str,
+    ) -> Work:
+        """What submitting a batch does: in one transaction, each task queued or refused on
+        its own, answered by its index; a body that is no array of tasks is refused whole."""
+        try:
+            body = await read_body(stream, connection, request, MAX_BATCH_BYTES)
+            items = array_items(body.decode(), "(body)")
+        except BadRequest as error:
+            return _fixed(error.status, str(error))
+        except UnicodeDecodeError as error:
+            return _fixed(400, f"the body is not UTF-8: {error}", "(body)")
+        except InvalidJson as error:
+            return _fixed(400, str(error), error.field)
+        if not 0 < len(items) <= MAX_BATCH_TASKS:
+            return _fixed(
+                400, f"a batch holds 1 to {MAX_BATCH_TASKS} tasks, not {len(items)}", "(body)"
+            )
+        now_ms = self._clock.now_ms()
+        submits = [_submit_item(item, queue_id, now_ms, self._new_id) for item in items]
+
+        def run(tx: Tx, credential: Credential) -> Answer:
+            results = [{"index": index, **submit(tx)} for index, submit in enumerate(submits)]
+            return 200, {"results": results}
+
+        return run
+
+
+def _submit_item(
+    text: str, queue_id: str, now_ms: int, new_id: Callable[[], str]
+) -> Callable[[Tx], dict[str, Any]]:
+    """One task of a batch: how it was taken (status, task id), or why not (status, error,
+    the key or path at fault)."""
+    try:
+        submit = _ops.submit(submission_from_json(text, queue_id), now_ms, new_id)
+    except InvalidSubmission as error:
+        refused = {"status": 400, "error": str(error), "field": error.field}
+        return lambda tx: refused
+
+    def run(tx: Tx) -> dict[str, Any]:
+        outcome = submit(tx)
+        if isinstance(outcome, _ops.SubmitRefusal):
+            status = 409 if outcome.conflict else 404
+            return {"status": status, "error": outcome.message, "field": outcome.field}
+        return {"status": 201 if outcome.created else 200, "task_id": outcome.task.task_id}
+
+    return run
 
 
 Answer: TypeAlias = tuple[int, Any]

@@ -4,6 +4,7 @@
     hub queue create QUEUE                                create a queue
     hub credential create --queue Q --rights R[,R]       print a new credential's token
     hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
+    hub submit --queue Q --file TASKS.jsonl               queue a file of tasks
     hub task show TASK                                    a task with attempts and history
 
 Settings come from `blockx.settings` (defaults -> the `--config` file, else
@@ -19,21 +20,30 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any, Final
 
 import trio
 
 from blockx.errors import BlockxError
-from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
+from blockx.hub._admin import (
+    UnknownQueue,
+    create_credential,
+    create_queue,
+    show_task,
+    submit,
+    submit_many,
+)
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._config import CONFIG_FILE_ENV, HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
 from blockx.hub._ops import SubmitRefusal
 from blockx.hub._server import Hub
 from blockx.hub._store import Store
-from blockx.hubwire import InvalidJson, RawJson, dumps, parse_json
+from blockx.hubwire import MAX_BATCH_TASKS, InvalidJson, RawJson, dumps, parse_json
 from blockx.process.lifecycle import lone_errors
 from blockx.process.signals import watch_signals
 from blockx.settings import FlagError, flag_overrides, help_text
@@ -118,12 +128,26 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_submit(sub: Any) -> None:
-    submit = sub.add_parser("submit", help="queue a task and print it as JSON")
+    submit = sub.add_parser(
+        "submit",
+        help="queue a task and print it as JSON, or the tasks of a file",
+        description=textwrap.fill(
+            "Queue one task, described by the flags, and print it as JSON; or, with --file, "
+            "the tasks of a JSON-lines file, one submission per line as the producers' API "
+            "takes it (handler, handler_version, payload_version, payload, and optional "
+            "keys). The whole file is checked first: if a line is bad, each bad line is named "
+            "on stderr and nothing is queued. Then the tasks are queued in transactions of "
+            f"{MAX_BATCH_TASKS}, printing a JSON line per task (its line, task_id and status, "
+            "or the error); the exit status is 1 if any was refused.",
+            width=78,
+        ),
+    )
     submit.add_argument("--queue", required=True)
-    submit.add_argument("--handler", required=True)
-    submit.add_argument("--handler-version", required=True)
-    submit.add_argument("--payload-version", required=True)
-    submit.add_argument("--payload", required=True, metavar="JSON", help="any JSON value")
+    submit.add_argument("--file", metavar="TASKS.jsonl", help="the tasks, one per line")
+    submit.add_argument("--handler")
+    submit.add_argument("--handler-version")
+    submit.add_argument("--payload-version")
+    submit.add_argument("--payload", metavar="JSON", help="any JSON value")
     submit.add_argument(
         "--idempotent",
         action="store_true",
@@ -174,6 +198,15 @@ def _create_credential(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        return _submit_file(args)
+    for flag in ("handler", "handler_version", "payload_version", "payload"):
+        FlagError.check(
+            getattr(args, flag) is not None,
+            field="--" + flag.replace("_", "-"),
+            value=None,
+            allowed="is required (or --file)",
+        )
     try:
         parse_json(args.payload, "payload")
     except InvalidJson as error:
@@ -205,6 +238,70 @@ def _submit(args: argparse.Namespace) -> int:
     print(dumps(task_json(outcome.task), indent=2))
     return 0
 
+
+def _submit_file(args: argparse.Namespace) -> int:
+    for flag in _ONE_TASK_FLAGS:
+        if getattr(args, flag) not in (None, False):
+            raise FlagError(
+                field="--" + flag.replace("_", "-"),
+                value=getattr(args, flag),
+                allowed="not with --file: each line describes its task",
+            )
+    numbered = _task_lines(args.file)
+    submissions, bad = [], []
+    for number, line in numbered:
+        try:
+            submissions.append(submission_from_json(line, args.queue))
+        except InvalidSubmission as error:
+            bad.append(f"line {number}: {error}")
+    for line in bad[:SHOWN_BAD_LINES]:
+        print(f"blockx: {line}", file=sys.stderr)
+    FlagError.check(
+        not bad,
+        field="--file",
+        value=args.file,
+        allowed=f"{len(bad)} bad line(s) (the first {SHOWN_BAD_LINES} above); nothing was queued",
+    )
+    store = _store(args)
+    refused = 0
+    for start in range(0, len(submissions), MAX_BATCH_TASKS):
+        chunk = slice(start, start + MAX_BATCH_TASKS)
+        outcomes = submit_many(store, submissions[chunk], _now_ms())
+        for (number, _), outcome in zip(numbered[chunk], outcomes, strict=True):
+            if isinstance(outcome, SubmitRefusal):
+                refused += 1
+                shown = {"line": number, "error": outcome.message, "field": outcome.field}
+            else:
+                status = 201 if outcome.created else 200
+                shown = {"line": number, "task_id": outcome.task.task_id, "status": status}
+            print(dumps(shown))
+    return 1 if refused else 0
+
+
+def _task_lines(path: str) -> list[tuple[int, str]]:
+    """The numbered lines of a tasks file that are not blank."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise FlagError(
+            field="--file", value=path, allowed=f"a readable UTF-8 file ({error})"
+        ) from None
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+
+
+_ONE_TASK_FLAGS: Final = (
+    "handler",
+    "handler_version",
+    "payload_version",
+    "payload",
+    "idempotent",
+    "max_attempts",
+    "deadline_ms",
+    "attempt_timeout_ms",
+    "task_id",
+)
+"""The flags that describe the one task of `submit` without `--file`."""
+SHOWN_BAD_LINES: Final = 20
 
 _SUBMIT_FLAGS = {"total_deadline_ms": "--deadline-ms", "idempotency": "--idempotent"}
 """The flag of each submission key whose flag is not the key spelled as a flag."""

@@ -196,6 +196,45 @@ def object_members(text: str) -> dict[str, str]:
     return members
 
 
+_STRUCTURE: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.DOTALL)
+"""A string (skipped whole), a bracket or a comma: what tells where an item ends."""
+
+
+def array_items(text: str, name: str = "") -> list[str]:
+    """The exact text of each item of the JSON array `text`, found by its brackets, commas
+    and strings alone: no item is read, however deep or wrong it is, so each can then be
+    checked (and refused) on its own. `InvalidJson` if `text` is not an array, or its
+    brackets do not close."""
+    start = _skip(text, 0)
+    if not text.startswith("[", start):
+        raise InvalidJson(field=name, value=text[start : start + _SHOWN], allowed="a JSON array")
+    items: list[str] = []
+    depth, begin = 0, start + 1
+    for token in _STRUCTURE.finditer(text, start):
+        mark = token[0]
+        if mark in "[{":
+            depth += 1
+        elif mark in "]}":
+            depth -= 1
+        elif mark == "," and depth == 1:
+            items.append(text[begin : token.start()].strip(" \t\n\r"))
+            begin = token.end()
+        if depth == 0:
+            last = text[begin : token.start()].strip(" \t\n\r")
+            if last or items:  # "[]" has no item; "[1,]" has an empty second one
+                items.append(last)
+            if _skip(text, token.end()) != len(text):
+                raise InvalidJson(
+                    field=name,
+                    value=text[token.end() : token.end() + _SHOWN],
+                    allowed="nothing after the array",
+                )
+            return items
+    raise InvalidJson(
+        field=name, value="the end of the text", allowed="an array whose brackets close"
+    )
+
+
 _SPACING: Final = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")|[ \t\n\r]+', re.DOTALL)
 
 

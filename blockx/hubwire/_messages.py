@@ -19,6 +19,10 @@ MAX_FRAME_BYTES: Final = 1024 * 1024
 MAX_JSON_BYTES: Final = 256 * 1024
 """Largest result, details or payload JSON text."""
 MAX_FRAME_MESSAGES: Final = 1024
+MAX_BATCH_TASKS: Final = 1_000
+"""The most tasks one batch submission may hold."""
+MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
+"""The largest body of a batch submission (each task's own limits hold as well)."""
 MAX_ID_CHARS: Final = 128
 MAX_CAPACITY: Final = 10_000
 """The most attempts one worker may hold at once."""
@@ -36,6 +40,11 @@ API_PREFIX: Final = "/v1/"
 def queue_tasks_path(queue_id: str) -> str:
     """Where a queue's tasks are submitted (POST) and listed (GET)."""
     return f"/v1/queues/{urllib.parse.quote(queue_id, safe='')}/tasks"
+
+
+def queue_batch_path(queue_id: str) -> str:
+    """Where many tasks of a queue are submitted in one request (POST)."""
+    return queue_tasks_path(queue_id) + ":batch"
 
 
 def task_path(task_id: str) -> str:

@@ -196,3 +196,63 @@ def test_a_bad_config_file_names_the_file_and_the_key(
     assert code == 1
     assert err.startswith(f"blockx: error: --config = '{tmp_path / 'none'}': the file cannot be")
     assert not db.exists()
+
+
+def test_a_file_of_tasks_is_queued_a_line_each_in_one_go(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, db, "queue", "create", "images")
+    task = {"handler": "resize", "handler_version": "2", "payload_version": "1"}
+    lines = [json.dumps({**task, "payload": {"n": n}, "task_id": f"t{n}"}) for n in range(1_005)]
+    lines.insert(3, "")  # blank lines are skipped
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("\n".join(lines) + "\n")
+    code, out, err = run(capsys, db, "submit", "--queue", "images", "--file", str(tasks))
+    assert (code, err) == (0, "")
+    shown = [json.loads(line) for line in out.splitlines()]
+    assert len(shown) == 1_005
+    assert shown[3] == {"line": 5, "task_id": "t3", "status": 201}
+    again = tmp_path / "again.jsonl"
+    again.write_text(
+        json.dumps({**task, "payload": {"n": 0}, "task_id": "t0"})
+        + "\n"
+        + json.dumps({**task, "payload": {"n": 9}, "task_id": "t1"})
+        + "\n"
+    )
+    code, out, _ = run(capsys, db, "submit", "--queue", "images", "--file", str(again))
+    assert code == 1  # one of them was refused
+    first, second = (json.loads(line) for line in out.splitlines())
+    assert first == {"line": 1, "task_id": "t0", "status": 200}
+    assert (second["line"], second["field"]) == (2, "task_id")
+    store = Store(str(db))
+    try:
+        assert show_task(store, "t1004") is not None
+    finally:
+        store.close()
+
+
+def test_a_file_with_a_bad_line_queues_nothing_and_names_each_bad_line(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, db, "queue", "create", "images")
+    good = '{"handler": "resize", "handler_version": "2", "payload_version": "1", "payload": 1}'
+    tasks = tmp_path / "tasks.jsonl"
+    nan = good.replace('"payload": 1', '"payload": {"x": NaN}')
+    tasks.write_text(f"{good}\n{nan}\nnot json\n{good}\n")
+    code, out, err = run(capsys, db, "submit", "--queue", "images", "--file", str(tasks))
+    assert (code, out) == (1, "")
+    errors = err.splitlines()
+    assert errors[0].startswith("blockx: line 2: payload.x")
+    assert errors[1].startswith("blockx: line 3: ")
+    assert "2 bad line(s)" in errors[-1]
+    code, _, err = run(capsys, db, "submit", "--queue", "images", "--file", str(tasks),
+                       "--payload", "1")  # fmt: skip
+    assert code == 1
+    assert err.startswith("blockx: error: --payload '1': not with --file")
+    code, out, _ = run(capsys, db, "submit", "--queue", "images", "--payload", "1")
+    assert code == 1
+    store = Store(str(db))
+    try:
+        assert store.read(lambda tx: tx.tasks_of_queue("images", None, 10)) == []
+    finally:
+        store.close()

@@ -19,6 +19,7 @@ from blockx.hubwire import (
     InvalidJson,
     JsonTooLarge,
     RawJson,
+    array_items,
     compact,
     dumps,
     object_members,
@@ -160,3 +161,16 @@ def test_compact_drops_the_spacing_between_tokens_and_keeps_strings_whole() -> N
     text = ' { "a" : [ 1.10 , "x \\" y  " ] ,\n\t"b": null } '
     assert compact(text) == '{"a":[1.10,"x \\" y  "],"b":null}'
     assert compact(compact(text)) == compact(text)
+
+
+def test_array_items_splits_by_structure_alone_and_keeps_each_text() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    text = f' [1.10, {{"a": "x,]"}}, {deep}, NaN,\n"\\"[" ] '
+    assert array_items(text) == ["1.10", '{"a": "x,]"}', deep, "NaN", '"\\"["']
+    assert array_items("[ ]") == []
+    assert array_items("[1,]") == ["1", ""]  # an empty item, for its own check to refuse
+    for bad, allowed in (("{}", "a JSON array"), ("[1", "close"), ("[1] 2", "nothing after")):
+        with pytest.raises(InvalidJson) as refused:
+            array_items(bad, "tasks")
+        assert refused.value.field == "tasks"
+        assert allowed in refused.value.allowed

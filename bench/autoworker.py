@@ -35,7 +35,12 @@ warm-up of 200 tasks:
   auto_latency_to_commit_ratio: its p50 over sqlite_commit_p50_ms.
   auto_latency_polled_p50_ms: as many more, read by plain GETs back to back.
 
-Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
+At the end the hub's `/metrics` is scraped: its submissions, successful
+finishes and task counts of the queue must agree with the database
+(`metrics_agree` is 1), or the run fails.
+
+Prints each figure as `RESULT name=<figure> value=<number>`; asserts nothing
+timed.
 Targets (2 cores): auto_tasks_per_s >= 1,000 and auto_latency_p50_ms <= 10.
 """
 
@@ -54,11 +59,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from blockx.autoworker import (
     Capability,
@@ -296,6 +303,43 @@ def prepare(db: Path) -> str:
         store.close()
 
 
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """The hub's `/metrics` samples of queue QUEUE, by name and state or outcome ("" if none)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, sample.labels.get("state") or sample.labels.get("outcome", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("queue") == QUEUE
+    }
+
+
+def disagreements(metrics: dict[tuple[str, str], float], found: dict[str, int]) -> list[str]:
+    """Where the hub's counters and gauges differ from the tasks in the database."""
+    expected: dict[tuple[str, str], int] = {
+        ("blockx_hub_submissions_total", ""): sum(found.values()),
+        ("blockx_hub_grants_total", ""): found.get(TaskState.SUCCEEDED, 0),
+        ("blockx_hub_finishes_total", "SUCCEEDED"): found.get(TaskState.SUCCEEDED, 0),
+        **{("blockx_hub_tasks", state.value): found.get(state, 0) for state in TaskState},
+    }
+    return [
+        f"{name}{{{label}}} = {metrics.get((name, label), 0):g}, the database says {count}"
+        for (name, label), count in expected.items()
+        if metrics.get((name, label), 0) != count
+    ]
+
+
+def check_database(db: Path, expected: int, metrics: dict[tuple[str, str], float]) -> None:
+    """Fail the run unless every task of QUEUE (`expected` of them) SUCCEEDED and the hub's
+    metrics agree with the database."""
+    found = counts(db)
+    if found != {TaskState.SUCCEEDED: expected}:
+        raise SystemExit(f"tasks by state after the run: {found}; expected {expected} SUCCEEDED")
+    if wrong := disagreements(metrics, found):
+        raise SystemExit("the hub's /metrics disagree with its database:\n" + "\n".join(wrong))
+
+
 def counts(db: Path) -> dict[str, int]:
     store = Store(str(db))
     try:
@@ -356,6 +400,7 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
             commit_ms = commit_latencies(directory / "floor.sqlite3", args.latency_tasks)
             task_ms = await task_latencies(client, args.latency_tasks, WAIT_MS)
             polled_ms = await task_latencies(client, args.latency_tasks, 0)
+            metrics = await trio.to_thread.run_sync(scrape, url)
     finally:
         await client.aclose()
         for process in workers:
@@ -364,10 +409,7 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     for n in range(args.workers):
         lines = (directory / f"worker{n}.log").read_text().splitlines()
         print(f"# worker {n}: {lines[-1] if lines else '(no output)'}", file=sys.stderr)
-    found = counts(db)
-    expected = WARM_UP_TASKS + args.tasks + 2 * args.latency_tasks
-    if found != {TaskState.SUCCEEDED: expected}:
-        raise SystemExit(f"tasks by state after the run: {found}; expected {expected} SUCCEEDED")
+    check_database(db, WARM_UP_TASKS + args.tasks + 2 * args.latency_tasks, metrics)
     auto_per_s = args.tasks / seconds
     result("hub_submits_fresh_per_s", fresh_per_s)
     result("hub_submits_per_s", submits_per_s)
@@ -384,6 +426,7 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
         "auto_latency_to_commit_ratio", statistics.median(task_ms) / statistics.median(commit_ms), 1
     )
     result("auto_latency_polled_p50_ms", statistics.median(polled_ms), 2)
+    result("metrics_agree", 1)
 
 
 def main() -> None:

@@ -8,13 +8,15 @@ and nothing is acknowledged before it is durable. A batch that fails is rolled
 back and its operations are run again one transaction each, so one bad
 operation (a conflict with another hub, a bug) fails alone, with
 `StoreError`; when the database itself went away, each of them fails so.
+A `Meter` hears of every transaction: its size and time, or its failure.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 import attrs
@@ -45,15 +47,34 @@ class Tail(Protocol):
         """The operation's result, once its transaction is committed and answered."""
 
 
+class Meter(Protocol):
+    """Hears how each transaction went (the hub's metrics)."""
+
+    def batch_committed(self, operations: int, seconds: float) -> None:
+        """A transaction of `operations` (tails not counted) committed in `seconds`."""
+
+    def batch_failed(self, error: StoreError) -> None:
+        """A transaction failed with a database error and was rolled back."""
+
+
 class Committer:
     """The actor. Start `run` with `nursery.start`; `use_thread=False` runs the database on
     the Trio thread (tests on a virtual clock)."""
 
-    def __init__(self, store: Store, *, use_thread: bool = True, tail: Tail | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        use_thread: bool = True,
+        tails: Sequence[Tail] = (),
+        meter: Meter | None = None,
+    ) -> None:
         self.store = store
         self._use_thread = use_thread
-        self._tail = tail
-        self._tails: list[Any] = []
+        self._tails = tuple(tails)
+        self._meter = meter
+        self._tail_results: list[list[Any]] = []
+        """Per transaction committed in the current batch: each tail's result."""
         self._send, self._receive = trio.open_memory_channel[_Pending](math.inf)
         self._unanswered = 0
         self._idle = trio.Event()
@@ -109,10 +130,10 @@ class Committer:
             self._unanswered -= len(batch)
             if self._unanswered == 0:
                 self._idle.set()
-            tails, self._tails = self._tails, []
-            if self._tail is not None:
-                for tail in tails:
-                    self._tail.committed(tail)
+            committed, self._tail_results = self._tail_results, []
+            for tail_results in committed:
+                for tail, result in zip(self._tails, tail_results, strict=True):
+                    tail.committed(result)
 
     async def _commit(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
         try:
@@ -129,20 +150,30 @@ class Committer:
         return results
 
     async def _run_batch(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
-        if self._tail is not None:
-            operations = [*operations, self._tail.operation()]
+        count = len(operations)
+        operations = [*operations, *(tail.operation() for tail in self._tails)]
+        started_s = time.perf_counter()
+        try:
+            results = await self._transaction(operations)
+        except StoreError as error:
+            if self._meter is not None:
+                self._meter.batch_failed(error)
+            raise
+        if self._meter is not None:
+            self._meter.batch_committed(count, time.perf_counter() - started_s)
+        self._tail_results.append(results[count:])
+        del results[count:]
+        return results
+
+    async def _transaction(self, operations: list[Callable[[Tx], Any]]) -> list[Any]:
         if not self._use_thread:
-            results = self.store.run_batch(operations)
-        elif (now := self.store.run_batch_now(operations)) is not None:
+            return self.store.run_batch(operations)
+        if (now := self.store.run_batch_now(operations)) is not None:
             # SQLite: run here, where the rest of the hub's Python runs anyway (one
             # interpreter lock); a hand-off to a thread and back costs more than the fsync.
-            results = now
-        else:
-            # Not abandoned on cancellation: a commit that started is let finish.
-            results = await trio.to_thread.run_sync(self.store.run_batch, operations)
-        if self._tail is not None:
-            self._tails.append(results.pop())
-        return results
+            return now
+        # Not abandoned on cancellation: a commit that started is let finish.
+        return await trio.to_thread.run_sync(self.store.run_batch, operations)
 
     def _failed(self, error: Exception) -> StoreError:
         if isinstance(error, StoreError):

@@ -15,6 +15,7 @@ import attrs
 from blockx import settings
 from blockx.hub._rules import Timing
 from blockx.settings import (
+    BOOL,
     LOG_FORMATS,
     STR,
     ConfigError,
@@ -64,6 +65,9 @@ class HubConfig:
     tls_client_ca_file: str = setting("", "tlsClientCaFile", "HUB_TLS_CLIENT_CA_FILE", STR)
     """PEM CA certificates a client's certificate must be signed by (mutual TLS); "" asks
     clients for no certificate. Only with `tls_cert_file`."""
+    metrics_admin_only: bool = setting(False, "metricsAdminOnly", "HUB_METRICS_ADMIN_ONLY", BOOL)
+    """Whether `GET /metrics` needs an admin credential (`Authorization: Bearer`); without,
+    anyone who reaches the port reads it: queue names and counts, nothing of tasks."""
     log_format: str = setting("auto", "logFormat", "LOG_FORMAT", STR)
     """"json" (one object per line), "text", or "auto": text on a terminal, else JSON."""
 

@@ -1,7 +1,8 @@
 """The hub server: worker sessions over WebSocket and the producers' HTTP JSON API, one port.
 
 `GET /v1/worker` upgrades to the worker protocol (`blockx.hubwire`);
-everything else under `/v1/` is the producers' API (see `_api`); with a
+`GET /metrics` is for Prometheus (`_metrics`); everything else under `/v1/`
+is the producers' API (see `_api`); with a
 certificate set (`tlsCertFile`), both over TLS only (HTTPS and WSS). Behind
 both is the committer (`_committer`), the only writer of the database: every
 answer a worker gets was committed first.
@@ -38,6 +39,7 @@ from blockx.hub._api import ProducerApi, TaskWatch
 from blockx.hub._auth import authenticate
 from blockx.hub._committer import Committer
 from blockx.hub._config import HubConfig
+from blockx.hub._metrics import METRICS_PATH, HubMetrics, SessionLoad
 from blockx.hub._model import Credential, Right
 from blockx.hub._store import Store, StoreError
 from blockx.hubwire import (
@@ -242,7 +244,10 @@ class Hub:
         """`new_id` makes task and attempt ids (default: `TimeOrderedIds` on `clock`)."""
         self.config = config
         watch = TaskWatch()
-        self.committer = Committer(store, use_thread=use_thread, tail=watch)
+        self.metrics = HubMetrics()
+        self.committer = Committer(
+            store, use_thread=use_thread, tails=(watch, self.metrics), meter=self.metrics
+        )
         self.hub_id = _ops.new_id()
         self._clock = clock or EpochClock()
         self._new_id = new_id = new_id or _ops.TimeOrderedIds(self._clock.now_ms)
@@ -398,6 +403,16 @@ class Hub:
             message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
             await respond(stream, 400, message)
             return False
+        if _path(request) == METRICS_PATH:  # answered while the hub drains too
+            return await self.metrics.serve(
+                stream,
+                connection,
+                request,
+                committer=self.committer,
+                sessions=self._loads,
+                admin_only=self.config.metrics_admin_only,
+                keep=not self.draining,
+            )
         if self.draining:
             await respond(stream, 503, _SHUTTING_DOWN, content_type="application/json")
             return False
@@ -406,6 +421,12 @@ class Hub:
         return False  # it took too long: its connection is done
 
     # ------------------------------------------------------------------- sessions
+
+    def _loads(self) -> list[SessionLoad]:
+        return [
+            SessionLoad(queue_id=s.queue_id, capacity=s.capacity, held=len(s.held))
+            for s in self._sessions.values()
+        ]
 
     async def _worker(self, socket: trio_websocket.WebSocketConnection) -> None:
         send, outbox = trio.open_memory_channel[bytes](MAX_UNSENT)

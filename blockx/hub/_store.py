@@ -254,6 +254,11 @@ class Tx:
         """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
         self._notes: list[tuple[object, ...]] = []
         self._ended: set[str] = set()
+        self.moved_tasks: list[tuple[Task | None, Task]] = []
+        """Each task written, in order, beside what it was before (None: inserted now)."""
+        self.moved_attempts: list[tuple[Attempt | None, Attempt]] = []
+        """Each attempt written, in order, beside what it was before (None: inserted now,
+        or not read first)."""
 
     def rows(
         self, sql: str, *params: object, reads: Collection[str] | None = None
@@ -326,10 +331,14 @@ class Tx:
         return self._tasks[task_id]
 
     def insert_task(self, task: Task) -> None:
+        self.moved_tasks.append((None, task))
         self._tasks[task.task_id] = task
         self._write(_INSERT_TASK, task.task_id, _task_row(task))
 
     def update_task(self, task: Task) -> None:
+        before = self._tasks.get(task.task_id)
+        if before is not None:  # every operation reads a task before it changes it
+            self.moved_tasks.append((before, task))
         self._tasks[task.task_id] = task
         if task.state.is_terminal:
             self._ended.add(task.task_id)
@@ -382,6 +391,11 @@ class Tx:
         self._tasks[task.task_id] = task
         return task
 
+    def task_counts(self) -> list[tuple[str, str, int]]:
+        """(queue id, state, how many tasks) for every pair that has tasks."""
+        sql = "SELECT queue_id, state, COUNT(*) FROM tasks GROUP BY queue_id, state"
+        return [(row[0], row[1], int(row[2])) for row in self.rows(sql, reads=("tasks",))]
+
     def tasks_of_queue(self, queue_id: str, state: str | None, limit: int) -> list[Task]:
         where = "queue_id = ?" + (" AND state = ?" if state else "")
         params: tuple[object, ...] = (queue_id, state) if state else (queue_id,)
@@ -430,6 +444,9 @@ class Tx:
         return min(dues, default=None)
 
     def put_attempt(self, attempt: Attempt, *, new: bool) -> None:
+        self.moved_attempts.append(
+            (None if new else self._attempts.get(attempt.attempt_id), attempt)
+        )
         self._attempts[attempt.attempt_id] = attempt
         row = _attempt_row(attempt)
         inserted = self._writes.get(_INSERT_ATTEMPT, {})

@@ -25,14 +25,18 @@ class TaskState(enum.StrEnum):
     FAILED = "FAILED"
     NEEDS_REVIEW = "NEEDS_REVIEW"
     """An attempt may have had its effect and running it again is not known to be
-    safe: a person decides."""
+    safe: a person decides (an operator retries or resolves it)."""
+    CANCELLED = "CANCELLED"
+    """An operator cancelled it while it waited in the queue."""
 
     @property
     def is_terminal(self) -> bool:
         return self in _TERMINAL
 
 
-_TERMINAL: Final = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW})
+_TERMINAL: Final = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW, TaskState.CANCELLED}
+)
 
 
 class AttemptState(enum.StrEnum):

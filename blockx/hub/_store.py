@@ -341,7 +341,7 @@ class Tx:
         self._write(_UPDATE_TASK, task.task_id, tuple(row[i] for i in _TASK_UPDATE))
 
     def ended_tasks(self) -> frozenset[str]:
-        """The tasks this transaction ended (made SUCCEEDED, FAILED or NEEDS_REVIEW)."""
+        """The tasks this transaction ended (made SUCCEEDED, FAILED, NEEDS_REVIEW or CANCELLED)."""
         return frozenset(self._ended)
 
     def offerable(

@@ -134,6 +134,17 @@ class Task:
 
 
 @attrs.frozen(kw_only=True)
+class TaskFilter:
+    """Which of a queue's tasks an operator lists or acts on: in any of `states` (all when
+    empty), of `handler`, created from `since_ms` on and before `until_ms` (None: any)."""
+
+    states: tuple[TaskState, ...] = ()
+    handler: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Attempt:
     attempt_id: str
     task_id: str

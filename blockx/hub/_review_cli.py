@@ -150,5 +150,10 @@ def _ask(args: argparse.Namespace, method: str, target: str, body: Any) -> int:
             field="--credential-file", value=args.credential_file, allowed=str(error)
         ) from None
     client = HubClient(url=args.hub, credential=token, ca_file=args.ca_file or "")
-    print(trio.run(client.request_text, method, target, body))
+    try:
+        print(trio.run(client.request_text, method, target, body))
+    except (OSError, trio.BrokenResourceError) as error:
+        raise FlagError(
+            field="--hub", value=args.hub, allowed=f"cannot reach the hub: {error}"
+        ) from None
     return 0

@@ -131,7 +131,7 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     """,
     # An operator's answer kept under the request id its client chose: a repeat gets it.
     """
-    CREATE TABLE operator_requests (
+    CREATE TABLE IF NOT EXISTS operator_requests (
         request_id TEXT NOT NULL,
         action TEXT NOT NULL,
         target TEXT NOT NULL,
@@ -140,7 +140,7 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         at_ms BIGINT NOT NULL,
         PRIMARY KEY (request_id, action, target)
     ){without_rowid};
-    CREATE INDEX operator_requests_by_age ON operator_requests (at_ms);
+    CREATE INDEX IF NOT EXISTS operator_requests_by_age ON operator_requests (at_ms);
     """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from blockx.hub import Right, _review, show_task
+from blockx.hub import Right, _ops, _review, show_task
 from blockx.hubwire import Failed, Unknown, dumps
 from tests.adapters.autoworker_rig import state_of, worker
 from tests.adapters.hub_harness import QUEUE, HubRig, running_hub
@@ -154,11 +154,14 @@ async def test_a_repeated_request_id_gets_the_first_answer_and_does_nothing_more
         repeated = await act(rig, admin, task_id, "retry", request_id="once")
         cancelled_again = await act(rig, admin, task_id, "cancel", request_id="c")
         task = shown(rig, task_id)
+        rig.store.read(_ops.forget_receipts(rig.now_ms() + 1))  # kept as long as receipts
+        forgotten = await act(rig, admin, task_id, "retry", request_id="once")
     assert first[0] == cancelled[0] == 200
     assert repeated == first  # the answer of the time it was done, not the task as it is
     assert cancelled_again == cancelled
     assert (task["state"], task["max_attempts"]) == ("CANCELLED", 2)
     assert [e["kind"] for e in task["history"]].count("RETRIED") == 1
+    assert forgotten[0] == 409  # decided anew: the task is CANCELLED now
 
 
 async def test_pages_follow_a_cursor_without_repeats_or_gaps(

@@ -51,12 +51,6 @@ from blockx.net.http import BadRequest, Connection, Request, read_body
 
 MAX_BULK: Final = 1_000
 """The most tasks one bulk call changes (in one transaction); the answer says if more match."""
-ACTS_ON: Final = {
-    "retry": (TaskState.NEEDS_REVIEW, TaskState.FAILED),
-    "resolve": (TaskState.NEEDS_REVIEW,),
-    "cancel": (TaskState.QUEUED,),
-}
-"""The states each action applies to (a bulk action selects only tasks in them)."""
 _TASK_ACTION: Final = re.compile(r"/v1/tasks/([^/]+):(retry|resolve|cancel)")
 _QUEUE_ACTION: Final = re.compile(r"/v1/queues/([^/]+)/tasks:(retry|cancel)")
 _LISTING: Final = "/v1/tasks"
@@ -162,7 +156,7 @@ def _cursor(text: str) -> tuple[int, str]:
     except (binascii.Error, UnicodeDecodeError):
         decoded = ""
     created_at_ms, colon, task_id = decoded.partition(":")
-    ok = bool(colon) and created_at_ms.isdigit() and bool(task_id)
+    ok = bool(colon) and created_at_ms.isascii() and created_at_ms.isdigit() and bool(task_id)
     _check(ok, "cursor", text, "the next_cursor of the page before, as it was given")
     return int(created_at_ms), task_id
 
@@ -205,7 +199,7 @@ def on_queue(action: str, queue_id: str, body: str, now_ms: int) -> Work:
     fields, request_id = _body(body, (*_FILTER_KEYS, "dry_run"))
     dry_run = fields.pop("dry_run", False)
     _check(type(dry_run) is bool, "dry_run", dry_run, "true or false")
-    chosen = _filter(fields, ACTS_ON[action], query=False)
+    chosen = _filter(fields, _rules.ACTS_ON[action], query=False)  # only tasks it applies to
     act = _rules.retry if action == "retry" else _rules.cancel
 
     def decide(tx: Tx, credential: Credential) -> Answer:
@@ -335,7 +329,7 @@ def _filter(fields: Mapping[str, Any], states: tuple[TaskState, ...], *, query: 
 
 def _time(value: object, name: str, *, query: bool) -> int:
     """A creation time in epoch milliseconds (a query's text, or a body's integer)."""
-    if query and isinstance(value, str) and value.isdigit():
+    if query and isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     _check(type(value) is int and value >= 0, name, value, "epoch milliseconds (an integer)")
     assert isinstance(value, int)
@@ -343,7 +337,7 @@ def _time(value: object, name: str, *, query: bool) -> int:
 
 
 def _count(text: str, name: str, most: int) -> int:
-    _check(text.isdigit() and 0 < int(text) <= most, name, text, f"1 to {most}")
+    _check(text.isascii() and text.isdigit() and 0 < int(text) <= most, name, text, f"1 to {most}")
     return int(text)
 
 

@@ -311,12 +311,19 @@ def resume_status(
 
 # ---------------------------------------------------------------- operators
 
+ACTS_ON: Final = {
+    "retry": (TaskState.NEEDS_REVIEW, TaskState.FAILED),
+    "resolve": (TaskState.NEEDS_REVIEW,),
+    "cancel": (TaskState.QUEUED,),
+}
+"""The states each operator's action applies to; in any other it is declined."""
+
 
 def retry(task: Task, *, by: Operator, now_ms: int) -> Change | Declined:
     """Queue a NEEDS_REVIEW or FAILED task again, its budget one attempt larger and its
     total deadline counted again from now if that is later: its next offer is a new
     attempt under the next epoch. Its ended attempts stay as they are."""
-    if task.state not in (TaskState.NEEDS_REVIEW, TaskState.FAILED):
+    if task.state not in ACTS_ON["retry"]:
         return _declined(task, "retried", "only a NEEDS_REVIEW or FAILED task can be")
     total_ms = task.deadline_at_ms - task.created_at_ms
     queued = attrs.evolve(
@@ -336,7 +343,7 @@ def resolve(
     task: Task, outcome: Succeeded | Failed, *, by: Operator, now_ms: int
 ) -> Change | Declined:
     """End a NEEDS_REVIEW task as the operator says its uncertain attempt ended."""
-    if task.state is not TaskState.NEEDS_REVIEW:
+    if task.state not in ACTS_ON["resolve"]:
         return _declined(task, "resolved", "only a NEEDS_REVIEW task can be")
     match outcome:
         case Succeeded(result=result):
@@ -357,7 +364,7 @@ def cancel(task: Task, *, by: Operator, now_ms: int) -> Change | Declined:
             "cancelled",
             f"its attempt {task.attempt_id} is under way: only a QUEUED task can be",
         )
-    if task.state is not TaskState.QUEUED:
+    if task.state not in ACTS_ON["cancel"]:
         return _declined(task, "cancelled", "only a QUEUED task can be")
     ended = _end(task, TaskState.CANCELLED, now_ms)
     return Change(task=ended, history=(_by(task, now_ms, "CANCELLED", by, {}),))

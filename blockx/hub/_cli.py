@@ -6,6 +6,7 @@
     hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
     hub submit --queue Q --file TASKS.jsonl               queue a file of tasks
     hub task show TASK                                    a task with attempts and history
+    hub task list|retry|resolve|cancel ...                review and redrive (`_review_cli`)
 
 Settings come from `blockx.settings` (defaults -> the `--config` file, else
 `HUB_CONFIG`'s -> environment -> flags); `hub --help` lists every one. Every
@@ -41,6 +42,7 @@ from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._config import CONFIG_FILE_ENV, HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
 from blockx.hub._ops import SubmitRefusal
+from blockx.hub._review_cli import add_task_commands
 from blockx.hub._server import Hub
 from blockx.hub._store import Store
 from blockx.hubwire import MAX_BATCH_TASKS, InvalidJson, RawJson, dumps, parse_json
@@ -110,6 +112,7 @@ def add_commands(commands: Any) -> None:
     show.add_argument("task_id", metavar="TASK")
     _settings_flags(show)
     show.set_defaults(run=_show_task)
+    add_task_commands(task)
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:

@@ -25,14 +25,18 @@ class TaskState(enum.StrEnum):
     FAILED = "FAILED"
     NEEDS_REVIEW = "NEEDS_REVIEW"
     """An attempt may have had its effect and running it again is not known to be
-    safe: a person decides."""
+    safe: a person decides (an operator retries or resolves it)."""
+    CANCELLED = "CANCELLED"
+    """An operator cancelled it while it waited in the queue."""
 
     @property
     def is_terminal(self) -> bool:
         return self in _TERMINAL
 
 
-_TERMINAL: Final = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW})
+_TERMINAL: Final = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW, TaskState.CANCELLED}
+)
 
 
 class AttemptState(enum.StrEnum):
@@ -127,6 +131,17 @@ class Task:
     failure_code: str = ""
     failure_details: str = ""
     finished_at_ms: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class TaskFilter:
+    """Which of a queue's tasks an operator lists or acts on: in any of `states` (all when
+    empty), of `handler`, created from `since_ms` on and before `until_ms` (None: any)."""
+
+    states: tuple[TaskState, ...] = ()
+    handler: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
 
 
 @attrs.frozen(kw_only=True)

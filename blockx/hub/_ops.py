@@ -500,5 +500,11 @@ def create_credential(
 
 
 def forget_receipts(before_ms: int) -> Callable[[Tx], None]:
-    """Drop the answers kept for message ids older than `before_ms`."""
-    return lambda tx: tx.forget_receipts(before_ms)
+    """Drop the answers kept for message ids, and for operators' request ids, older than
+    `before_ms`."""
+
+    def run(tx: Tx) -> None:
+        tx.forget_receipts(before_ms)
+        tx.forget_operator_answers(before_ms)
+
+    return run

@@ -17,6 +17,14 @@ or, never started, when its offer runs out (WITHDRAWN). Then the task:
   FAILED); any other task goes to NEEDS_REVIEW, for a person to decide.
 * WITHDRAWN -> QUEUED again without using an attempt (nothing ran).
 
+Only an operator changes a task that has ended, and never an attempt:
+`retry` queues a NEEDS_REVIEW or FAILED task again with one more attempt in
+its budget (its next offer makes a new attempt under the next epoch);
+`resolve` ends a NEEDS_REVIEW task as the operator says its uncertain attempt
+ended; `cancel` ends a QUEUED task CANCELLED (an offered or running one is
+refused: its attempt is under way). Each adds one line to the history naming
+the credential that acted.
+
 Only the task's newest attempt, started, within its lease, by the instance it
 was offered to and under its own epoch, can end the task with a report. A
 report that arrives after the lease ended, or for an attempt that has since
@@ -30,6 +38,7 @@ Pure: no clock (time is `now_ms`), no IO, no randomness (attempt ids come in).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Final
 
 import attrs
@@ -86,6 +95,21 @@ class Change:
 @attrs.frozen(kw_only=True)
 class Refusal:
     code: RefusalCode
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class Operator:
+    """Who acts on a task by hand: a credential, under a request id its client chose."""
+
+    credential_id: str
+    request_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Declined:
+    """An operator's action that does not apply to the task as it is now."""
+
     message: str
 
 
@@ -283,6 +307,80 @@ def resume_status(
     if attempt.state is AttemptState.RUNNING and now_ms < attempt.lease_deadline_ms:
         return AttemptStatus.RUNNING, attempt.lease_deadline_ms
     return AttemptStatus.LOST, 0
+
+
+# ---------------------------------------------------------------- operators
+
+ACTS_ON: Final = {
+    "retry": (TaskState.NEEDS_REVIEW, TaskState.FAILED),
+    "resolve": (TaskState.NEEDS_REVIEW,),
+    "cancel": (TaskState.QUEUED,),
+}
+"""The states each operator's action applies to; in any other it is declined."""
+
+
+def retry(task: Task, *, by: Operator, now_ms: int) -> Change | Declined:
+    """Queue a NEEDS_REVIEW or FAILED task again, its budget one attempt larger and its
+    total deadline counted again from now if that is later: its next offer is a new
+    attempt under the next epoch. Its ended attempts stay as they are."""
+    if task.state not in ACTS_ON["retry"]:
+        return _declined(task, "retried", "only a NEEDS_REVIEW or FAILED task can be")
+    total_ms = task.deadline_at_ms - task.created_at_ms
+    queued = attrs.evolve(
+        task,
+        state=TaskState.QUEUED,
+        available_at_ms=now_ms,
+        max_attempts=task.max_attempts + 1,
+        deadline_at_ms=max(task.deadline_at_ms, now_ms + total_ms),
+        result=None,
+        finished_at_ms=0,
+    )
+    detail = {"max_attempts": queued.max_attempts, "deadline_at_ms": queued.deadline_at_ms}
+    return Change(task=queued, history=(_by(task, now_ms, "RETRIED", by, detail),))
+
+
+def resolve(
+    task: Task, outcome: Succeeded | Failed, *, by: Operator, now_ms: int
+) -> Change | Declined:
+    """End a NEEDS_REVIEW task as the operator says its uncertain attempt ended."""
+    if task.state not in ACTS_ON["resolve"]:
+        return _declined(task, "resolved", "only a NEEDS_REVIEW task can be")
+    match outcome:
+        case Succeeded(result=result):
+            ended = _end(task, TaskState.SUCCEEDED, now_ms, result=result)
+            detail: dict[str, object] = {"result_bytes": len(result.encode())}
+        case Failed(code=code, details=details):
+            ended = _end(task, TaskState.FAILED, now_ms, code=code, details=details)
+            detail = {"code": code}
+    detail["state"] = ended.state.value
+    return Change(task=ended, history=(_by(task, now_ms, "RESOLVED", by, detail),))
+
+
+def cancel(task: Task, *, by: Operator, now_ms: int) -> Change | Declined:
+    """End a QUEUED task (waiting for its first offer or a retry's back-off) CANCELLED."""
+    if task.state in (TaskState.OFFERED, TaskState.RUNNING):
+        return _declined(
+            task,
+            "cancelled",
+            f"its attempt {task.attempt_id} is under way: only a QUEUED task can be",
+        )
+    if task.state not in ACTS_ON["cancel"]:
+        return _declined(task, "cancelled", "only a QUEUED task can be")
+    ended = _end(task, TaskState.CANCELLED, now_ms)
+    return Change(task=ended, history=(_by(task, now_ms, "CANCELLED", by, {}),))
+
+
+def _declined(task: Task, done: str, why: str) -> Declined:
+    return Declined(message=f"task {task.task_id!r} is {task.state}: {why} {done}")
+
+
+def _by(
+    task: Task, now_ms: int, kind: str, by: Operator, detail: Mapping[str, object]
+) -> HistoryEntry:
+    """An operator's line in the history: what was done, by which credential, under which
+    request id."""
+    said = {"by": by.credential_id, "request_id": by.request_id, **detail}
+    return _note(task, now_ms, kind, task.attempt_id, json.dumps(said))
 
 
 # ------------------------------------------------------------ the task's next state

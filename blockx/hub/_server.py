@@ -2,9 +2,9 @@
 
 `GET /v1/worker` upgrades to the worker protocol (`blockx.hubwire`);
 `GET /metrics` is for Prometheus (`_metrics`); everything else under `/v1/`
-is the producers' API (see `_api`); with a
-certificate set (`tlsCertFile`), both over TLS only (HTTPS and WSS). Behind
-both is the committer (`_committer`), the only writer of the database: every
+is the producers' API (see `_api`) and the operators' (`_review`); with a
+certificate set (`tlsCertFile`), all over TLS only (HTTPS and WSS). Behind
+them is the committer (`_committer`), the only writer of the database: every
 answer a worker gets was committed first.
 
 Per connection, a reader decodes frames and hands each control message to
@@ -35,12 +35,13 @@ import trio
 import trio_websocket
 
 from blockx.hub import _ops
-from blockx.hub._api import ProducerApi, TaskWatch
+from blockx.hub._api import TaskWatch
 from blockx.hub._auth import authenticate
 from blockx.hub._committer import Committer
 from blockx.hub._config import HubConfig
 from blockx.hub._metrics import METRICS_PATH, HubMetrics, SessionLoad
 from blockx.hub._model import Credential, Right
+from blockx.hub._review import OperatorApi
 from blockx.hub._store import Store, StoreError
 from blockx.hubwire import (
     MAX_CAPACITY,
@@ -260,7 +261,7 @@ class Hub:
         """Published: the hub takes no new work (see `drain`)."""
         self._wake_dispatcher = trio.Event()
         self._sweep_by: trio.CancelScope | None = None
-        self.api = ProducerApi(
+        self.api = OperatorApi(
             self.committer,
             clock=self._clock,
             new_id=new_id,

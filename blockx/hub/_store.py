@@ -36,6 +36,7 @@ from blockx.hub._model import (
     Idempotency,
     Right,
     Task,
+    TaskFilter,
     TaskState,
 )
 from blockx.hubwire import CONVERTER, Capability, Outcome
@@ -128,6 +129,19 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     """
     CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (queue_id, state, created_at_ms);
     """,
+    # An operator's answer kept under the request id its client chose: a repeat gets it.
+    """
+    CREATE TABLE IF NOT EXISTS operator_requests (
+        request_id TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        answer TEXT NOT NULL,
+        at_ms BIGINT NOT NULL,
+        PRIMARY KEY (request_id, action, target)
+    ){without_rowid};
+    CREATE INDEX IF NOT EXISTS operator_requests_by_age ON operator_requests (at_ms);
+    """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
 
@@ -173,6 +187,8 @@ _UPDATE_TASK, _TASK_UPDATE = _update(
         "failure_code",
         "failure_details",
         "finished_at_ms",
+        "max_attempts",
+        "deadline_at_ms",
     ),
 )
 _UPDATE_ATTEMPT, _ATTEMPT_UPDATE = _update(
@@ -181,7 +197,8 @@ _UPDATE_ATTEMPT, _ATTEMPT_UPDATE = _update(
     "attempt_id",
     ("state", "started_at_ms", "lease_deadline_ms", "finished_at_ms", "due_at_ms", "outcome"),
 )
-"""What a task's or an attempt's life changes; the rest of their rows never changes."""
+"""What a task's or an attempt's life changes (an operator's retry, a task's budget and
+deadline too); the rest of their rows never changes."""
 _INSERT_NOTE: Final = (
     "INSERT INTO history (task_id, at_ms, kind, attempt_id, detail) VALUES (?, ?, ?, ?, ?)"
 )
@@ -350,7 +367,7 @@ class Tx:
         self._write(_UPDATE_TASK, task.task_id, tuple(row[i] for i in _TASK_UPDATE))
 
     def ended_tasks(self) -> frozenset[str]:
-        """The tasks this transaction ended (made SUCCEEDED, FAILED or NEEDS_REVIEW)."""
+        """The tasks this transaction ended (made SUCCEEDED, FAILED, NEEDS_REVIEW or CANCELLED)."""
         return frozenset(self._ended)
 
     def offerable(
@@ -401,6 +418,27 @@ class Tx:
         params: tuple[object, ...] = (queue_id, state) if state else (queue_id,)
         sql = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE {where} ORDER BY created_at_ms LIMIT ?"
         return [_task(row) for row in self.rows(sql, *params, limit, reads=("tasks",))]
+
+    def task_page(
+        self, queue_id: str, chosen: TaskFilter, after: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        """Up to `limit` tasks of `queue_id` that `chosen` selects, in the order they were
+        created (ties by id), from just past `after` (created_at_ms, task_id) on. Locked
+        on PostgreSQL: an operator acts on what it reads."""
+        where, params = _filtered(queue_id, chosen)
+        if after is not None:
+            where += " AND (created_at_ms > ? OR (created_at_ms = ? AND task_id > ?))"
+            params += (after[0], after[0], after[1])
+        sql = (
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE {where} "
+            "ORDER BY created_at_ms, task_id LIMIT ?"
+        )
+        return [self._keep_task(row) for row in self.rows(self._lock(sql), *params, limit)]
+
+    def count_tasks(self, queue_id: str, chosen: TaskFilter) -> int:
+        where, params = _filtered(queue_id, chosen)
+        count: int = self.rows(f"SELECT COUNT(*) FROM tasks WHERE {where}", *params)[0][0]
+        return count
 
     # --- attempts ----------------------------------------------------------------------
 
@@ -493,6 +531,34 @@ class Tx:
         self.run("DELETE FROM receipts WHERE at_ms < ?", before_ms)
         self._receipts.clear()
 
+    def operator_answer(self, request_id: str, action: str, target: str) -> tuple[int, str] | None:
+        """(status, answer's JSON text) kept for an operator's request, or None."""
+        rows = self.rows(
+            "SELECT status, answer FROM operator_requests "
+            "WHERE request_id = ? AND action = ? AND target = ?",
+            request_id,
+            action,
+            target,
+            reads=(),
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def keep_operator_answer(
+        self, request_id: str, action: str, target: str, answer: tuple[int, str], now_ms: int
+    ) -> None:
+        self.run(
+            "INSERT INTO operator_requests (request_id, action, target, status, answer, at_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            request_id,
+            action,
+            target,
+            *answer,
+            now_ms,
+        )
+
+    def forget_operator_answers(self, before_ms: int) -> None:
+        self.run("DELETE FROM operator_requests WHERE at_ms < ?", before_ms)
+
     # --- queues and credentials --------------------------------------------------------
 
     def queue_exists(self, queue_id: str) -> bool:
@@ -534,6 +600,24 @@ class Tx:
 
 
 # ------------------------------------------------------------------------------ rows
+
+
+def _filtered(queue_id: str, chosen: TaskFilter) -> tuple[str, tuple[object, ...]]:
+    """The WHERE clause (and its parameters) of a queue's tasks that `chosen` selects."""
+    where = "queue_id = ?"
+    params: tuple[object, ...] = (queue_id,)
+    if chosen.states:
+        where += f" AND state IN ({', '.join('?' * len(chosen.states))})"
+        params += tuple(state.value for state in chosen.states)
+    for clause, value in (
+        (" AND handler = ?", chosen.handler),
+        (" AND created_at_ms >= ?", chosen.since_ms),
+        (" AND created_at_ms < ?", chosen.until_ms),
+    ):
+        if value is not None:
+            where += clause
+            params += (value,)
+    return where, params
 
 
 def _credential(row: Sequence[Any]) -> tuple[Credential, str]:

@@ -256,3 +256,39 @@ def test_a_file_with_a_bad_line_queues_nothing_and_names_each_bad_line(
         assert store.read(lambda tx: tx.tasks_of_queue("images", None, 10)) == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["retry"], "blockx: error: TASK None: give a task or --queue"),
+        (["cancel", "t1", "--queue", "q"], "blockx: error: TASK 't1': give a task or --queue"),
+        (
+            ["retry", "t1", "--state", "FAILED"],
+            "blockx: error: --state 'FAILED': only with --queue",
+        ),
+        (["cancel", "t1", "--dry-run"], "blockx: error: --dry-run True: only with --queue"),
+        (["resolve", "t1", "--succeeded", "{oops"], "blockx: error: --succeeded '{oops': JSON:"),
+        (
+            ["resolve", "t1", "--succeeded", "1", "--details", "{}"],
+            "blockx: error: --details '{}': only with --failed",
+        ),
+        (
+            ["resolve", "t1", "--failed", "X", "--details", "nope"],
+            "blockx: error: --details 'nope'",
+        ),
+        (["list", "--queue", "q", "--credential-file", "/no/such/file"], "blockx: error: --cred"),
+        (["list", "--queue", "q", "--hub", "ftp://h"], "blockx: error: url='ftp://h' is invalid"),
+        (["list", "--queue", "q"], "blockx: error: --hub 'http://127.0.0.1:9': cannot reach"),
+    ],
+)
+def test_review_commands_name_the_flag_that_is_wrong_before_asking_a_hub(
+    tmp_path: Path, argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    credential = tmp_path / "admin"
+    credential.write_text("bxc_a.b\n")
+    reach = ["--hub", "http://127.0.0.1:9", "--credential-file", str(credential)]
+    code = cli.main(["hub", "task", argv[0], *reach, *argv[1:]])  # later flags win
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err.strip().startswith(error), err

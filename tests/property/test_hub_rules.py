@@ -15,13 +15,19 @@ store would write) and checks, after every step:
   it goes to NEEDS_REVIEW;
 * a report is accepted only from the instance holding a running attempt under
   its own epoch, within its lease; anything else is refused or evidence only,
-  and evidence never ends a task as it reports.
+  and evidence never ends a task as it reports;
+* an operator's retry, resolve or cancel applies only in the states it names
+  (else it is declined and changes nothing), touches no attempt (an attempt
+  that ended never changes again; a retried task's next attempt has the next
+  epoch), and adds one history line naming its credential; an ended task
+  changes only by an operator's action; a task's history only grows.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+from typing import Final
 
 from hypothesis import event, note
 from hypothesis import strategies as st
@@ -30,13 +36,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from blockx.hub import Attempt, AttemptState, Idempotency, Task, TaskState
 from blockx.hub._rules import (
     Change,
+    Declined,
+    Operator,
     Refusal,
     Timing,
     can_offer,
+    cancel,
     expire,
     finish,
     offer,
     renew,
+    resolve,
+    retry,
     start,
     time_out,
 )
@@ -57,6 +68,12 @@ OUTCOMES = st.one_of(
 )
 UNCERTAIN = (AttemptState.UNKNOWN, AttemptState.LEASE_EXPIRED)
 STARTED = (AttemptState.RUNNING, AttemptState.SUCCEEDED, AttemptState.FAILED, *UNCERTAIN)
+ACTS_ON: Final = {
+    "retry": (TaskState.NEEDS_REVIEW, TaskState.FAILED),
+    "resolve": (TaskState.NEEDS_REVIEW,),
+    "cancel": (TaskState.QUEUED,),
+}
+"""The states each operator action applies to."""
 
 
 class HubRules(RuleBasedStateMachine):
@@ -66,6 +83,12 @@ class HubRules(RuleBasedStateMachine):
         self.tasks: dict[str, Task] = {}
         self.attempts: dict[str, Attempt] = {}
         self.ended: dict[str, Task] = {}
+        self.ended_attempts: dict[str, Attempt] = {}
+        self.history: dict[str, list[str]] = {}
+        """Each task's history lines' kinds, as the changes appended them."""
+        self.acted: dict[str, list[tuple[int, str]]] = {}
+        """(epoch, action) of every operator action a task took."""
+        self.resolved: dict[str, Outcome] = {}
         self.ids = (f"x{n}" for n in itertools.count())
 
     # ------------------------------------------------------------------ helpers
@@ -75,6 +98,8 @@ class HubRules(RuleBasedStateMachine):
         if change.attempt is not None:
             self.attempts[change.attempt.attempt_id] = change.attempt
         assert all(entry.task_id == change.task.task_id for entry in change.history)
+        assert all(entry.at_ms == self.now_ms for entry in change.history)
+        self.history.setdefault(change.task.task_id, []).extend(e.kind for e in change.history)
 
     def pick(self, data: st.DataObject) -> tuple[Attempt, str]:
         """An attempt (a live one, mostly) and who speaks for it (its instance, mostly)."""
@@ -222,6 +247,49 @@ class HubRules(RuleBasedStateMachine):
                 assert timed_out.task.failure_code == "DEADLINE_EXCEEDED"
                 self.apply(timed_out)
 
+    @precondition(lambda self: bool(self.tasks))
+    @rule(
+        data=st.data(),
+        action=st.sampled_from(["retry", "resolve", "resolve", "cancel"]),
+        outcome=st.builds(Succeeded, result=st.just("7"))
+        | st.builds(Failed, code=st.just("GONE"), details=st.just("[1]"), retryable=st.just(False)),
+    )
+    def operator_acts(self, data: st.DataObject, action: str, outcome: Succeeded | Failed) -> None:
+        applies = sorted(t.task_id for t in self.tasks.values() if t.state in ACTS_ON[action])
+        mostly_applies = bool(applies) and data.draw(st.integers(0, 3)) > 0
+        task = self.tasks[
+            data.draw(st.sampled_from(applies if mostly_applies else sorted(self.tasks)))
+        ]
+        by = Operator(credential_id="c1", request_id=next(self.ids))
+        match action:
+            case "retry":
+                result = retry(task, by=by, now_ms=self.now_ms)
+            case "resolve":
+                result = resolve(task, outcome, by=by, now_ms=self.now_ms)
+            case _:
+                result = cancel(task, by=by, now_ms=self.now_ms)
+        note(f"{action} {task.task_id} ({task.state}): {result}")
+        event(f"{action} {task.state}: {'declined' if isinstance(result, Declined) else 'done'}")
+        if isinstance(result, Declined):
+            assert task.state not in ACTS_ON[action]
+            assert task.task_id in result.message
+            assert task.state in result.message
+            return
+        assert task.state in ACTS_ON[action]
+        assert result.attempt is None  # no action touches an attempt
+        [entry] = result.history
+        assert json.loads(entry.detail)["by"] == "c1"
+        self.apply(result)
+        self.acted.setdefault(task.task_id, []).append((task.epoch, action))
+        if action == "resolve":
+            self.resolved[task.task_id] = outcome
+        if result.task.state.is_terminal:
+            self.ended[task.task_id] = result.task
+        else:
+            assert result.task.max_attempts == task.max_attempts + 1
+            assert result.task.epoch == task.epoch  # the next offer makes the next epoch
+            del self.ended[task.task_id]
+
     # --------------------------------------------------------------- invariants
 
     @invariant()
@@ -232,6 +300,23 @@ class HubRules(RuleBasedStateMachine):
             elif task.state.is_terminal:
                 self.ended[task_id] = task
                 assert task.finished_at_ms == self.now_ms
+
+    @invariant()
+    def ended_attempts_never_change(self) -> None:
+        for attempt_id, attempt in self.attempts.items():
+            if attempt_id in self.ended_attempts:
+                assert attempt == self.ended_attempts[attempt_id]
+            elif not attempt.state.is_live:
+                self.ended_attempts[attempt_id] = attempt
+
+    @invariant()
+    def histories_name_each_operator_action(self) -> None:
+        kinds = {"retry": "RETRIED", "resolve": "RESOLVED", "cancel": "CANCELLED"}
+        for task_id, history in self.history.items():
+            acted = sorted(kinds[action] for _, action in self.acted.get(task_id, ()))
+            assert sorted(k for k in history if k in ("RETRIED", "RESOLVED", "CANCELLED")) == (
+                acted
+            )
 
     @invariant()
     def epochs_count_attempts_and_only_the_newest_lives(self) -> None:
@@ -262,7 +347,12 @@ class HubRules(RuleBasedStateMachine):
     def outcomes_come_from_the_current_attempt(self) -> None:
         for task in self.tasks.values():
             attempts = self.attempts_of(task.task_id)
-            if task.state is TaskState.SUCCEEDED:
+            acted = self.acted.get(task.task_id, [])
+            resolved = (task.epoch, "resolve") in acted
+            if task.state is TaskState.SUCCEEDED and resolved:
+                assert attempts[-1].state in UNCERTAIN
+                assert self.resolved[task.task_id] == Succeeded(result=task.result or "")
+            elif task.state is TaskState.SUCCEEDED:
                 assert attempts[-1].state is AttemptState.SUCCEEDED
                 assert isinstance(attempts[-1].outcome, Succeeded)
                 assert task.result == attempts[-1].outcome.result
@@ -272,9 +362,12 @@ class HubRules(RuleBasedStateMachine):
                 assert task.idempotency is Idempotency.NON_IDEMPOTENT
                 assert attempts[-1].state in UNCERTAIN
             if task.idempotency is Idempotency.NON_IDEMPOTENT:
-                uncertain = [a.epoch for a in attempts if a.state in UNCERTAIN]
-                assert not uncertain or uncertain == [attempts[-1].epoch]
-                assert not uncertain or task.state is TaskState.NEEDS_REVIEW
+                # Never run again after an uncertain attempt unless an operator said so.
+                for uncertain in (a.epoch for a in attempts if a.state in UNCERTAIN):
+                    assert (uncertain, "retry") in acted or (
+                        uncertain == task.epoch
+                        and (task.state is TaskState.NEEDS_REVIEW or resolved)
+                    )
             assert task.uncertain == any(a.state in UNCERTAIN for a in attempts)
 
     @invariant()

@@ -7,7 +7,6 @@ transaction on a `Store`; a running hub sees the result at its next look.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from blockx.hub import _ops
@@ -39,10 +38,16 @@ def create_credential(store: Store, queue_id: str, rights: frozenset[Right], now
 
 
 def submit(
-    store: Store, submission: Submission, now_ms: int, new_id: Callable[[], str] = _ops.new_id
+    store: Store, submission: Submission, now_ms: int
 ) -> _ops.Submitted | _ops.SubmitRefusal:
     """Queue a task (a repeat of the same task id returns the task as it is)."""
-    return store.read(_ops.submit(submission, now_ms, new_id))
+    return store.read(_ops.submit(submission, now_ms, _ops.TimeOrderedIds(lambda: now_ms)))
+
+
+def set_key_limit(store: Store, queue_id: str, key: str, max_running: int) -> None:
+    """Set a concurrency key's limit (`key` "": the queue's for every key); 0 removes it."""
+    if not store.read(_ops.set_key_limit(queue_id, key, max_running)):
+        raise UnknownQueue(queue_id)
 
 
 def show_task(store: Store, task_id: str) -> dict[str, Any] | None:

@@ -118,7 +118,7 @@ class HubRules(RuleBasedStateMachine):
         delay_ms=st.sampled_from([0, 0, 0, 200, 1_000]),
         key=st.sampled_from(["", "k1", "k2", "k3"]),
     )
-    def submit(
+    def submit(  # noqa: PLR0917 - Hypothesis passes a rule's arguments by name
         self,
         idempotent: bool,
         max_attempts: int,
@@ -180,7 +180,8 @@ class HubRules(RuleBasedStateMachine):
             if last is None or offer_order(task) < last:
                 key = task.concurrency_key
                 taken = live.get(key, 0) + sum(t.concurrency_key == key for t in chosen)
-                assert key in KEY_LIMITS and taken >= KEY_LIMITS[key], task
+                assert key in KEY_LIMITS, task
+                assert taken >= KEY_LIMITS[key], task
 
     def offer_one(self, task: Task, instance: str, and_start: bool) -> None:
         offered = offer(

@@ -1,7 +1,7 @@
 """What an operator does to a hub's database directly: queues, credentials, tasks.
 
-The command line's `hub queue create`, `credential create`, `submit` and
-`task show` are these, and so are the tests' set-ups. Each runs in its own
+The command line's `hub queue create`, `queue limit`, `credential create`,
+`submit` and `task show` are these, and so are the tests' set-ups. Each runs in its own
 transaction on a `Store`; a running hub sees the result at its next look.
 """
 

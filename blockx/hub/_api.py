@@ -516,8 +516,7 @@ class ProducerApi:
         def run(tx: Tx, credential: Credential) -> Answer:
             outcome = submit(tx)
             if isinstance(outcome, _ops.SubmitRefusal):
-                status = 409 if outcome.conflict else 404
-                return status, {"error": outcome.message, "field": outcome.field}
+                return outcome.status, {"error": outcome.message, "field": outcome.field}
             return (201 if outcome.created else 200), task_json(outcome.task)
 
         return run

@@ -490,8 +490,9 @@ def sweep(now_ms: int, timing: Timing, limit: int) -> Callable[[Tx], Swept]:
 class SubmitRefusal:
     field: str
     message: str
-    conflict: bool = False
-    """True when a task of that id exists with other content (HTTP 409)."""
+    status: int = 404
+    """404: no such queue; 409: a task of that id exists with other content; 400: a value
+    the submission cannot have."""
 
 
 @attrs.frozen(kw_only=True)
@@ -516,7 +517,7 @@ def submit(
         if available_at_ms >= now_ms + submission.total_deadline_ms:
             field = "run_at_ms" if submission.run_at_ms else "delay_ms"
             message = f"{field} must come before the task's total deadline (total_deadline_ms)"
-            return SubmitRefusal(field=field, message=message)
+            return SubmitRefusal(field=field, message=message, status=400)
         task = Task(
             task_id=submission.task_id or ids(),
             queue_id=submission.queue_id,
@@ -541,7 +542,7 @@ def submit(
             return SubmitRefusal(
                 field="task_id",
                 message=f"task {task.task_id!r} exists with other content",
-                conflict=True,
+                status=409,
             )
         tx.insert_task(task)
         tx.note([_rules.submitted(task, now_ms)])

@@ -130,14 +130,14 @@ def test_a_claim_reads_queued_tasks_in_offer_order_from_one_index(tmp_path: Path
     plans: list[str] = []
 
     def spy(tx: Tx) -> None:
-        execute = tx._execute  # noqa: SLF001 - the plan of the very query a claim runs
+        execute = tx._execute  # the plan of the very query a claim runs
 
         def explain(sql: str, params: Sequence[object]) -> object:
             if "ORDER BY priority DESC" in sql:
                 plans.append(repr(execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()))
             return execute(sql, params)
 
-        tx._execute = explain  # noqa: SLF001
+        tx._execute = explain
         offer("q", [CAPABILITY], "w", room=1, now_ms=50, timing=TIMING, new_id=lambda: "a1")(tx)
 
     store.read(spy)

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from blockx.hub import Store, set_key_limit
+from blockx.hub._store import Tx
 from blockx.hubwire import Succeeded
 from tests.adapters.hub_harness import QUEUE
 from tests.e2e.hub_process import HubProcess, hub_process
@@ -81,6 +82,11 @@ END $$ LANGUAGE plpgsql
 """Every offer (+1) and end (-1) of an attempt, with its transaction, in the order written."""
 
 
+def log_attempts(tx: Tx) -> None:
+    for statement in LOG_ATTEMPTS:
+        tx.run(statement)
+
+
 def most_live_at_once(rows: list[tuple[Any, ...]]) -> dict[str, int]:
     """Per key, the most attempts live at once, from the log's (entry, transaction, key,
     change) rows.
@@ -106,8 +112,7 @@ async def test_two_hubs_keep_every_key_within_its_limit(postgres_url: str) -> No
     store = Store(postgres_url)
     for key, limit in LIMITS.items():
         set_key_limit(store, QUEUE, key, limit)
-    for statement in LOG_ATTEMPTS:
-        store.read(lambda tx, sql=statement: tx.run(sql))
+    store.read(log_attempts)
     keys = [*LIMITS, ""]
     total = TASKS_PER_KEY * len(keys)
     with trio.fail_after(FAIL_AFTER_S):

@@ -46,7 +46,7 @@ from blockx.hub import (
     create_credential,
     create_queue,
 )
-from blockx.hub._ops import new_id, submit
+from blockx.hub._ops import TimeOrderedIds, submit
 from blockx.hubwire import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -88,7 +88,8 @@ def prepare(path: Path, tasks: int) -> str:
             total_deadline_ms=3_600_000,
             attempt_timeout_ms=300_000,
         )
-        store.run_batch([submit(submission, now_ms, new_id) for _ in range(tasks)])
+        ids = TimeOrderedIds(lambda: now_ms)
+        store.run_batch([submit(submission, now_ms, ids) for _ in range(tasks)])
         return token
     finally:
         store.close()

@@ -187,7 +187,8 @@ class HubClient:
     async def submit(
         self, queue_id: str, capability: Capability, payload: Any, **fields: Any
     ) -> dict[str, Any]:
-        """Queue a task (`fields`: idempotency, max_attempts, task_id, ...); the task.
+        """Queue a task (`fields`: idempotency, max_attempts, task_id, priority, delay_ms,
+        run_at_ms, concurrency_key, ...); the task.
 
         `payload` is any JSON value (`decimal.Decimal`s written exactly), or a `RawJson`
         whose text is the payload exactly as the handler will get it."""

@@ -8,7 +8,14 @@ the committer, which commits in groups and answers nothing before it is
 durable. `blockx hub` runs one.
 """
 
-from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
+from blockx.hub._admin import (
+    UnknownQueue,
+    create_credential,
+    create_queue,
+    set_key_limit,
+    show_task,
+    submit,
+)
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._cli import add_commands
 from blockx.hub._config import HubConfig
@@ -48,6 +55,7 @@ __all__ = [
     "add_commands",
     "create_credential",
     "create_queue",
+    "set_key_limit",
     "show_task",
     "submission_from_json",
     "submit",

@@ -1,13 +1,14 @@
 """What an operator does to a hub's database directly: queues, credentials, tasks.
 
-The command line's `hub queue create`, `credential create`, `submit` (one task,
-or a file of them) and `task show` are these, and so are the tests' set-ups. Each runs in its own
+The command line's `hub queue create`, `queue limit`, `credential create`,
+`submit` (one task, or a file of them) and `task show` are these, and so are the
+tests' set-ups. Each runs in its own
 transaction on a `Store`; a running hub sees the result at its next look.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from blockx.hub import _ops
@@ -39,17 +40,24 @@ def create_credential(store: Store, queue_id: str, rights: frozenset[Right], now
 
 
 def submit(
-    store: Store, submission: Submission, now_ms: int, new_id: Callable[[], str] = _ops.new_id
+    store: Store, submission: Submission, now_ms: int
 ) -> _ops.Submitted | _ops.SubmitRefusal:
     """Queue a task (a repeat of the same task id returns the task as it is)."""
-    return store.read(_ops.submit(submission, now_ms, new_id))
+    return store.read(_ops.submit(submission, now_ms, _ops.TimeOrderedIds(lambda: now_ms)))
+
+
+def set_key_limit(store: Store, queue_id: str, key: str, max_running: int) -> None:
+    """Set a concurrency key's limit (`key` "": the queue's for every key); 0 removes it."""
+    if not store.read(_ops.set_key_limit(queue_id, key, max_running)):
+        raise UnknownQueue(queue_id)
 
 
 def submit_many(
     store: Store, submissions: Sequence[Submission], now_ms: int
 ) -> list[_ops.Submitted | _ops.SubmitRefusal]:
     """Queue tasks in one transaction, each on its own (as `submit` does one)."""
-    submits = [_ops.submit(submission, now_ms, _ops.new_id) for submission in submissions]
+    ids = _ops.TimeOrderedIds(lambda: now_ms)  # one for all: they keep the file's order
+    submits = [_ops.submit(submission, now_ms, ids) for submission in submissions]
     return store.read(lambda tx: [submit(tx) for submit in submits])
 
 

@@ -31,6 +31,8 @@ from blockx.hub import _ops
 from blockx.hub._auth import check
 from blockx.hub._committer import Committer
 from blockx.hub._model import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
     Attempt,
     Credential,
     HistoryEntry,
@@ -73,6 +75,8 @@ LIMITS: Final = {
     "total_deadline_ms": 30 * 86_400_000,
     "attempt_timeout_ms": 30 * 86_400_000,
 }
+MAX_RUN_AT_MS: Final = 2**53
+"""Beyond any time a task could wait for (its total deadline bounds it anyway)."""
 SUBMISSION_KEYS: Final = (
     "handler",
     "handler_version",
@@ -80,6 +84,10 @@ SUBMISSION_KEYS: Final = (
     "payload",
     "task_id",
     *DEFAULTS,
+    "priority",
+    "run_at_ms",
+    "delay_ms",
+    "concurrency_key",
 )
 MAX_LIST: Final = 1_000
 MAX_WAIT_MS: Final = 30_000
@@ -141,6 +149,7 @@ def submission_from_json(text: str, queue_id: str) -> Submission:
         value=task_id,
         allowed=f"a string of at most {MAX_ID_CHARS} characters",
     )
+    priority, run_at_ms, delay_ms, concurrency_key = _scheduling(fields)
     return Submission(
         queue_id=queue_id,
         capability=Capability(**texts),
@@ -148,7 +157,53 @@ def submission_from_json(text: str, queue_id: str) -> Submission:
         idempotency=Idempotency(idempotency),
         task_id=task_id,
         **{name: _count(fields, name) for name in LIMITS},
+        priority=priority,
+        run_at_ms=run_at_ms,
+        delay_ms=delay_ms,
+        concurrency_key=concurrency_key,
     )
+
+
+def _scheduling(fields: Mapping[str, object]) -> tuple[int, int, int, str]:
+    """A submission's priority, run_at_ms, delay_ms and concurrency key, checked."""
+    priority = fields.get("priority", DEFAULT_PRIORITY)
+    InvalidSubmission.check(
+        type(priority) is int and 0 <= priority <= MAX_PRIORITY,
+        field="priority",
+        value=priority,
+        allowed=f"an integer from 0 to {MAX_PRIORITY} (higher goes first)",
+    )
+    InvalidSubmission.check(
+        "run_at_ms" not in fields or "delay_ms" not in fields,
+        field="delay_ms",
+        value=fields.get("delay_ms"),
+        allowed="run_at_ms or delay_ms, not both",
+    )
+    run_at_ms, delay_ms = fields.get("run_at_ms", 0), fields.get("delay_ms", 0)
+    InvalidSubmission.check(
+        type(run_at_ms) is int and 0 <= run_at_ms < MAX_RUN_AT_MS,
+        field="run_at_ms",
+        value=run_at_ms,
+        allowed="epoch milliseconds (an integer) before the task's total deadline",
+    )
+    InvalidSubmission.check(
+        type(delay_ms) is int and 0 <= delay_ms <= LIMITS["total_deadline_ms"],
+        field="delay_ms",
+        value=delay_ms,
+        allowed="milliseconds (an integer from 0) less than total_deadline_ms",
+    )
+    key = fields.get("concurrency_key", "")
+    InvalidSubmission.check(
+        isinstance(key, str) and len(key) <= MAX_ID_CHARS,
+        field="concurrency_key",
+        value=key,
+        allowed=f"a string of at most {MAX_ID_CHARS} characters",
+    )
+    assert isinstance(priority, int)
+    assert isinstance(run_at_ms, int)
+    assert isinstance(delay_ms, int)
+    assert isinstance(key, str)
+    return priority, run_at_ms, delay_ms, key
 
 
 def _text(fields: Mapping[str, object], name: str) -> str:
@@ -189,9 +244,12 @@ def task_json(
         "idempotency": task.idempotency.value,
         "max_attempts": task.max_attempts,
         "attempt_timeout_ms": task.attempt_timeout_ms,
+        "priority": task.priority,
+        "concurrency_key": task.concurrency_key or None,
         "state": task.state.value,
         "created_at_ms": task.created_at_ms,
         "deadline_at_ms": task.deadline_at_ms,
+        "available_at_ms": task.available_at_ms,
         "started_attempts": task.started_attempts,
         "uncertain": task.uncertain,
         "result": None if task.result is None else RawJson(task.result),
@@ -327,7 +385,7 @@ class ProducerApi:
         committer: Committer,
         *,
         clock: EpochClock,
-        new_id: Callable[[], str],
+        ids: _ops.TimeOrderedIds,
         on_queued: Callable[[], None],
         on_submit: Callable[[], None],
         watch: TaskWatch,
@@ -335,7 +393,7 @@ class ProducerApi:
     ) -> None:
         self._committer = committer
         self._clock = clock
-        self._new_id = new_id
+        self._ids = ids
         self._watch = watch
         self._recheck_s = math.inf if recheck_ms is None else recheck_ms / 1000
         """How often a waiting reader looks again for an end it may not hear of (another
@@ -463,13 +521,12 @@ class ProducerApi:
             return _fixed(400, f"the body is not UTF-8: {error}", "(body)")
         except InvalidSubmission as error:
             return _fixed(400, str(error), error.field)
-        submit = _ops.submit(submission, self._clock.now_ms(), self._new_id)
+        submit = _ops.submit(submission, self._clock.now_ms(), self._ids)
 
         def run(tx: Tx, credential: Credential) -> Answer:
             outcome = submit(tx)
             if isinstance(outcome, _ops.SubmitRefusal):
-                status = 409 if outcome.conflict else 404
-                return status, {"error": outcome.message, "field": outcome.field}
+                return outcome.status, {"error": outcome.message, "field": outcome.field}
             return (201 if outcome.created else 200), task_json(outcome.task)
 
         return run
@@ -497,7 +554,7 @@ class ProducerApi:
                 400, f"a batch holds 1 to {MAX_BATCH_TASKS} tasks, not {len(items)}", "(body)"
             )
         now_ms = self._clock.now_ms()
-        submits = [_submit_item(item, queue_id, now_ms, self._new_id) for item in items]
+        submits = [_submit_item(item, queue_id, now_ms, self._ids) for item in items]
 
         def run(tx: Tx, credential: Credential) -> Answer:
             results = [{"index": index, **submit(tx)} for index, submit in enumerate(submits)]
@@ -507,12 +564,12 @@ class ProducerApi:
 
 
 def _submit_item(
-    text: str, queue_id: str, now_ms: int, new_id: Callable[[], str]
+    text: str, queue_id: str, now_ms: int, ids: _ops.TimeOrderedIds
 ) -> Callable[[Tx], dict[str, Any]]:
     """One task of a batch: how it was taken (status, task id), or why not (status, error,
     the key or path at fault)."""
     try:
-        submit = _ops.submit(submission_from_json(text, queue_id), now_ms, new_id)
+        submit = _ops.submit(submission_from_json(text, queue_id), now_ms, ids)
     except InvalidSubmission as error:
         refused = {"status": 400, "error": str(error), "field": error.field}
         return lambda tx: refused
@@ -520,8 +577,7 @@ def _submit_item(
     def run(tx: Tx) -> dict[str, Any]:
         outcome = submit(tx)
         if isinstance(outcome, _ops.SubmitRefusal):
-            status = 409 if outcome.conflict else 404
-            return {"status": status, "error": outcome.message, "field": outcome.field}
+            return {"status": outcome.status, "error": outcome.message, "field": outcome.field}
         return {"status": 201 if outcome.created else 200, "task_id": outcome.task.task_id}
 
     return run

@@ -2,6 +2,7 @@
 
     hub [--config FILE] [--listen ADDR] [--db URL] ...    run a hub until SIGINT/SIGTERM
     hub queue create QUEUE                                create a queue
+    hub queue limit QUEUE [--key K] --max-running N       limit a concurrency key's attempts
     hub credential create --queue Q --rights R[,R]       print a new credential's token
     hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
     hub submit --queue Q --file TASKS.jsonl               queue a file of tasks
@@ -34,6 +35,7 @@ from blockx.hub._admin import (
     UnknownQueue,
     create_credential,
     create_queue,
+    set_key_limit,
     show_task,
     submit,
     submit_many,
@@ -61,6 +63,7 @@ SERVE_FLAGS: Final = {
 }
 """The setting each of `hub`'s flags sets (its JSON path): the flag is named in its errors."""
 STORE_FLAGS: Final = {"db": "--db"}
+MAX_KEY_LIMIT: Final = 1_000_000
 """The settings flags of the commands that work on the database."""
 
 
@@ -98,6 +101,17 @@ def add_commands(commands: Any) -> None:
     create.add_argument("queue_id", metavar="QUEUE")
     _settings_flags(create)
     create.set_defaults(run=_create_queue)
+    limit = queue.add_parser(
+        "limit",
+        help="limit the live (offered or running) attempts of one concurrency key at a time",
+    )
+    limit.add_argument("queue_id", metavar="QUEUE")
+    limit.add_argument("--key", default="", help="one key (default: every key without its own)")
+    limit.add_argument(
+        "--max-running", type=int, required=True, metavar="N", help="0 removes the limit"
+    )
+    _settings_flags(limit)
+    limit.set_defaults(run=_limit_key)
     credential = sub.add_parser("credential", help="credentials").add_subparsers(
         dest="verb", required=True
     )
@@ -160,6 +174,13 @@ def _add_submit(sub: Any) -> None:
     submit.add_argument("--deadline-ms", type=int, metavar="MS", help="the task's total deadline")
     submit.add_argument("--attempt-timeout-ms", type=int, metavar="MS")
     submit.add_argument("--task-id", metavar="ID", help="default: a new id")
+    submit.add_argument("--priority", type=int, metavar="0-9", help="higher goes first (default 5)")
+    when = submit.add_mutually_exclusive_group()
+    when.add_argument("--run-at-ms", type=int, metavar="MS", help="offered no sooner (epoch ms)")
+    when.add_argument("--delay-ms", type=int, metavar="MS", help="offered no sooner than this")
+    submit.add_argument(
+        "--concurrency-key", metavar="KEY", help="its queue limits the key's attempts at once"
+    )
     _settings_flags(submit)
     submit.set_defaults(run=_submit)
 
@@ -181,6 +202,19 @@ def _now_ms() -> int:
 def _create_queue(args: argparse.Namespace) -> int:
     created = create_queue(_store(args), args.queue_id, _now_ms())
     print(f"queue {args.queue_id} {'created' if created else 'exists already'}")
+    return 0
+
+
+def _limit_key(args: argparse.Namespace) -> int:
+    if not 0 <= args.max_running <= MAX_KEY_LIMIT:
+        allowed = f"0 (no limit) to {MAX_KEY_LIMIT}"
+        raise FlagError(field="--max-running", value=args.max_running, allowed=allowed)
+    try:
+        set_key_limit(_store(args), args.queue_id, args.key, args.max_running)
+    except UnknownQueue:
+        raise FlagError(field="QUEUE", value=args.queue_id, allowed="no such queue") from None
+    key = f"key {args.key!r}" if args.key else "every key"
+    print(f"queue {args.queue_id}: {key} at most {args.max_running or 'unlimited'}")
     return 0
 
 
@@ -226,6 +260,10 @@ def _submit(args: argparse.Namespace) -> int:
         ("total_deadline_ms", args.deadline_ms),
         ("attempt_timeout_ms", args.attempt_timeout_ms),
         ("task_id", args.task_id),
+        ("priority", args.priority),
+        ("run_at_ms", args.run_at_ms),
+        ("delay_ms", args.delay_ms),
+        ("concurrency_key", args.concurrency_key),
     ):
         if value is not None:
             document[key] = value

@@ -16,7 +16,8 @@ from blockx.hubwire import Capability, Outcome
 
 class TaskState(enum.StrEnum):
     QUEUED = "QUEUED"
-    """Waiting for an offer (possibly not before `available_at_ms`: a retry's back-off)."""
+    """Waiting for an offer (possibly not before `available_at_ms`: a delay, a retry's
+    back-off)."""
     OFFERED = "OFFERED"
     """Its current attempt was offered to a worker, which has not started it yet."""
     RUNNING = "RUNNING"
@@ -71,6 +72,9 @@ class Right(enum.StrEnum):
 
 
 ANY_QUEUE: Final = "*"
+MAX_PRIORITY: Final = 9
+DEFAULT_PRIORITY: Final = 5
+"""In the middle, so that a producer can ask for sooner or for later than ordinary work."""
 
 
 @attrs.frozen(kw_only=True)
@@ -104,6 +108,13 @@ class Submission:
     attempt_timeout_ms: int
     """The longest one attempt may run after its start."""
     task_id: str = ""
+    priority: int = DEFAULT_PRIORITY
+    run_at_ms: int = 0
+    """Offered no sooner than this time (0: at once)."""
+    delay_ms: int = 0
+    """Offered no sooner than this long after submission (at most one of the two is set)."""
+    concurrency_key: str = ""
+    """Tasks of one key run no more at once than the queue's limit for it ("": no key)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -119,7 +130,12 @@ class Task:
     deadline_at_ms: int
     state: TaskState
     available_at_ms: int
-    """A QUEUED task is offered only from this time on."""
+    """A QUEUED task is offered only from this time on (a delay, or a retry's back-off)."""
+    priority: int = DEFAULT_PRIORITY
+    """0 to `MAX_PRIORITY`: of a queue's offerable tasks, the higher go first."""
+    seq: int = 0
+    """Submission order: of equal priorities and available times, the lower goes first."""
+    concurrency_key: str = ""
     epoch: int = 0
     """The execution epoch of the newest attempt (0: none yet)."""
     attempt_id: str = ""

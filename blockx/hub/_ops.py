@@ -70,9 +70,9 @@ class TimeOrderedIds:
     32 hex digits: 12 of the time in milliseconds (`now_ms`), 4 of a counter
     within that millisecond, 16 random (as a UUIDv7 with a counter, RFC 9562
     section 6.2). New rows go to the end of the tables' indexes instead of
-    anywhere in them, and tasks submitted in one millisecond are offered in the
-    order they came (the queue's order breaks ties of time by id). A clock that
-    steps back, or more than 65,536 ids in a millisecond, borrow from the next.
+    anywhere in them. `seq` makes the tasks' submission order (`Task.seq`) from
+    the same time and counter, whatever id a producer chose. A clock that steps
+    back, or more than 65,536 numbers in a millisecond, borrow from the next.
     """
 
     now_ms: Callable[[], int]
@@ -80,6 +80,11 @@ class TimeOrderedIds:
     _counter: int = 0
 
     def __call__(self) -> str:
+        return f"{self.seq():016x}{secrets.token_hex(8)}"
+
+    def seq(self) -> int:
+        """The next of this maker's increasing numbers: the time in milliseconds times
+        65,536 plus a counter within it."""
         now_ms = self.now_ms()
         if now_ms > self._last_ms:
             self._last_ms, self._counter = now_ms, 0
@@ -87,7 +92,7 @@ class TimeOrderedIds:
             self._counter += 1
             if self._counter == _COUNTER_LIMIT:
                 self._last_ms, self._counter = self._last_ms + 1, 0
-        return f"{self._last_ms:012x}{self._counter:04x}{secrets.token_hex(8)}"
+        return self._last_ms * _COUNTER_LIMIT + self._counter
 
 
 class Reused:
@@ -341,6 +346,12 @@ def _attempt_and_task(tx: Tx, attempt_id: str) -> tuple[Attempt, Task] | Refusal
 # ----------------------------------------------------------------- offers, lapses
 
 
+MAX_CLAIM_ROUNDS: Final = 8
+"""How many times one claim reads on past tasks whose concurrency keys are at their
+limits: a queue whose head holds tasks of more full keys than that offers less than it
+could, until their attempts end."""
+
+
 def offer(
     queue_id: str,
     capabilities: Sequence[Capability],
@@ -351,33 +362,92 @@ def offer(
     timing: Timing,
     new_id: Callable[[], str],
 ) -> Claim:
-    """Offer up to `room` matching tasks of `queue_id` to `instance_id`."""
+    """Offer up to `room` matching tasks of `queue_id` to `instance_id`, in offer order,
+    keeping each concurrency key within its limit."""
     keys = [capability.key for capability in capabilities]
 
     def claim(tx: Tx) -> list[Offer]:
-        offers = []
-        for task in tx.offerable(queue_id, keys, now_ms, room):
-            change = _rules.offer(
-                task, attempt_id=new_id(), instance_id=instance_id, now_ms=now_ms, timing=timing
+        offers: list[Offer] = []
+        counts = _KeyCounts(queue_id)
+        for _ in range(MAX_CLAIM_ROUNDS):
+            wanted = room - len(offers)
+            found = tx.offerable(queue_id, keys, now_ms, wanted, passed_keys=counts.passed)
+            candidates = counts.learn(tx, found)
+            chosen = _rules.choose_offers(
+                candidates,
+                now_ms=now_ms,
+                room=wanted,
+                live_by_key=counts.live,
+                limit_by_key=counts.limits,
             )
-            _write(tx, change, before=task, new_attempt=True)
-            attempt = change.attempt
-            assert attempt is not None
-            offers.append(
-                Offer(
-                    attempt_id=attempt.attempt_id,
-                    epoch=attempt.epoch,
-                    task_id=task.task_id,
-                    capability=task.capability,
-                    payload=task.payload,
-                    offer_deadline_ms=attempt.offer_deadline_ms,
-                    attempt_timeout_ms=task.attempt_timeout_ms,
-                    task_deadline_ms=task.deadline_at_ms,
+            for task in chosen:
+                offers.append(
+                    _offer_one(
+                        tx,
+                        task,
+                        instance_id=instance_id,
+                        now_ms=now_ms,
+                        timing=timing,
+                        attempt_id=new_id(),
+                    )
                 )
+                counts.live[task.concurrency_key] = counts.live.get(task.concurrency_key, 0) + 1
+            if len(chosen) == wanted or len(found) < wanted:
+                break
+            counts.passed.update(
+                t.concurrency_key for t in candidates if t.concurrency_key and t not in chosen
             )
         return offers
 
     return claim
+
+
+@attrs.define
+class _KeyCounts:
+    """What one claim knows of the concurrency keys of the tasks it has read."""
+
+    queue_id: str
+    seen: set[str] = attrs.Factory(set)
+    limits: dict[str, int] = attrs.Factory(dict)
+    """The limit of each key seen that has one."""
+    live: dict[str, int] = attrs.Factory(dict)
+    """Live attempts of each key with a limit, those this claim offered included."""
+    passed: set[str] = attrs.Factory(set)
+    """Keys whose tasks the claim reads no more: full, or held by another hub's claim."""
+
+    def learn(self, tx: Tx, tasks: list[Task]) -> list[Task]:
+        """`tasks` but for those of keys passed over, once the limits of their keys not seen
+        before are known, each held for the transaction, and their live attempts counted."""
+        new = {t.concurrency_key for t in tasks if t.concurrency_key} - self.seen
+        if new:
+            self.seen |= new
+            limits = tx.key_limits(self.queue_id, new)
+            held = tx.hold_keys(self.queue_id, limits.keys())
+            self.passed |= limits.keys() - held
+            self.limits.update(limits)
+            self.live.update(tx.live_by_key(self.queue_id, held))
+        return [t for t in tasks if t.concurrency_key not in self.passed]
+
+
+def _offer_one(
+    tx: Tx, task: Task, *, instance_id: str, now_ms: int, timing: Timing, attempt_id: str
+) -> Offer:
+    change = _rules.offer(
+        task, attempt_id=attempt_id, instance_id=instance_id, now_ms=now_ms, timing=timing
+    )
+    _write(tx, change, before=task, new_attempt=True)
+    attempt = change.attempt
+    assert attempt is not None
+    return Offer(
+        attempt_id=attempt.attempt_id,
+        epoch=attempt.epoch,
+        task_id=task.task_id,
+        capability=task.capability,
+        payload=task.payload,
+        offer_deadline_ms=attempt.offer_deadline_ms,
+        attempt_timeout_ms=task.attempt_timeout_ms,
+        task_deadline_ms=task.deadline_at_ms,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -420,8 +490,9 @@ def sweep(now_ms: int, timing: Timing, limit: int) -> Callable[[Tx], Swept]:
 class SubmitRefusal:
     field: str
     message: str
-    conflict: bool = False
-    """True when a task of that id exists with other content (HTTP 409)."""
+    status: int = 404
+    """404: no such queue; 409: a task of that id exists with other content; 400: a value
+    the submission cannot have."""
 
 
 @attrs.frozen(kw_only=True)
@@ -432,15 +503,23 @@ class Submitted:
 
 
 def submit(
-    submission: Submission, now_ms: int, new_id: Callable[[], str]
+    submission: Submission, now_ms: int, ids: TimeOrderedIds
 ) -> Callable[[Tx], Submitted | SubmitRefusal]:
-    """Queue a task; a repeat of the same submission (same task id) returns the task."""
+    """Queue a task; a repeat of the same submission (same task id) returns the task.
+
+    A delayed task waits as a retry's back-off does (`available_at_ms`); its total
+    deadline counts from its submission, and must leave it time to run."""
 
     def run(tx: Tx) -> Submitted | SubmitRefusal:
         if not tx.queue_exists(submission.queue_id):
             return SubmitRefusal(field="queue", message=f"no queue {submission.queue_id!r}")
+        available_at_ms = max(now_ms + submission.delay_ms, submission.run_at_ms)
+        if available_at_ms >= now_ms + submission.total_deadline_ms:
+            field = "run_at_ms" if submission.run_at_ms else "delay_ms"
+            message = f"{field} must come before the task's total deadline (total_deadline_ms)"
+            return SubmitRefusal(field=field, message=message, status=400)
         task = Task(
-            task_id=submission.task_id or new_id(),
+            task_id=submission.task_id or ids(),
             queue_id=submission.queue_id,
             capability=submission.capability,
             payload=submission.payload,
@@ -450,7 +529,10 @@ def submit(
             created_at_ms=now_ms,
             deadline_at_ms=now_ms + submission.total_deadline_ms,
             state=TaskState.QUEUED,
-            available_at_ms=now_ms,
+            available_at_ms=available_at_ms,
+            priority=submission.priority,
+            seq=ids.seq(),
+            concurrency_key=submission.concurrency_key,
         )
         # An id made here is new; only a producer's own id may name a task already there.
         existing = tx.task(task.task_id) if submission.task_id else None
@@ -460,7 +542,7 @@ def submit(
             return SubmitRefusal(
                 field="task_id",
                 message=f"task {task.task_id!r} exists with other content",
-                conflict=True,
+                status=409,
             )
         tx.insert_task(task)
         tx.note([_rules.submitted(task, now_ms)])
@@ -472,7 +554,15 @@ def submit(
 def _same_submission(existing: Task, new: Task) -> bool:
     """Whether `new` repeats `existing`: the same fields, and the same payload text but
     for its spacing (a producer that sends again may write it out anew)."""
-    keep = ("queue_id", "capability", "idempotency", "max_attempts", "attempt_timeout_ms")
+    keep = (
+        "queue_id",
+        "capability",
+        "idempotency",
+        "max_attempts",
+        "attempt_timeout_ms",
+        "priority",
+        "concurrency_key",
+    )
     return all(getattr(existing, name) == getattr(new, name) for name in keep) and (
         existing.payload == new.payload or compact(existing.payload) == compact(new.payload)
     )
@@ -497,6 +587,19 @@ def create_credential(
     credential: Credential, secret_hash: str, now_ms: int
 ) -> Callable[[Tx], None]:
     return lambda tx: tx.create_credential(credential, secret_hash, now_ms)
+
+
+def set_key_limit(queue_id: str, key: str, max_running: int) -> Callable[[Tx], bool]:
+    """Set the limit of concurrency key `key` of `queue_id` (`key` "": every key's that has
+    none of its own; 0 removes it); False if there is no such queue."""
+
+    def run(tx: Tx) -> bool:
+        if not tx.queue_exists(queue_id):
+            return False
+        tx.set_key_limit(queue_id, key, max_running)
+        return True
+
+    return run
 
 
 def forget_receipts(before_ms: int) -> Callable[[Tx], None]:

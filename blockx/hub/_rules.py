@@ -25,6 +25,13 @@ ended; `cancel` ends a QUEUED task CANCELLED (an offered or running one is
 refused: its attempt is under way). Each adds one line to the history naming
 the credential that acted.
 
+Of a queue's tasks that can be offered, the higher priority goes first, then
+the one available sooner (submitted, or its delay or back-off ended), then the
+one submitted first (`offer_order`). A task with a concurrency key is offered
+only while its key's live attempts (offered or running) are below the key's
+limit (`choose_offers`): the live count includes offers, since an offered
+attempt may start at any moment.
+
 Only the task's newest attempt, started, within its lease, by the instance it
 was offered to and under its own epoch, can end the task with a report. A
 report that arrives after the lease ended, or for an attempt that has since
@@ -38,7 +45,7 @@ Pure: no clock (time is `now_ms`), no IO, no randomness (attempt ids come in).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 import attrs
@@ -127,6 +134,37 @@ def can_offer(task: Task, now_ms: int) -> bool:
         and task.available_at_ms <= now_ms < task.deadline_at_ms
         and task.started_attempts < task.max_attempts
     )
+
+
+def offer_order(task: Task) -> tuple[int, int, int]:
+    """Where a task stands among its queue's: higher priority, sooner available, submitted
+    first."""
+    return (-task.priority, task.available_at_ms, task.seq)
+
+
+def choose_offers(
+    candidates: Iterable[Task],
+    *,
+    now_ms: int,
+    room: int,
+    live_by_key: Mapping[str, int],
+    limit_by_key: Mapping[str, int],
+) -> list[Task]:
+    """Up to `room` of `candidates` to offer now, in offer order: each `can_offer` and keeps
+    its concurrency key's live attempts, counting those chosen before it, within the key's
+    limit (absent or 0: none)."""
+    live = dict(live_by_key)
+    chosen: list[Task] = []
+    for task in sorted(candidates, key=offer_order):
+        if len(chosen) == room:
+            break
+        key = task.concurrency_key
+        limit = limit_by_key.get(key, 0) if key else 0
+        if not can_offer(task, now_ms) or (limit and live.get(key, 0) >= limit):
+            continue
+        chosen.append(task)
+        live[key] = live.get(key, 0) + 1
+    return chosen
 
 
 def offer(task: Task, *, attempt_id: str, instance_id: str, now_ms: int, timing: Timing) -> Change:

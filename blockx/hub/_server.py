@@ -239,10 +239,8 @@ class Hub:
         store: Store,
         *,
         clock: EpochClock | None = None,
-        new_id: Callable[[], str] | None = None,
         use_thread: bool = True,
     ) -> None:
-        """`new_id` makes task and attempt ids (default: `TimeOrderedIds` on `clock`)."""
         self.config = config
         watch = TaskWatch()
         self.metrics = HubMetrics()
@@ -251,7 +249,8 @@ class Hub:
         )
         self.hub_id = _ops.new_id()
         self._clock = clock or EpochClock()
-        self._new_id = new_id = new_id or _ops.TimeOrderedIds(self._clock.now_ms)
+        self._ids = ids = _ops.TimeOrderedIds(self._clock.now_ms)
+        """Task and attempt ids, and the tasks' submission order."""
         self._timing = config.timing
         self._sessions: dict[str, _Session] = {}  # by instance id
         self._links: set[_Link] = set()
@@ -264,7 +263,7 @@ class Hub:
         self.api = OperatorApi(
             self.committer,
             clock=self._clock,
-            new_id=new_id,
+            ids=ids,
             on_queued=self.offer_now,
             on_submit=self.wake,
             watch=watch,
@@ -694,7 +693,7 @@ class Hub:
             room=room,
             now_ms=now_ms,
             timing=self._timing,
-            new_id=self._new_id,
+            new_id=self._ids,
         )
 
     def _offered(self, session: _Session, result: list[Offer] | StoreError) -> None:

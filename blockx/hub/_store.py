@@ -142,6 +142,27 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     ){without_rowid};
     CREATE INDEX IF NOT EXISTS operator_requests_by_age ON operator_requests (at_ms);
     """,
+    # Priorities, submission order and concurrency keys. The queued tasks of one queue and
+    # capability are read in offer order from one index; the live tasks of a key are
+    # counted from another; a key's limit (the queue's for every key under '') is a row.
+    """
+    ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 5;
+    ALTER TABLE tasks ADD COLUMN seq BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN concurrency_key TEXT NOT NULL DEFAULT '';
+    UPDATE tasks SET seq = created_at_ms * 65536 WHERE state IN ('QUEUED', 'OFFERED', 'RUNNING');
+    DROP INDEX tasks_queued;
+    CREATE INDEX tasks_offer_order
+        ON tasks (queue_id, capability, priority DESC, available_at_ms, seq)
+        WHERE state = 'QUEUED';
+    CREATE INDEX tasks_live_by_key ON tasks (queue_id, concurrency_key)
+        WHERE state IN ('OFFERED', 'RUNNING') AND concurrency_key <> '';
+    CREATE TABLE concurrency_limits (
+        queue_id TEXT NOT NULL,
+        concurrency_key TEXT NOT NULL,
+        max_running INTEGER NOT NULL,
+        PRIMARY KEY (queue_id, concurrency_key)
+    );
+    """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
 
@@ -149,7 +170,7 @@ _TASK_COLUMNS: Final = (
     "task_id, queue_id, capability, handler, handler_version, payload_version, payload, "
     "idempotency, max_attempts, attempt_timeout_ms, created_at_ms, deadline_at_ms, state, "
     "available_at_ms, epoch, attempt_id, started_attempts, uncertain, result, failure_code, "
-    "failure_details, finished_at_ms"
+    "failure_details, finished_at_ms, priority, seq, concurrency_key"
 )
 _ATTEMPT_COLUMNS: Final = (
     "attempt_id, task_id, epoch, instance_id, state, offered_at_ms, offer_deadline_ms, "
@@ -371,28 +392,97 @@ class Tx:
         return frozenset(self._ended)
 
     def offerable(
-        self, queue_id: str, capabilities: Sequence[str], now_ms: int, limit: int
+        self,
+        queue_id: str,
+        capabilities: Sequence[str],
+        now_ms: int,
+        limit: int,
+        *,
+        passed_keys: Collection[str] = (),
     ) -> list[Task]:
-        """Up to `limit` QUEUED tasks of `queue_id` matching a capability key, oldest first.
+        """Up to `limit` QUEUED tasks of `queue_id` matching a capability key, in offer
+        order (`_rules.offer_order`), none of a concurrency key in `passed_keys`.
 
         One indexed range per capability, each read no further than `limit`
-        rows: the cost is the same for a queue of ten tasks or of millions.
+        rows past the tasks it passes over (delayed ones, and those of
+        `passed_keys`): with none of those, the cost is the same for a queue of
+        ten tasks or of millions.
         """
+        passed = sorted(passed_keys)
         sql = self._lock(
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = 'QUEUED' AND queue_id = ? "
             "AND capability = ? AND available_at_ms <= ? AND deadline_at_ms > ? "
-            "AND started_attempts < max_attempts "
-            "ORDER BY available_at_ms, created_at_ms, task_id LIMIT ?",
+            "AND started_attempts < max_attempts"
+            + (f" AND concurrency_key NOT IN ({', '.join('?' * len(passed))})" if passed else "")
+            + " ORDER BY priority DESC, available_at_ms, seq LIMIT ?",
             skip_locked=True,
         )
         found = [
             self._keep_task(row)
             for capability in dict.fromkeys(capabilities)
-            for row in self.rows(sql, queue_id, capability, now_ms, now_ms, limit, reads=("tasks",))
+            for row in self.rows(
+                sql, queue_id, capability, now_ms, now_ms, *passed, limit, reads=("tasks",)
+            )
         ]
         if len(capabilities) > 1:
-            found.sort(key=lambda task: (task.available_at_ms, task.created_at_ms))
+            found.sort(key=lambda task: (-task.priority, task.available_at_ms, task.seq))
         return found[:limit]
+
+    def key_limits(self, queue_id: str, keys: Collection[str]) -> dict[str, int]:
+        """The limit of each of `keys` that has one: its own, else the queue's for every key."""
+        if not keys:
+            return {}
+        marks = ", ".join("?" * (len(keys) + 1))
+        sql = (
+            "SELECT concurrency_key, max_running FROM concurrency_limits "
+            f"WHERE queue_id = ? AND concurrency_key IN ({marks})"
+        )
+        found: dict[str, int] = dict(self.rows(sql, queue_id, "", *sorted(keys), reads=()))
+        default = found.get("", 0)
+        limits = {key: found.get(key, default) for key in keys}
+        return {key: limit for key, limit in limits.items() if limit > 0}
+
+    def hold_keys(self, queue_id: str, keys: Collection[str]) -> set[str]:
+        """Of `keys`, those this transaction may offer tasks of until it ends.
+
+        On PostgreSQL a claim's count of a key's live tasks holds only while no
+        other hub offers one of them: each key is locked for the transaction
+        (an advisory lock on a hash of queue and key: a collision only passes over
+        a key more often), and a key another hub's
+        transaction holds is passed over, not waited for (claims never wait on
+        each other, so never deadlock). SQLite has one writer at a time."""
+        if not self._locks:
+            return set(keys)
+        sql = "SELECT pg_try_advisory_xact_lock(hashtextextended(?, 0))"
+        return {key for key in keys if self.rows(sql, f"{queue_id}/{key}", reads=())[0][0]}
+
+    def live_by_key(self, queue_id: str, keys: Collection[str]) -> dict[str, int]:
+        """How many tasks of each of `keys` have a live attempt (offered or running)."""
+        if not keys:
+            return {}
+        marks = ", ".join("?" * len(keys))
+        sql = (
+            "SELECT concurrency_key, COUNT(*) FROM tasks WHERE queue_id = ? "
+            f"AND concurrency_key IN ({marks}) AND state IN ('OFFERED', 'RUNNING') "
+            "AND concurrency_key <> '' GROUP BY concurrency_key"
+        )
+        return dict(self.rows(sql, queue_id, *sorted(keys), reads=("tasks",)))
+
+    def set_key_limit(self, queue_id: str, key: str, max_running: int) -> None:
+        """Set a key's limit (`key` "": the queue's for every key); 0 removes it."""
+        self.run(
+            "DELETE FROM concurrency_limits WHERE queue_id = ? AND concurrency_key = ?",
+            queue_id,
+            key,
+        )
+        if max_running > 0:
+            self.run(
+                "INSERT INTO concurrency_limits (queue_id, concurrency_key, max_running) "
+                "VALUES (?, ?, ?)",
+                queue_id,
+                key,
+                max_running,
+            )
 
     def overdue_tasks(self, now_ms: int, limit: int) -> list[Task]:
         """QUEUED tasks whose total deadline has passed."""
@@ -653,6 +743,9 @@ def _task_row(task: Task) -> tuple[object, ...]:
         task.failure_code,
         task.failure_details,
         task.finished_at_ms,
+        task.priority,
+        task.seq,
+        task.concurrency_key,
     )
 
 
@@ -677,6 +770,9 @@ def _task(row: Sequence[Any]) -> Task:
         failure_code=row[19],
         failure_details=row[20],
         finished_at_ms=row[21],
+        priority=row[22],
+        seq=row[23],
+        concurrency_key=row[24],
     )
 
 

@@ -215,6 +215,10 @@ BAD_SUBMISSIONS = {
     "total_deadline_ms": ({"total_deadline_ms": "soon"}, 400),
     "attempt_timeout_ms": ({"attempt_timeout_ms": True}, 400),
     "colour": ({"colour": "blue"}, 400),
+    "priority": ({"priority": 10}, 400),
+    "delay_ms": ({"delay_ms": 10, "run_at_ms": 1}, 400),
+    "run_at_ms": ({"run_at_ms": 4_000_000_000_000}, 400),
+    "concurrency_key": ({"concurrency_key": 7}, 400),
     "(body)": ([1, 2], 400),
 }
 

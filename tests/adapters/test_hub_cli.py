@@ -92,6 +92,33 @@ def test_a_queue_a_credential_a_task_and_its_history(
             "blockx: error: --deadline-ms -5: an integer from 1 to",
         ),
         (
+            ["submit", "--queue", "q", *SUBMIT, "--payload", "1", "--priority", "10"],
+            "blockx: error: --priority 10: an integer from 0 to 9",
+        ),
+        (
+            [
+                "submit",
+                "--queue",
+                "q",
+                *SUBMIT,
+                "--payload",
+                "1",
+                "--deadline-ms",
+                "10",
+                "--delay-ms",
+                "10",
+            ],
+            "blockx: error: --delay-ms 10: delay_ms must come before the task's total deadline",
+        ),
+        (
+            ["queue", "limit", "q", "--max-running", "-1"],
+            "blockx: error: --max-running -1: 0 (no limit) to",
+        ),
+        (
+            ["queue", "limit", "nope", "--max-running", "1"],
+            "blockx: error: QUEUE 'nope': no such queue",
+        ),
+        (
             ["submit", "--queue", "nope", *SUBMIT, "--payload", "1"],
             "blockx: error: --queue 'nope': no queue 'nope'",
         ),
@@ -112,6 +139,30 @@ def test_errors_exit_1_naming_the_flag(
         assert show_task(store, "t9") is None
     finally:
         store.close()
+
+
+def test_a_task_with_a_priority_a_delay_and_a_limited_concurrency_key(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, db, "queue", "create", "q")
+    assert run(capsys, db, "queue", "limit", "q", "--max-running", "3")[1] == (
+        "queue q: every key at most 3\n"
+    )
+    assert run(capsys, db, "queue", "limit", "q", "--key", "acct-7", "--max-running", "1")[1] == (
+        "queue q: key 'acct-7' at most 1\n"
+    )
+    scheduling = ["--priority", "8", "--delay-ms", "60000", "--concurrency-key", "acct-7"]
+    code, out, _ = run(capsys, db, "submit", "--queue", "q", *SUBMIT, "--payload", "1", *scheduling)
+    assert code == 0
+    task = json.loads(out)
+    assert (task["priority"], task["concurrency_key"]) == (8, "acct-7")
+    assert task["available_at_ms"] - task["created_at_ms"] == 60_000
+    store = Store(str(db))
+    try:
+        limits = store.read(lambda tx: tx.key_limits("q", {"acct-7", "other"}))
+    finally:
+        store.close()
+    assert limits == {"acct-7": 1, "other": 3}
 
 
 def test_a_repeated_task_id_with_other_content_is_refused(

@@ -74,17 +74,41 @@ def test_opening_a_database_again_migrates_nothing_twice(hub_url: str) -> None:
         again.close()
 
 
+_FIRST_TASK_COLUMNS = (
+    "task_id, queue_id, capability, handler, handler_version, payload_version, payload, "
+    "idempotency, max_attempts, attempt_timeout_ms, created_at_ms, deadline_at_ms, state, "
+    "available_at_ms, epoch, attempt_id, started_attempts, uncertain, result, failure_code, "
+    "failure_details, finished_at_ms"
+)
+
+
+def first_schema_database(path: str) -> None:
+    """A database as the first schema made it, with a queue and one queued task."""
+    script = _MIGRATIONS[0].format(
+        serial="INTEGER PRIMARY KEY", blob="BLOB", without_rowid=" WITHOUT ROWID"
+    )
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.executescript(
+        script + "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+        "INSERT INTO schema_version VALUES (1);"
+        "INSERT INTO queues VALUES ('q', 0);"
+        f"INSERT INTO tasks ({_FIRST_TASK_COLUMNS}) VALUES ('t1', 'q', '{CAPABILITY.key}', "
+        "'h', '1', '1', '0', 'IDEMPOTENT', 1, 60000, 7, 3600000, 'QUEUED', 7, 0, '', 0, 0, "
+        "NULL, '', '', 0);"
+    )
+    connection.close()
+
+
 def test_a_database_of_an_older_schema_is_taken_to_the_newest(tmp_path: Path) -> None:
     path = str(tmp_path / "hub.sqlite3")
-    first = Store(path)
-    queue_tasks(first, 1)
-    first.read(lambda tx: tx.run("DROP INDEX tasks_by_state"))
-    first.read(lambda tx: tx.run("UPDATE schema_version SET version = 1"))
-    first.close()
+    first_schema_database(path)
     again = Store(path)
     try:
         assert again.read(schema_version) == len(_MIGRATIONS)
-        assert again.read(lambda tx: tx.queues()) == ["q"]
+        task = again.read(lambda tx: tx.task("t1"))
+        offers = again.read(
+            offer("q", [CAPABILITY], "w", room=1, now_ms=50, timing=TIMING, new_id=lambda: "a1")
+        )
         plan = again.read(
             lambda tx: tx.rows(
                 "EXPLAIN QUERY PLAN SELECT task_id FROM tasks WHERE queue_id = ? AND state = ? "
@@ -96,6 +120,31 @@ def test_a_database_of_an_older_schema_is_taken_to_the_newest(tmp_path: Path) ->
     finally:
         again.close()
     assert "tasks_by_state" in repr(plan)  # a listing by state skips the queue's other tasks
+    assert task is not None
+    assert (task.priority, task.seq, task.concurrency_key) == (5, 7 * 65_536, "")
+    assert [o.task_id for o in offers] == ["t1"]
+
+
+def test_a_claim_reads_queued_tasks_in_offer_order_from_one_index(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite3"))
+    plans: list[str] = []
+
+    def spy(tx: Tx) -> None:
+        execute = tx._execute  # the plan of the very query a claim runs
+
+        def explain(sql: str, params: Sequence[object]) -> object:
+            if "ORDER BY priority DESC" in sql:
+                plans.append(repr(execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()))
+            return execute(sql, params)
+
+        tx._execute = explain
+        offer("q", [CAPABILITY], "w", room=1, now_ms=50, timing=TIMING, new_id=lambda: "a1")(tx)
+
+    store.read(spy)
+    store.close()
+    assert plans
+    assert "tasks_offer_order" in plans[0]
+    assert "TEMP B-TREE" not in plans[0]  # no sort: the index gives the order
 
 
 def test_a_database_of_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:

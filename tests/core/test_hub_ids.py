@@ -40,3 +40,11 @@ def test_a_full_millisecond_borrows_from_the_next() -> None:
     assert made[-2][:16] == f"{3:012x}ffff"
     assert made[-1][:16] == f"{4:012x}0000"
     assert made == sorted(made)
+
+
+def test_submission_order_numbers_share_the_ids_time_and_counter() -> None:
+    ids = maker([7, 7, 9])
+    first, made, third = ids.seq(), ids(), ids.seq()
+    assert first == 7 * 65_536
+    assert int(made[:16], 16) == first + 1
+    assert third == 9 * 65_536

@@ -13,6 +13,11 @@ store would write) and checks, after every step:
 * a SUCCEEDED task's result is the one its current attempt reported;
 * a non-idempotent task never runs again after an attempt of unknown effect:
   it goes to NEEDS_REVIEW;
+* a delayed task is never offered before its time, and a claim offers the
+  offerable tasks by priority, then availability, then submission order,
+  passing over only those whose concurrency key is at its limit;
+* no concurrency key ever has more live attempts (offered or running) than
+  its limit;
 * a report is accepted only from the instance holding a running attempt under
   its own epoch, within its lease; anything else is refused or evidence only,
   and evidence never ends a task as it reports;
@@ -42,9 +47,11 @@ from blockx.hub._rules import (
     Timing,
     can_offer,
     cancel,
+    choose_offers,
     expire,
     finish,
     offer,
+    offer_order,
     renew,
     resolve,
     retry,
@@ -67,6 +74,8 @@ OUTCOMES = st.one_of(
     st.builds(Unknown, code=st.just("LOST")),
 )
 UNCERTAIN = (AttemptState.UNKNOWN, AttemptState.LEASE_EXPIRED)
+KEY_LIMITS = {"k1": 1, "k2": 2}
+"""Key "k3" has no limit."""
 STARTED = (AttemptState.RUNNING, AttemptState.SUCCEEDED, AttemptState.FAILED, *UNCERTAIN)
 ACTS_ON: Final = {
     "retry": (TaskState.NEEDS_REVIEW, TaskState.FAILED),
@@ -90,6 +99,14 @@ class HubRules(RuleBasedStateMachine):
         """(epoch, action) of every operator action a task took."""
         self.resolved: dict[str, Outcome] = {}
         self.ids = (f"x{n}" for n in itertools.count())
+        self.delays: dict[str, int] = {}
+
+    def live_by_key(self) -> dict[str, int]:
+        live: dict[str, int] = {}
+        for task in self.tasks.values():
+            if task.concurrency_key and task.state in (TaskState.OFFERED, TaskState.RUNNING):
+                live[task.concurrency_key] = live.get(task.concurrency_key, 0) + 1
+        return live
 
     # ------------------------------------------------------------------ helpers
 
@@ -122,11 +139,22 @@ class HubRules(RuleBasedStateMachine):
         max_attempts=st.integers(1, 3),
         deadline_ms=st.integers(1, 8_000),
         timeout_ms=st.integers(1, 2_000),
+        priority=st.sampled_from([0, 5, 5, 9]),
+        delay_ms=st.sampled_from([0, 0, 0, 200, 1_000]),
+        key=st.sampled_from(["", "k1", "k2", "k3"]),
     )
-    def submit(
-        self, idempotent: bool, max_attempts: int, deadline_ms: int, timeout_ms: int
+    def submit(  # noqa: PLR0917 - Hypothesis passes a rule's arguments by name
+        self,
+        idempotent: bool,
+        max_attempts: int,
+        deadline_ms: int,
+        timeout_ms: int,
+        priority: int,
+        delay_ms: int,
+        key: str,
     ) -> None:
         task_id = next(self.ids)
+        self.delays[task_id] = delay_ms
         self.tasks[task_id] = Task(
             task_id=task_id,
             queue_id="q",
@@ -138,7 +166,10 @@ class HubRules(RuleBasedStateMachine):
             created_at_ms=self.now_ms,
             deadline_at_ms=self.now_ms + deadline_ms,
             state=TaskState.QUEUED,
-            available_at_ms=self.now_ms,
+            available_at_ms=self.now_ms + delay_ms,
+            priority=priority,
+            seq=len(self.delays),
+            concurrency_key=key,
         )
 
     @rule(ms=st.sampled_from([1, 50, 300]) | st.integers(0, 1_500))
@@ -146,10 +177,38 @@ class HubRules(RuleBasedStateMachine):
         self.now_ms += ms
 
     @precondition(lambda self: any(can_offer(t, self.now_ms) for t in self.tasks.values()))
-    @rule(data=st.data(), instance=st.sampled_from(INSTANCES), and_start=st.booleans())
-    def offer_a_task(self, data: st.DataObject, instance: str, and_start: bool) -> None:
-        ready = sorted(t.task_id for t in self.tasks.values() if can_offer(t, self.now_ms))
-        task = self.tasks[data.draw(st.sampled_from(ready))]
+    @rule(room=st.integers(1, 3), instance=st.sampled_from(INSTANCES), and_start=st.booleans())
+    def claim(self, room: int, instance: str, and_start: bool) -> None:
+        live = self.live_by_key()
+        chosen = choose_offers(
+            self.tasks.values(),
+            now_ms=self.now_ms,
+            room=room,
+            live_by_key=live,
+            limit_by_key=KEY_LIMITS,
+        )
+        note(f"claim {room} for {instance}: {[t.task_id for t in chosen]}")
+        self.check_claim(chosen, room, live)
+        for task in chosen:
+            self.offer_one(task, instance, and_start)
+
+    def check_claim(self, chosen: list[Task], room: int, live: dict[str, int]) -> None:
+        """Every task passed over for a chosen one, or left out of a claim with room, could
+        not be offered or had its key at its limit."""
+        assert chosen == sorted(chosen, key=offer_order)
+        for task in chosen:
+            assert task.created_at_ms + self.delays[task.task_id] <= self.now_ms
+        last = offer_order(chosen[-1]) if len(chosen) == room else None
+        for task in self.tasks.values():
+            if task in chosen or not can_offer(task, self.now_ms):
+                continue
+            if last is None or offer_order(task) < last:
+                key = task.concurrency_key
+                taken = live.get(key, 0) + sum(t.concurrency_key == key for t in chosen)
+                assert key in KEY_LIMITS, task
+                assert taken >= KEY_LIMITS[key], task
+
+    def offer_one(self, task: Task, instance: str, and_start: bool) -> None:
         offered = offer(
             task, attempt_id=next(self.ids), instance_id=instance, now_ms=self.now_ms, timing=TIMING
         )
@@ -369,6 +428,11 @@ class HubRules(RuleBasedStateMachine):
                         and (task.state is TaskState.NEEDS_REVIEW or resolved)
                     )
             assert task.uncertain == any(a.state in UNCERTAIN for a in attempts)
+
+    @invariant()
+    def no_key_runs_more_than_its_limit(self) -> None:
+        for key, live in self.live_by_key().items():
+            assert live <= KEY_LIMITS.get(key, live)
 
     @invariant()
     def failure_details_are_json(self) -> None:

@@ -462,7 +462,9 @@ def _write(value: Any, out: list[str], depth: int, indent: str | None) -> None:
     elif isinstance(value, RawJson):
         out.append(value.text)
     elif isinstance(value, decimal.Decimal) and value.is_finite():
-        out.append(str(value))
+        # A negative zero written "-0" reads back as the integer 0: "-0E+0" keeps its sign.
+        negative_zero = value.is_zero() and value.is_signed() and value.as_tuple().exponent == 0
+        out.append("-0E+0" if negative_zero else str(value))
     elif isinstance(value, (float, decimal.Decimal)):
         raise _Unwritable(value, "a JSON number: RFC 8259 has no NaN or infinities")
     else:

@@ -174,3 +174,11 @@ def test_array_items_splits_by_structure_alone_and_keeps_each_text() -> None:
             array_items(bad, "tasks")
         assert refused.value.field == "tasks"
         assert allowed in refused.value.allowed
+
+
+def test_a_negative_zero_decimal_reads_back_as_itself() -> None:
+    for token in ("-0e0", "-0.0", "-0e5", "0e0"):
+        value = parse_json(f"[{token}]", "payload", decimals=True)
+        again = parse_json(dumps(value), "payload", decimals=True)
+        # An integral Decimal reads back as an int: the same digits, sign and exponent.
+        assert [decimal.Decimal(v).as_tuple() for v in again] == [v.as_tuple() for v in value]

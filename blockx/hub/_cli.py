@@ -2,7 +2,11 @@
 
     hub [--config FILE] [--listen ADDR] [--db URL] ...    run a hub until SIGINT/SIGTERM
     hub queue create QUEUE                                create a queue
+    hub queue list                                        queues: paused, tasks by state
+    hub queue pause QUEUE / resume QUEUE                  stop offering its tasks / offer again
     hub credential create --queue Q --rights R[,R]       print a new credential's token
+    hub credential list                                   credentials (never their secrets)
+    hub credential revoke ID                              refuse it; its sessions are closed
     hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
     hub task show TASK                                    a task with attempts and history
 
@@ -26,7 +30,17 @@ from typing import Any, Final
 import trio
 
 from blockx.errors import BlockxError
-from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
+from blockx.hub._admin import (
+    UnknownQueue,
+    create_credential,
+    create_queue,
+    pause_queue,
+    revoke_credential,
+    show_credentials,
+    show_queues,
+    show_task,
+    submit,
+)
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._config import CONFIG_FILE_ENV, HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
@@ -81,11 +95,36 @@ def add_commands(commands: Any) -> None:
     )
     hub.set_defaults(run=_serve, flags=SERVE_FLAGS)
     sub = hub.add_subparsers(dest="hub_command", metavar="SUBCOMMAND")
+    _add_queue(sub)
+    _add_credential(sub)
+    _add_submit(sub)
+    task = sub.add_parser("task", help="tasks").add_subparsers(dest="verb", required=True)
+    show = task.add_parser("show", help="a task with its attempts, evidence and history")
+    show.add_argument("task_id", metavar="TASK")
+    _settings_flags(show)
+    show.set_defaults(run=_show_task)
+
+
+def _add_queue(sub: Any) -> None:
     queue = sub.add_parser("queue", help="queues").add_subparsers(dest="verb", required=True)
     create = queue.add_parser("create", help="create a queue")
     create.add_argument("queue_id", metavar="QUEUE")
     _settings_flags(create)
     create.set_defaults(run=_create_queue)
+    listing = queue.add_parser("list", help="every queue: paused, tasks by state, oldest age")
+    _settings_flags(listing)
+    listing.set_defaults(run=_list_queues)
+    for verb, help_line in (
+        ("pause", "take submissions but offer none of the queue's tasks"),
+        ("resume", "offer the queue's tasks again"),
+    ):
+        action = queue.add_parser(verb, help=help_line)
+        action.add_argument("queue_id", metavar="QUEUE")
+        _settings_flags(action)
+        action.set_defaults(run=_pause_queue)
+
+
+def _add_credential(sub: Any) -> None:
     credential = sub.add_parser("credential", help="credentials").add_subparsers(
         dest="verb", required=True
     )
@@ -94,12 +133,15 @@ def add_commands(commands: Any) -> None:
     grant.add_argument("--rights", required=True, help="comma-separated: producer, worker, admin")
     _settings_flags(grant)
     grant.set_defaults(run=_create_credential)
-    _add_submit(sub)
-    task = sub.add_parser("task", help="tasks").add_subparsers(dest="verb", required=True)
-    show = task.add_parser("show", help="a task with its attempts, evidence and history")
-    show.add_argument("task_id", metavar="TASK")
-    _settings_flags(show)
-    show.set_defaults(run=_show_task)
+    listing = credential.add_parser("list", help="every credential (never its secret)")
+    _settings_flags(listing)
+    listing.set_defaults(run=_list_credentials)
+    revoke = credential.add_parser(
+        "revoke", help="refuse a credential from now on; its workers are disconnected"
+    )
+    revoke.add_argument("credential_id", metavar="ID")
+    _settings_flags(revoke)
+    revoke.set_defaults(run=_revoke_credential)
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +196,32 @@ def _now_ms() -> int:
 def _create_queue(args: argparse.Namespace) -> int:
     created = create_queue(_store(args), args.queue_id, _now_ms())
     print(f"queue {args.queue_id} {'created' if created else 'exists already'}")
+    return 0
+
+
+def _list_queues(args: argparse.Namespace) -> int:
+    print(dumps(show_queues(_store(args), _now_ms()), indent=2))
+    return 0
+
+
+def _pause_queue(args: argparse.Namespace) -> int:
+    try:
+        pause_queue(_store(args), args.queue_id, args.verb == "pause")
+    except UnknownQueue:
+        raise FlagError(field="QUEUE", value=args.queue_id, allowed="no such queue") from None
+    print(f"queue {args.queue_id} {'paused' if args.verb == 'pause' else 'resumed'}")
+    return 0
+
+
+def _list_credentials(args: argparse.Namespace) -> int:
+    print(dumps(show_credentials(_store(args)), indent=2))
+    return 0
+
+
+def _revoke_credential(args: argparse.Namespace) -> int:
+    if not revoke_credential(_store(args), args.credential_id):
+        raise FlagError(field="ID", value=args.credential_id, allowed="no such credential")
+    print(f"credential {args.credential_id} revoked")
     return 0
 
 

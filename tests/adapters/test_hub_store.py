@@ -30,6 +30,7 @@ from blockx.hub._committer import Committer
 from blockx.hub._model import Credential
 from blockx.hub._ops import offer
 from blockx.hub._rules import Timing
+from blockx.hub import _store as store_module
 from blockx.hub._store import _MIGRATIONS, Store, Tx
 from blockx.hubwire import Capability, Offer
 
@@ -74,13 +75,15 @@ def test_opening_a_database_again_migrates_nothing_twice(hub_url: str) -> None:
         again.close()
 
 
-def test_a_database_of_an_older_schema_is_taken_to_the_newest(tmp_path: Path) -> None:
+def test_a_database_of_an_older_schema_is_taken_to_the_newest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = str(tmp_path / "hub.sqlite3")
-    first = Store(path)
-    queue_tasks(first, 1)
-    first.read(lambda tx: tx.run("DROP INDEX tasks_by_state"))
-    first.read(lambda tx: tx.run("UPDATE schema_version SET version = 1"))
-    first.close()
+    with monkeypatch.context() as older:
+        older.setattr(store_module, "_MIGRATIONS", _MIGRATIONS[:1])  # a hub of schema 1
+        first = Store(path)
+        first.read(lambda tx: tx.run("INSERT INTO queues (queue_id, created_at_ms) VALUES ('q', 0)"))
+        first.close()
     again = Store(path)
     try:
         assert again.read(schema_version) == len(_MIGRATIONS)
@@ -191,7 +194,9 @@ async def test_a_failing_operation_fails_alone(tmp_path: Path) -> None:
 def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "hub.sqlite3"))
     queue_tasks(store, 2)
-    credential = Credential(credential_id="c1", queue_id="q", rights=frozenset({Right.PRODUCER}))
+    credential = Credential(
+        credential_id="c1", queue_id="q", rights=frozenset({Right.PRODUCER}), created_at_ms=60
+    )
 
     Seen = tuple[tuple[object, bool], list[TaskState], list[str], list[str], tuple[object, bool]]
 
@@ -206,7 +211,7 @@ def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Pa
             [attempt.attempt_id for attempt in tx.attempts_of(task_id)],
             [entry.kind for entry in tx.history(task_id)],
         )
-        tx.create_credential(credential, "hash", 60)
+        tx.create_credential(credential, "hash")
         tx.create_queue("r", 60)
         return (looked_up_before, *seen, (tx.credential("c1"), tx.queue_exists("r")))
 

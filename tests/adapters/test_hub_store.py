@@ -82,7 +82,9 @@ def test_a_database_of_an_older_schema_is_taken_to_the_newest(
     with monkeypatch.context() as older:
         older.setattr(store_module, "_MIGRATIONS", _MIGRATIONS[:1])  # a hub of schema 1
         first = Store(path)
-        first.read(lambda tx: tx.run("INSERT INTO queues (queue_id, created_at_ms) VALUES ('q', 0)"))
+        first.read(
+            lambda tx: tx.run("INSERT INTO queues (queue_id, created_at_ms) VALUES ('q', 0)")
+        )
         first.close()
     again = Store(path)
     try:

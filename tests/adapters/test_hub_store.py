@@ -26,11 +26,11 @@ from blockx.hub import (
     create_queue,
     submit,
 )
+from blockx.hub import _store as store_module
 from blockx.hub._committer import Committer
 from blockx.hub._model import Credential
 from blockx.hub._ops import offer
 from blockx.hub._rules import Timing
-from blockx.hub import _store as store_module
 from blockx.hub._store import _MIGRATIONS, Store, Tx
 from blockx.hubwire import Capability, Offer
 

@@ -8,7 +8,17 @@ the committer, which commits in groups and answers nothing before it is
 durable. `blockx hub` runs one.
 """
 
-from blockx.hub._admin import UnknownQueue, create_credential, create_queue, show_task, submit
+from blockx.hub._admin import (
+    UnknownQueue,
+    create_credential,
+    create_queue,
+    pause_queue,
+    revoke_credential,
+    show_credentials,
+    show_queues,
+    show_task,
+    submit,
+)
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._cli import add_commands
 from blockx.hub._config import HubConfig
@@ -48,6 +58,10 @@ __all__ = [
     "add_commands",
     "create_credential",
     "create_queue",
+    "pause_queue",
+    "revoke_credential",
+    "show_credentials",
+    "show_queues",
     "show_task",
     "submission_from_json",
     "submit",

@@ -11,8 +11,15 @@ import attrs
 import trio
 import trio.testing
 
-from blockx.hub import Right, Store, TaskState
-from blockx.hub._admin import pause_queue, revoke_credential, show_credentials, show_queues
+from blockx.hub import (
+    Right,
+    Store,
+    TaskState,
+    pause_queue,
+    revoke_credential,
+    show_credentials,
+    show_queues,
+)
 from blockx.hub._ops import forget_tasks, sweep
 from blockx.hubwire import PROTOCOL_VERSION, ErrorCode, Failed, Hello, Succeeded, Unknown
 from tests.adapters.hub_harness import EPOCH_MS, QUEUE, TEST_CONFIG, HubClient, running_hub

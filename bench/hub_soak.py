@@ -1,15 +1,18 @@
 """A hub's database stays bounded under retention: its size on disk over 100,000 tasks.
 
-    uv run python -m bench.hub_soak [--tasks 100000] [--retention-ms 10000] [--clients 32]
-                                    [--workers 2] [--capacity 8] [--keep]
+    uv run python -m bench.hub_soak [--tasks 100000] [--rate 300] [--retention-ms 10000]
+                                    [--clients 32] [--workers 2] [--capacity 8] [--keep]
 
 One run starts a `python -m blockx hub` process on a fresh SQLite file with
 `HUB_TASK_RETENTION_MS` and `HUB_RECEIPT_RETENTION_MS` set to RETENTION_MS,
 and WORKERS automatic workers (`bench/autoworker.py --worker`, a handler
 that returns its payload). CLIENTS producers each submit a task and wait for
-its end (`GET /v1/tasks/{id}?wait_ms=...`), then the next, until TASKS have
-run: the queue stays short, so what the database holds is what retention
-keeps. Every 250 ms the size of the database file and its WAL is sampled.
+its end (`GET /v1/tasks/{id}?wait_ms=...`), then the next, RATE tasks a
+second in all, until TASKS have run: the queue stays short and the load
+steady, so what the database holds is what retention keeps of RATE x
+RETENTION_MS tasks (an unpaced run's rate would follow whatever else the
+machine does). Every 250 ms the size of the database file and its WAL is
+sampled.
 
 * db_bytes_peak: the largest size in the first retention window: from the
   start until twice the retention after the first task ended (once for the
@@ -51,13 +54,15 @@ def db_bytes(db: Path) -> int:
     return sum(path.stat().st_size for path in (db, Path(f"{db}-wal")) if path.exists())
 
 
-async def produce(client: HubClient, count: int, clients: int, ended: list[float]) -> None:
-    """`count` tasks from `clients` producers, each waiting for its task's end before the
-    next; `ended` gets the time of the first end."""
-    numbers = iter(range(count))
+async def produce(args: argparse.Namespace, client: HubClient, ended: list[float]) -> None:
+    """`args.tasks` tasks from `args.clients` producers, `args.rate` a second in all, each
+    producer waiting for its task's end before its next; `ended` gets the first end's time."""
+    numbers = iter(range(args.tasks))
+    started = trio.current_time()
 
     async def one_producer() -> None:
         for n in numbers:
+            await trio.sleep_until(started + n / args.rate)
             task = await client.submit(QUEUE, CAPABILITY, {"n": n})
             while task["state"] not in (TaskState.SUCCEEDED, TaskState.FAILED):
                 if task["state"] == TaskState.NEEDS_REVIEW:
@@ -67,7 +72,7 @@ async def produce(client: HubClient, count: int, clients: int, ended: list[float
                 ended.append(time.monotonic())
 
     async with trio.open_nursery() as nursery:
-        for _ in range(clients):
+        for _ in range(args.clients):
             nursery.start_soon(one_producer)
 
 
@@ -109,7 +114,7 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample, db, samples)
                 started = time.monotonic()
-                await produce(client, args.tasks, args.clients, ended)
+                await produce(args, client, ended)
                 seconds = time.monotonic() - started
                 nursery.cancel_scope.cancel()
         samples.append((time.monotonic(), db_bytes(db)))  # the hub still runs: WAL included
@@ -145,6 +150,7 @@ def report(db: Path, samples: list[tuple[float, int]], window_end: float, per_s:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=300.0, help="tasks submitted a second")
     parser.add_argument("--retention-ms", type=int, default=10_000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)

@@ -1,8 +1,8 @@
 """What an operator does to a hub's database directly: queues, credentials, tasks.
 
-The command line's `hub queue create`, `queue limit`, `credential create`,
-`submit` (one task, or a file of them) and `task show` are these, and so are the
-tests' set-ups. Each runs in its own
+The command line's `hub queue ...` (create, list, pause, resume, limit),
+`credential ...`, `submit` (one task, or a file of them) and `task show` are
+these, and so are the tests' set-ups. Each runs in its own
 transaction on a `Store`; a running hub sees the result at its next look.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from blockx.hub import _ops
+from blockx.hub._admin_api import list_credentials, list_queues
 from blockx.hub._api import load_task
 from blockx.hub._auth import new_token
 from blockx.hub._model import ANY_QUEUE, Credential, Right, Submission
@@ -34,8 +35,10 @@ def create_credential(store: Store, queue_id: str, rights: frozenset[Right], now
     if queue_id != ANY_QUEUE and not store.read(lambda tx: tx.queue_exists(queue_id)):
         raise UnknownQueue(queue_id)
     credential_id, token, secret_hash = new_token()
-    credential = Credential(credential_id=credential_id, queue_id=queue_id, rights=rights)
-    store.read(_ops.create_credential(credential, secret_hash, now_ms))
+    credential = Credential(
+        credential_id=credential_id, queue_id=queue_id, rights=rights, created_at_ms=now_ms
+    )
+    store.read(_ops.create_credential(credential, secret_hash))
     return token
 
 
@@ -64,3 +67,26 @@ def submit_many(
 def show_task(store: Store, task_id: str) -> dict[str, Any] | None:
     """Task `task_id` in its JSON form, with its attempts and history; None if there is none."""
     return store.read(load_task(task_id))
+
+
+def show_queues(store: Store, now_ms: int) -> list[dict[str, Any]]:
+    """Every queue in its JSON form: paused, tasks by state, the oldest queued one's age."""
+    return store.read(list_queues(now_ms))
+
+
+def pause_queue(store: Store, queue_id: str, paused: bool) -> None:
+    """Pause (or resume) `queue_id`: every hub of the database offers none of its tasks
+    (or offers them again) from its next claim on."""
+    if not store.read(_ops.pause_queue(queue_id, paused)):
+        raise UnknownQueue(queue_id)
+
+
+def show_credentials(store: Store) -> list[dict[str, Any]]:
+    """Every credential in its JSON form (never its secret)."""
+    return store.read(list_credentials)
+
+
+def revoke_credential(store: Store, credential_id: str) -> bool:
+    """Revoke a credential: refused from now on, its sessions closed by every hub within
+    a second; False if there is no such credential."""
+    return store.read(_ops.revoke_credential(credential_id))

@@ -5,6 +5,8 @@
     GET  /v1/tasks/{task}              one task with its attempts, evidence and history
                                        (?wait_ms=...: once it has ended, or that time passed)
 
+and the operators' requests on queues and credentials (`_admin_api`).
+
 Every request carries `Authorization: Bearer <token>` of a credential with
 the producer right on the queue (or admin). A bad request is answered 400
 with `{"error": ..., "field": ...}` naming the JSON key that is wrong, or the
@@ -28,6 +30,7 @@ import trio
 
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
+from blockx.hub._admin_api import admin_request
 from blockx.hub._auth import check
 from blockx.hub._committer import Committer
 from blockx.hub._model import (
@@ -437,6 +440,9 @@ class ProducerApi:
         the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
+        admin = admin_request(request.method, target.path, self._clock.now_ms())
+        if admin is not None:
+            return await self._committer.do(admin(token))
         if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
             query = urllib.parse.parse_qs(target.query)
             return await self._task(token, urllib.parse.unquote(match[1]), query)

@@ -3,7 +3,11 @@
     hub [--config FILE] [--listen ADDR] [--db URL] ...    run a hub until SIGINT/SIGTERM
     hub queue create QUEUE                                create a queue
     hub queue limit QUEUE [--key K] --max-running N       limit a concurrency key's attempts
+    hub queue list                                        queues: paused, tasks by state
+    hub queue pause QUEUE / resume QUEUE                  stop offering its tasks / offer again
     hub credential create --queue Q --rights R[,R]       print a new credential's token
+    hub credential list                                   credentials (never their secrets)
+    hub credential revoke ID                              refuse it; its sessions are closed
     hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
     hub submit --queue Q --file TASKS.jsonl               queue a file of tasks
     hub task show TASK                                    a task with attempts and history
@@ -35,7 +39,11 @@ from blockx.hub._admin import (
     UnknownQueue,
     create_credential,
     create_queue,
+    pause_queue,
+    revoke_credential,
     set_key_limit,
+    show_credentials,
+    show_queues,
     show_task,
     submit,
     submit_many,
@@ -96,6 +104,18 @@ def add_commands(commands: Any) -> None:
     )
     hub.set_defaults(run=_serve, flags=SERVE_FLAGS)
     sub = hub.add_subparsers(dest="hub_command", metavar="SUBCOMMAND")
+    _add_queue(sub)
+    _add_credential(sub)
+    _add_submit(sub)
+    task = sub.add_parser("task", help="tasks").add_subparsers(dest="verb", required=True)
+    show = task.add_parser("show", help="a task with its attempts, evidence and history")
+    show.add_argument("task_id", metavar="TASK")
+    _settings_flags(show)
+    show.set_defaults(run=_show_task)
+    add_task_commands(task)
+
+
+def _add_queue(sub: Any) -> None:
     queue = sub.add_parser("queue", help="queues").add_subparsers(dest="verb", required=True)
     create = queue.add_parser("create", help="create a queue")
     create.add_argument("queue_id", metavar="QUEUE")
@@ -112,6 +132,20 @@ def add_commands(commands: Any) -> None:
     )
     _settings_flags(limit)
     limit.set_defaults(run=_limit_key)
+    listing = queue.add_parser("list", help="every queue: paused, tasks by state, oldest age")
+    _settings_flags(listing)
+    listing.set_defaults(run=_list_queues)
+    for verb, help_line in (
+        ("pause", "take submissions but offer none of the queue's tasks"),
+        ("resume", "offer the queue's tasks again"),
+    ):
+        action = queue.add_parser(verb, help=help_line)
+        action.add_argument("queue_id", metavar="QUEUE")
+        _settings_flags(action)
+        action.set_defaults(run=_pause_queue)
+
+
+def _add_credential(sub: Any) -> None:
     credential = sub.add_parser("credential", help="credentials").add_subparsers(
         dest="verb", required=True
     )
@@ -120,13 +154,15 @@ def add_commands(commands: Any) -> None:
     grant.add_argument("--rights", required=True, help="comma-separated: producer, worker, admin")
     _settings_flags(grant)
     grant.set_defaults(run=_create_credential)
-    _add_submit(sub)
-    task = sub.add_parser("task", help="tasks").add_subparsers(dest="verb", required=True)
-    show = task.add_parser("show", help="a task with its attempts, evidence and history")
-    show.add_argument("task_id", metavar="TASK")
-    _settings_flags(show)
-    show.set_defaults(run=_show_task)
-    add_task_commands(task)
+    listing = credential.add_parser("list", help="every credential (never its secret)")
+    _settings_flags(listing)
+    listing.set_defaults(run=_list_credentials)
+    revoke = credential.add_parser(
+        "revoke", help="refuse a credential from now on; its workers are disconnected"
+    )
+    revoke.add_argument("credential_id", metavar="ID")
+    _settings_flags(revoke)
+    revoke.set_defaults(run=_revoke_credential)
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -215,6 +251,32 @@ def _limit_key(args: argparse.Namespace) -> int:
         raise FlagError(field="QUEUE", value=args.queue_id, allowed="no such queue") from None
     key = f"key {args.key!r}" if args.key else "every key"
     print(f"queue {args.queue_id}: {key} at most {args.max_running or 'unlimited'}")
+    return 0
+
+
+def _list_queues(args: argparse.Namespace) -> int:
+    print(dumps(show_queues(_store(args), _now_ms()), indent=2))
+    return 0
+
+
+def _pause_queue(args: argparse.Namespace) -> int:
+    try:
+        pause_queue(_store(args), args.queue_id, args.verb == "pause")
+    except UnknownQueue:
+        raise FlagError(field="QUEUE", value=args.queue_id, allowed="no such queue") from None
+    print(f"queue {args.queue_id} {'paused' if args.verb == 'pause' else 'resumed'}")
+    return 0
+
+
+def _list_credentials(args: argparse.Namespace) -> int:
+    print(dumps(show_credentials(_store(args)), indent=2))
+    return 0
+
+
+def _revoke_credential(args: argparse.Namespace) -> int:
+    if not revoke_credential(_store(args), args.credential_id):
+        raise FlagError(field="ID", value=args.credential_id, allowed="no such credential")
+    print(f"credential {args.credential_id} revoked")
     return 0
 
 

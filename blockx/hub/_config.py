@@ -54,6 +54,11 @@ class HubConfig:
         86_400_000, "receiptRetentionMs", "HUB_RECEIPT_RETENTION_MS", positive=True
     )
     """How long an answer is kept for a resent message id."""
+    task_retention_ms: int = setting(
+        7 * 86_400_000, "taskRetentionMs", "HUB_TASK_RETENTION_MS", positive=True
+    )
+    """How long a task that ended (succeeded, failed; not one that needs review) is kept
+    after its end, with its attempts, evidence and history, before it is deleted."""
     drain_timeout_ms: int = setting(10_000, "drainTimeoutMs", "HUB_DRAIN_TIMEOUT_MS", positive=True)
     """At the first SIGINT/SIGTERM: how long commits in flight may take to finish before the
     hub stops anyway (a second signal exits at once)."""
@@ -95,6 +100,13 @@ class HubConfig:
             (self.tls_key_file, "tlsKeyFile"),
             (self.tls_client_ca_file, "tlsClientCaFile"),
         )
+
+    @property
+    def retention_sweep_ms(self) -> int:
+        """How often the hub deletes what outlived its retention: a tenth of the shorter
+        retention, from 10 ms to a minute."""
+        shorter = min(self.task_retention_ms, self.receipt_retention_ms)
+        return min(max(shorter // 10, 10), 60_000)
 
     @property
     def timing(self) -> Timing:

@@ -253,7 +253,8 @@ def _read_counts(token: str | None) -> Callable[[Tx], TaskCounts | _Refused]:
                 return _Refused(401, "no valid credential (Authorization: Bearer <token>)")
             if not credential.allows(Right.ADMIN, ANY_QUEUE):
                 return _Refused(403, "the metrics need an admin credential")
-        return tx.queues(), tx.task_counts()
+        counts = [(queue, state.value, count) for queue, state, count, _ in tx.task_counts()]
+        return tx.queues(), counts
 
     return read
 

@@ -34,6 +34,12 @@ class TaskState(enum.StrEnum):
     def is_terminal(self) -> bool:
         return self in _TERMINAL
 
+    @property
+    def is_retained(self) -> bool:
+        """Ended for good: kept for `taskRetentionMs` after its end, then deleted. A task
+        that needs review is not: it waits for a person, however long that takes."""
+        return self.is_terminal and self is not TaskState.NEEDS_REVIEW
+
 
 _TERMINAL: Final = frozenset(
     {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW, TaskState.CANCELLED}
@@ -84,6 +90,7 @@ class Credential:
     """A queue id, or `ANY_QUEUE`."""
     rights: frozenset[Right]
     revoked: bool = False
+    created_at_ms: int = 0
 
     def allows(self, right: Right, queue_id: str) -> bool:
         if self.revoked:

@@ -367,6 +367,8 @@ def offer(
     keys = [capability.key for capability in capabilities]
 
     def claim(tx: Tx) -> list[Offer]:
+        if tx.queue_paused(queue_id):
+            return []
         offers: list[Offer] = []
         counts = _KeyCounts(queue_id)
         for _ in range(MAX_CLAIM_ROUNDS):
@@ -583,10 +585,8 @@ def create_queue(queue_id: str, now_ms: int) -> Callable[[Tx], bool]:
     return run
 
 
-def create_credential(
-    credential: Credential, secret_hash: str, now_ms: int
-) -> Callable[[Tx], None]:
-    return lambda tx: tx.create_credential(credential, secret_hash, now_ms)
+def create_credential(credential: Credential, secret_hash: str) -> Callable[[Tx], None]:
+    return lambda tx: tx.create_credential(credential, secret_hash)
 
 
 def set_key_limit(queue_id: str, key: str, max_running: int) -> Callable[[Tx], bool]:
@@ -602,12 +602,34 @@ def set_key_limit(queue_id: str, key: str, max_running: int) -> Callable[[Tx], b
     return run
 
 
-def forget_receipts(before_ms: int) -> Callable[[Tx], None]:
-    """Drop the answers kept for message ids, and for operators' request ids, older than
-    `before_ms`."""
+def pause_queue(queue_id: str, paused: bool) -> Callable[[Tx], bool]:
+    """Pause (or resume) a queue: paused, it takes submissions and offers nothing, on every
+    hub of the database. False if there is no such queue."""
+    return lambda tx: tx.pause_queue(queue_id, paused)
 
-    def run(tx: Tx) -> None:
-        tx.forget_receipts(before_ms)
+
+def revoke_credential(credential_id: str) -> Callable[[Tx], bool]:
+    """Revoke a credential: its requests are refused from this commit on, and the hubs
+    close its sessions at their next look (`revoked_among`). False if there is none."""
+    return lambda tx: tx.revoke_credential(credential_id)
+
+
+def revoked_among(credential_ids: frozenset[str]) -> Callable[[Tx], set[str]]:
+    return lambda tx: tx.revoked_among(credential_ids)
+
+
+def forget_receipts(before_ms: int, limit: int) -> Callable[[Tx], int]:
+    """Drop up to `limit` answers kept for message ids older than `before_ms`, and the
+    answers kept for operators' request ids; how many of the first."""
+
+    def run(tx: Tx) -> int:
         tx.forget_operator_answers(before_ms)
+        return tx.forget_receipts(before_ms, limit)
 
     return run
+
+
+def forget_tasks(before_ms: int, limit: int) -> Callable[[Tx], int]:
+    """Delete up to `limit` tasks that ended for good before `before_ms`, with their
+    attempts, evidence and history; how many."""
+    return lambda tx: tx.forget_tasks(before_ms, limit)

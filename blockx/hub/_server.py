@@ -99,7 +99,11 @@ _FRAME_ROOM: Final = MAX_FRAME_BYTES - 3
 REQUEST_TIMEOUT_S: Final = 60.0
 """For a producer's whole request, its answer included."""
 SWEEP_LIMIT: Final = 1_000
-RECEIPT_SWEEP_EVERY_MS: Final = 60_000
+RETENTION_BATCH: Final = 500
+"""Tasks (or receipts) deleted per transaction once they outlived their retention."""
+REVOCATION_CHECK_MS: Final = 500
+"""How often the hub looks whether the credentials of its connections were revoked (by
+a command, through the API, or by another hub): so a revoked worker goes within 1 s."""
 MAX_PENDING: Final = 1_024
 """Control messages of one connection awaiting their answers before the hub reads no more."""
 MAX_UNSENT: Final = MAX_PENDING + MAX_CAPACITY + 1_024
@@ -111,6 +115,7 @@ _KEEPS_ATTEMPT: Final = frozenset(
 _UNAVAILABLE: Final = Error(
     code=ErrorCode.UNAVAILABLE, message="the hub cannot reach its database; reconnect later"
 )
+_REVOKED: Final = Error(code=ErrorCode.AUTH_FAILED, message="the credential was revoked")
 _GOING_AWAY: Final = Error(
     code=ErrorCode.UNAVAILABLE, message="the hub is shutting down; reconnect later"
 )
@@ -138,6 +143,8 @@ class _Link:
     reading: trio.CancelScope = attrs.Factory(trio.CancelScope)
     """Around the reader: cancelled when the hub drains, so it takes no more messages."""
     fatal: Error | None = None
+    credential_id: str = ""
+    """The credential its hello carried, once accepted."""
     pending: int = 0
     """Control messages taken and not answered yet."""
     _room: trio.Event = attrs.Factory(trio.Event)
@@ -352,6 +359,8 @@ class Hub:
             await nursery.start(self.committer.run)
             await nursery.start(self._dispatch)
             await nursery.start(self._sweep)
+            await nursery.start(self._retain)
+            await nursery.start(self._close_revoked)
             task_status.started()
 
     # ---------------------------------------------------------------- connections
@@ -477,6 +486,7 @@ class Hub:
         session: _Session | None = None
         try:
             credential = await self._hello(socket)
+            link.credential_id = credential.credential_id
             while True:
                 await link.wait_for_room()
                 for message in decode(await self._next_frame(socket)):
@@ -720,15 +730,10 @@ class Hub:
     ) -> None:
         """End lapsed offers, leases and queued tasks, at each one's due time."""
         task_status.started()
-        receipts_swept_at = 0
         while True:
             now_ms = self.now_ms()
             try:
                 due_ms = await self._sweep_once(now_ms)
-                if now_ms - receipts_swept_at >= RECEIPT_SWEEP_EVERY_MS:
-                    retention = self.config.receipt_retention_ms
-                    await self.committer.do(_ops.forget_receipts(now_ms - retention))
-                    receipts_swept_at = now_ms
             except StoreError as error:
                 logger.warning("hub: a sweep failed, tried again soon: %s", error)
                 due_ms = now_ms + self.config.poll_ms * 5
@@ -754,6 +759,50 @@ class Hub:
         if swept.next_due_ms is not None:
             due_ms = min(due_ms, max(swept.next_due_ms, now_ms + 1))
         return due_ms
+
+    async def _retain(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Every `retention_sweep_ms`, delete the tasks that ended for good longer than
+        `task_retention_ms` ago and the receipts older than `receipt_retention_ms`,
+        `RETENTION_BATCH` per transaction: each batch is one short operation among the
+        live work's, never a long one ahead of it."""
+        task_status.started()
+        config = self.config
+        forgets = (
+            (_ops.forget_tasks, config.task_retention_ms),
+            (_ops.forget_receipts, config.receipt_retention_ms),
+        )
+        while True:
+            await trio.sleep(config.retention_sweep_ms / 1000)
+            try:
+                for forget, retention_ms in forgets:
+                    while True:
+                        operation = forget(self.now_ms() - retention_ms, RETENTION_BATCH)
+                        if await self.committer.do(operation) < RETENTION_BATCH:
+                            break
+            except StoreError as error:
+                logger.warning("hub: a retention sweep failed, tried again soon: %s", error)
+
+    async def _close_revoked(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Every `REVOCATION_CHECK_MS`, close the worker connections whose credential was
+        revoked (`AUTH_FAILED`): one query for the credentials of every connection open."""
+        task_status.started()
+        while True:
+            await trio.sleep(REVOCATION_CHECK_MS / 1000)
+            credential_ids = frozenset(link.credential_id for link in self._links) - {""}
+            if not credential_ids:
+                continue
+            try:
+                revoked = await self.committer.do(_ops.revoked_among(credential_ids))
+            except StoreError as error:
+                logger.warning("hub: a look for revoked credentials failed: %s", error)
+                continue
+            for link in list(self._links):
+                if link.credential_id in revoked:
+                    link.fail(_REVOKED)
 
     def _sweep_soon(self, due_ms: int) -> None:
         """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""

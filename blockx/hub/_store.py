@@ -163,6 +163,13 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         PRIMARY KEY (queue_id, concurrency_key)
     );
     """,
+    # An operator pauses a queue (it takes submissions and offers nothing); retention finds
+    # the tasks that ended longest ago without reading the others.
+    """
+    ALTER TABLE queues ADD COLUMN paused SMALLINT NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS tasks_by_end ON tasks (finished_at_ms)
+        WHERE finished_at_ms > 0 AND state <> 'NEEDS_REVIEW';
+    """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
 
@@ -286,7 +293,8 @@ class Tx:
         self._tasks: dict[str, Task | None] = {}
         self._attempts: dict[str, Attempt | None] = {}
         self._receipts: dict[tuple[str, str], tuple[str, bytes] | None] = {}
-        self._queues: dict[str, bool] = {}
+        self._queues: dict[str, bool | None] = {}
+        """Whether each queue looked up is paused; None: there is no such queue."""
         self._credentials: dict[str, tuple[Credential, str] | None] = {}
         self._writes: dict[str, dict[object, tuple[object, ...]]] = {}
         """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
@@ -307,9 +315,10 @@ class Tx:
         rows: list[tuple[Any, ...]] = self._execute(sql, params).fetchall()
         return rows
 
-    def run(self, sql: str, *params: object) -> None:
+    def run(self, sql: str, *params: object) -> int:
+        """Run `sql` once every change kept is written; how many rows it changed."""
         self.flush()
-        self._execute(sql, params)
+        return int(self._execute(sql, params).rowcount)
 
     def flush(self, tables: Collection[str] | None = None) -> None:
         """Write the changes kept so far (to `tables`, or to all)."""
@@ -498,11 +507,6 @@ class Tx:
         self._tasks[task.task_id] = task
         return task
 
-    def task_counts(self) -> list[tuple[str, str, int]]:
-        """(queue id, state, how many tasks) for every pair that has tasks."""
-        sql = "SELECT queue_id, state, COUNT(*) FROM tasks GROUP BY queue_id, state"
-        return [(row[0], row[1], int(row[2])) for row in self.rows(sql, reads=("tasks",))]
-
     def tasks_of_queue(self, queue_id: str, state: str | None, limit: int) -> list[Task]:
         where = "queue_id = ?" + (" AND state = ?" if state else "")
         params: tuple[object, ...] = (queue_id, state) if state else (queue_id,)
@@ -617,9 +621,39 @@ class Tx:
         self._receipts[key] = (digest, answer)
         self._write(_INSERT_RECEIPT, key, (instance_id, message_id, digest, answer, now_ms))
 
-    def forget_receipts(self, before_ms: int) -> None:
-        self.run("DELETE FROM receipts WHERE at_ms < ?", before_ms)
+    def forget_receipts(self, before_ms: int, limit: int) -> int:
+        """Delete up to `limit` of the answers kept before `before_ms`, oldest first; how many."""
+        forgotten = self.run(
+            "DELETE FROM receipts WHERE (instance_id, message_id) IN (SELECT instance_id, "
+            "message_id FROM receipts WHERE at_ms < ? ORDER BY at_ms LIMIT ?)",
+            before_ms,
+            limit,
+        )
         self._receipts.clear()
+        return forgotten
+
+    def forget_tasks(self, before_ms: int, limit: int) -> int:
+        """Delete up to `limit` tasks that ended for good (`TaskState.is_retained`) before
+        `before_ms`, with their attempts and history (evidence included); how many."""
+        states = [state.value for state in TaskState if state.is_retained]
+        sql = self._lock(
+            "SELECT task_id FROM tasks WHERE finished_at_ms > 0 AND state <> 'NEEDS_REVIEW' "
+            f"AND finished_at_ms < ? AND state IN ({', '.join('?' * len(states))}) "
+            "ORDER BY finished_at_ms LIMIT ?",
+            skip_locked=True,
+        )
+        task_ids = [row[0] for row in self.rows(sql, before_ms, *states, limit)]
+        for chunk in _chunks(task_ids):
+            marks = ", ".join("?" * len(chunk))
+            for table in ("attempts", "history", "tasks"):
+                self.run(f"DELETE FROM {table} WHERE task_id IN ({marks})", *chunk)
+        gone = set(task_ids)
+        for task_id in gone:
+            self._tasks.pop(task_id, None)
+        for attempt_id, attempt in list(self._attempts.items()):
+            if attempt is not None and attempt.task_id in gone:
+                del self._attempts[attempt_id]
+        return len(task_ids)
 
     def operator_answer(self, request_id: str, action: str, target: str) -> tuple[int, str] | None:
         """(status, answer's JSON text) kept for an operator's request, or None."""
@@ -651,20 +685,48 @@ class Tx:
 
     # --- queues and credentials --------------------------------------------------------
 
-    def queue_exists(self, queue_id: str) -> bool:
+    def _paused(self, queue_id: str) -> bool | None:
         if queue_id not in self._queues:
-            sql = "SELECT 1 FROM queues WHERE queue_id = ?"
-            self._queues[queue_id] = bool(self.rows(sql, queue_id, reads=()))
+            sql = "SELECT paused FROM queues WHERE queue_id = ?"
+            rows = self.rows(sql, queue_id, reads=())
+            self._queues[queue_id] = bool(rows[0][0]) if rows else None
         return self._queues[queue_id]
+
+    def queue_exists(self, queue_id: str) -> bool:
+        return self._paused(queue_id) is not None
+
+    def queue_paused(self, queue_id: str) -> bool:
+        """Whether an operator paused `queue_id` (looked up once per transaction)."""
+        return bool(self._paused(queue_id))
 
     def create_queue(self, queue_id: str, now_ms: int) -> None:
         self.run("INSERT INTO queues (queue_id, created_at_ms) VALUES (?, ?)", queue_id, now_ms)
-        self._queues[queue_id] = True
+        self._queues[queue_id] = False
+
+    def pause_queue(self, queue_id: str, paused: bool) -> bool:
+        """Pause or resume `queue_id`; False if there is no such queue."""
+        sql = "UPDATE queues SET paused = ? WHERE queue_id = ?"
+        found = self.run(sql, int(paused), queue_id) > 0
+        self._queues[queue_id] = paused if found else None
+        return found
 
     def queues(self) -> list[str]:
         return [row[0] for row in self.rows("SELECT queue_id FROM queues ORDER BY queue_id")]
 
-    def create_credential(self, credential: Credential, secret_hash: str, now_ms: int) -> None:
+    def queue_rows(self) -> list[tuple[str, int, bool]]:
+        """(queue id, created at, paused) of every queue."""
+        sql = "SELECT queue_id, created_at_ms, paused FROM queues ORDER BY queue_id"
+        return [(row[0], row[1], bool(row[2])) for row in self.rows(sql, reads=())]
+
+    def task_counts(self) -> list[tuple[str, TaskState, int, int]]:
+        """(queue id, state, how many tasks, the oldest's `created_at_ms`) per queue and state."""
+        sql = (
+            "SELECT queue_id, state, COUNT(*), MIN(created_at_ms) FROM tasks "
+            "GROUP BY queue_id, state ORDER BY queue_id, state"
+        )
+        return [(r[0], TaskState(r[1]), r[2], r[3]) for r in self.rows(sql, reads=("tasks",))]
+
+    def create_credential(self, credential: Credential, secret_hash: str) -> None:
         self.run(
             "INSERT INTO credentials (credential_id, secret_hash, queue_id, rights, revoked, "
             "created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
@@ -673,20 +735,41 @@ class Tx:
             credential.queue_id,
             ",".join(sorted(right.value for right in credential.rights)),
             int(credential.revoked),
-            now_ms,
+            credential.created_at_ms,
         )
         self._credentials.pop(credential.credential_id, None)
 
     def credential(self, credential_id: str) -> tuple[Credential, str] | None:
         """The credential and its secret's hash (looked up once per transaction)."""
         if credential_id not in self._credentials:
-            sql = (
-                "SELECT credential_id, queue_id, rights, revoked, secret_hash FROM credentials "
-                "WHERE credential_id = ?"
-            )
+            sql = f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials WHERE credential_id = ?"
             rows = self.rows(sql, credential_id, reads=())
             self._credentials[credential_id] = _credential(rows[0]) if rows else None
         return self._credentials[credential_id]
+
+    def credentials(self) -> list[Credential]:
+        """Every credential, oldest first (their secrets' hashes stay here)."""
+        sql = f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials ORDER BY created_at_ms, credential_id"
+        return [_credential(row)[0] for row in self.rows(sql, reads=())]
+
+    def revoke_credential(self, credential_id: str) -> bool:
+        """Revoke a credential for good; False if there is no such credential."""
+        sql = "UPDATE credentials SET revoked = 1 WHERE credential_id = ?"
+        self._credentials.pop(credential_id, None)
+        return self.run(sql, credential_id) > 0
+
+    def revoked_among(self, credential_ids: Collection[str]) -> set[str]:
+        """Which of `credential_ids` are revoked (or no longer exist)."""
+        found: set[str] = set()
+        ids = sorted(credential_ids)
+        for chunk in _chunks(ids):
+            marks = ", ".join("?" * len(chunk))
+            sql = (
+                "SELECT credential_id FROM credentials "
+                f"WHERE revoked = 0 AND credential_id IN ({marks})"
+            )
+            found.update(row[0] for row in self.rows(sql, *chunk, reads=()))
+        return set(ids) - found
 
 
 # ------------------------------------------------------------------------------ rows
@@ -710,12 +793,19 @@ def _filtered(queue_id: str, chosen: TaskFilter) -> tuple[str, tuple[object, ...
     return where, params
 
 
+_CREDENTIAL_COLUMNS: Final = "credential_id, queue_id, rights, revoked, created_at_ms, secret_hash"
+
+
 def _credential(row: Sequence[Any]) -> tuple[Credential, str]:
     rights = frozenset(Right(name) for name in row[2].split(",") if name)
     credential = Credential(
-        credential_id=row[0], queue_id=row[1], rights=rights, revoked=bool(row[3])
+        credential_id=row[0],
+        queue_id=row[1],
+        rights=rights,
+        revoked=bool(row[3]),
+        created_at_ms=row[4],
     )
-    return credential, row[4]
+    return credential, row[5]
 
 
 def _task_row(task: Task) -> tuple[object, ...]:

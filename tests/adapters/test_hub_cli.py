@@ -55,6 +55,35 @@ def test_a_queue_a_credential_a_task_and_its_history(
     assert shown["attempts"] == []
 
 
+def test_queues_listed_paused_and_resumed_credentials_listed_and_revoked(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, db, "queue", "create", "images")
+    token = run(capsys, db, "credential", "create", "--queue", "images", "--rights", "worker")[1]
+    credential_id = token.removeprefix("bxc_").partition(".")[0]
+    run(capsys, db, "submit", "--queue", "images", *SUBMIT, "--payload", "1")
+    assert run(capsys, db, "queue", "pause", "images") == (0, "queue images paused\n", "")
+    code, out, _ = run(capsys, db, "queue", "list")
+    [queue] = json.loads(out)
+    assert (code, queue["queue_id"], queue["paused"]) == (0, "images", True)
+    assert (queue["tasks"]["QUEUED"], queue["tasks"]["SUCCEEDED"], queue["running"]) == (1, 0, 0)
+    assert run(capsys, db, "queue", "resume", "images")[1] == "queue images resumed\n"
+    assert json.loads(run(capsys, db, "queue", "list")[1])[0]["paused"] is False
+    revoked = run(capsys, db, "credential", "revoke", credential_id)
+    assert revoked == (0, f"credential {credential_id} revoked\n", "")
+    code, out, _ = run(capsys, db, "credential", "list")
+    assert json.loads(out) == [
+        {
+            "credential_id": credential_id,
+            "queue_id": "images",
+            "rights": ["worker"],
+            "revoked": True,
+            "created_at_ms": json.loads(out)[0]["created_at_ms"],
+        }
+    ]
+    assert token.partition(".")[2] not in out  # never the secret
+
+
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
@@ -70,6 +99,8 @@ def test_a_queue_a_credential_a_task_and_its_history(
             ["credential", "create", "--queue", "q", "--rights", " , "],
             "blockx: error: --rights ' , ': name at least one right",
         ),
+        (["queue", "pause", "nope"], "blockx: error: QUEUE 'nope': no such queue"),
+        (["credential", "revoke", "nope"], "blockx: error: ID 'nope': no such credential"),
         (
             ["submit", "--queue", "q", *SUBMIT, "--payload", "{oops"],
             "blockx: error: --payload '{oops': JSON: payload: an object's key",

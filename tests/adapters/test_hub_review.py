@@ -154,7 +154,7 @@ async def test_a_repeated_request_id_gets_the_first_answer_and_does_nothing_more
         repeated = await act(rig, admin, task_id, "retry", request_id="once")
         cancelled_again = await act(rig, admin, task_id, "cancel", request_id="c")
         task = shown(rig, task_id)
-        rig.store.read(_ops.forget_receipts(rig.now_ms() + 1))  # kept as long as receipts
+        rig.store.read(_ops.forget_receipts(rig.now_ms() + 1, 1_000))  # kept as long as receipts
         forgotten = await act(rig, admin, task_id, "retry", request_id="once")
     assert first[0] == cancelled[0] == 200
     assert repeated == first  # the answer of the time it was done, not the task as it is

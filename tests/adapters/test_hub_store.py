@@ -240,7 +240,9 @@ async def test_a_failing_operation_fails_alone(tmp_path: Path) -> None:
 def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "hub.sqlite3"))
     queue_tasks(store, 2)
-    credential = Credential(credential_id="c1", queue_id="q", rights=frozenset({Right.PRODUCER}))
+    credential = Credential(
+        credential_id="c1", queue_id="q", rights=frozenset({Right.PRODUCER}), created_at_ms=60
+    )
 
     Seen = tuple[tuple[object, bool], list[TaskState], list[str], list[str], tuple[object, bool]]
 
@@ -255,7 +257,7 @@ def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Pa
             [attempt.attempt_id for attempt in tx.attempts_of(task_id)],
             [entry.kind for entry in tx.history(task_id)],
         )
-        tx.create_credential(credential, "hash", 60)
+        tx.create_credential(credential, "hash")
         tx.create_queue("r", 60)
         return (looked_up_before, *seen, (tx.credential("c1"), tx.queue_exists("r")))
 

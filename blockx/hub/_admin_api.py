@@ -1,0 +1,133 @@
+"""The operators' HTTP API on queues and credentials, and the JSON forms the commands print.
+
+    GET  /v1/queues                      every queue: paused, tasks by state, oldest queued
+    POST /v1/queues/{queue}:pause        the queue takes submissions and offers nothing
+    POST /v1/queues/{queue}:resume       it offers again
+    GET  /v1/credentials                 every credential (never its secret)
+    POST /v1/credentials/{id}:revoke     its requests are refused, its sessions closed
+
+Every request needs a credential with the admin right; each runs in one
+transaction with the check of that credential. The same reads are what
+`blockx hub queue list` and `credential list` print.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, Final, TypeAlias
+
+from blockx.hub import _ops
+from blockx.hub._auth import check
+from blockx.hub._model import ANY_QUEUE, Credential, Right, TaskState
+from blockx.hub._store import Tx
+
+_QUEUE_ACTION: Final = re.compile(r"/v1/queues/([^/]+):(pause|resume)")
+_REVOKE: Final = re.compile(r"/v1/credentials/([^/]+):revoke")
+
+AdminAnswer: TypeAlias = tuple[int, Any]
+"""An HTTP status and the JSON body to answer with (as the producers' API's)."""
+
+
+def credential_json(credential: Credential) -> dict[str, Any]:
+    return {
+        "credential_id": credential.credential_id,
+        "queue_id": credential.queue_id,
+        "rights": sorted(right.value for right in credential.rights),
+        "revoked": credential.revoked,
+        "created_at_ms": credential.created_at_ms,
+    }
+
+
+def list_credentials(tx: Tx) -> list[dict[str, Any]]:
+    return [credential_json(credential) for credential in tx.credentials()]
+
+
+def list_queues(now_ms: int) -> Callable[[Tx], list[dict[str, Any]]]:
+    """Each queue: whether it is paused, its tasks by state, how many run, and how long its
+    oldest queued task has waited since its submission (None: none is queued)."""
+
+    def read(tx: Tx) -> list[dict[str, Any]]:
+        counts: dict[str, dict[str, int]] = {}
+        oldest: dict[str, int] = {}
+        for queue_id, state, count, first_created_ms in tx.task_counts():
+            counts.setdefault(queue_id, {})[state.value] = count
+            if state is TaskState.QUEUED:
+                oldest[queue_id] = first_created_ms
+        shown = []
+        for queue_id, created_at_ms, paused in tx.queue_rows():
+            tasks = {
+                state.value: counts.get(queue_id, {}).get(state.value, 0) for state in TaskState
+            }
+            shown.append(
+                {
+                    "queue_id": queue_id,
+                    "created_at_ms": created_at_ms,
+                    "paused": paused,
+                    "tasks": tasks,
+                    "running": tasks[TaskState.RUNNING.value],
+                    "oldest_queued_age_ms": None
+                    if queue_id not in oldest
+                    else max(now_ms - oldest[queue_id], 0),
+                }
+            )
+        return shown
+
+    return read
+
+
+def admin_request(
+    method: bytes, path: str, now_ms: int
+) -> Callable[[str], Callable[[Tx], AdminAnswer]] | None:
+    """What an admin request for `path` does, given its token; None if `path` is not one."""
+    if path == "/v1/queues":
+        read_queues = list_queues(now_ms)
+        return _as_admin(method, lambda tx: (200, {"queues": read_queues(tx)}))
+    if path == "/v1/credentials":
+        return _as_admin(method, lambda tx: (200, {"credentials": list_credentials(tx)}))
+    if (match := _QUEUE_ACTION.fullmatch(path)) is not None:
+        queue_id = urllib.parse.unquote(match[1])
+        pause = _ops.pause_queue(queue_id, match[2] == "pause")
+
+        def paused(tx: Tx) -> AdminAnswer:
+            if not pause(tx):
+                return 404, {"error": f"no queue {queue_id!r}", "field": "queue"}
+            return 200, next(q for q in list_queues(now_ms)(tx) if q["queue_id"] == queue_id)
+
+        return _as_admin(method, paused, verb=b"POST")
+    if (match := _REVOKE.fullmatch(path)) is not None:
+        credential_id = urllib.parse.unquote(match[1])
+        revoke = _ops.revoke_credential(credential_id)
+
+        def revoked(tx: Tx) -> AdminAnswer:
+            if not revoke(tx):
+                return 404, {"error": f"no credential {credential_id!r}", "field": "credential"}
+            found = tx.credential(credential_id)
+            assert found is not None
+            return 200, credential_json(found[0])
+
+        return _as_admin(method, revoked, verb=b"POST")
+    return None
+
+
+def _as_admin(
+    method: bytes, work: Callable[[Tx], AdminAnswer], *, verb: bytes = b"GET"
+) -> Callable[[str], Callable[[Tx], AdminAnswer]]:
+    """`work`, for a request with method `verb` and a token of a credential with the admin
+    right (checked in the same transaction)."""
+
+    def for_token(token: str) -> Callable[[Tx], AdminAnswer]:
+        def run(tx: Tx) -> AdminAnswer:
+            credential = check(tx, token)
+            if credential is None:
+                return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
+            if not credential.allows(Right.ADMIN, ANY_QUEUE):
+                return 403, {"error": "this needs a credential with the admin right"}
+            if method != verb:
+                return 405, {"error": f"{method.decode()}: use {verb.decode()}"}
+            return work(tx)
+
+        return run
+
+    return for_token

@@ -3,6 +3,9 @@
     GET  /v1/queues                      every queue: paused, tasks by state, oldest queued
     POST /v1/queues/{queue}:pause        the queue takes submissions and offers nothing
     POST /v1/queues/{queue}:resume       it offers again
+    POST /v1/queues/{queue}:limit?max_running=N[&key=K]
+                                         a concurrency key's limit (no key: the queue's
+                                         for every key); 0 removes it
     GET  /v1/credentials                 every credential (never its secret)
     POST /v1/credentials/{id}:revoke     its requests are refused, its sessions closed
 
@@ -24,6 +27,9 @@ from blockx.hub._model import ANY_QUEUE, Credential, Right, TaskState
 from blockx.hub._store import Tx
 
 _QUEUE_ACTION: Final = re.compile(r"/v1/queues/([^/]+):(pause|resume)")
+_QUEUE_LIMIT: Final = re.compile(r"/v1/queues/([^/]+):limit")
+MAX_KEY_LIMIT: Final = 1_000_000
+"""The largest limit a concurrency key may be given."""
 _REVOKE: Final = re.compile(r"/v1/credentials/([^/]+):revoke")
 
 AdminAnswer: TypeAlias = tuple[int, Any]
@@ -78,7 +84,7 @@ def list_queues(now_ms: int) -> Callable[[Tx], list[dict[str, Any]]]:
 
 
 def admin_request(
-    method: bytes, path: str, now_ms: int
+    method: bytes, path: str, query: str, now_ms: int
 ) -> Callable[[str], Callable[[Tx], AdminAnswer]] | None:
     """What an admin request for `path` does, given its token; None if `path` is not one."""
     if path == "/v1/queues":
@@ -96,6 +102,8 @@ def admin_request(
             return 200, next(q for q in list_queues(now_ms)(tx) if q["queue_id"] == queue_id)
 
         return _as_admin(method, paused, verb=b"POST")
+    if (match := _QUEUE_LIMIT.fullmatch(path)) is not None:
+        return _as_admin(method, _limit(urllib.parse.unquote(match[1]), query), verb=b"POST")
     if (match := _REVOKE.fullmatch(path)) is not None:
         credential_id = urllib.parse.unquote(match[1])
         revoke = _ops.revoke_credential(credential_id)
@@ -109,6 +117,25 @@ def admin_request(
 
         return _as_admin(method, revoked, verb=b"POST")
     return None
+
+
+def _limit(queue_id: str, query: str) -> Callable[[Tx], AdminAnswer]:
+    """Set a concurrency key's limit from the query (`max_running`, and `key`)."""
+    fields = urllib.parse.parse_qs(query, keep_blank_values=True)
+    key = fields.get("key", [""])[0]
+    text = fields.get("max_running", [""])[0]
+    if not text.isdigit() or int(text) > MAX_KEY_LIMIT:
+        allowed = f"max_running must be 0 (no limit) to {MAX_KEY_LIMIT}"
+        return lambda tx: (400, {"error": allowed, "field": "max_running"})
+    max_running = int(text)
+    limit = _ops.set_key_limit(queue_id, key, max_running)
+
+    def run(tx: Tx) -> AdminAnswer:
+        if not limit(tx):
+            return 404, {"error": f"no queue {queue_id!r}", "field": "queue"}
+        return 200, {"queue_id": queue_id, "key": key, "max_running": max_running}
+
+    return run
 
 
 def _as_admin(

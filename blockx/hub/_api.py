@@ -440,7 +440,7 @@ class ProducerApi:
         the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
-        admin = admin_request(request.method, target.path, self._clock.now_ms())
+        admin = admin_request(request.method, target.path, target.query, self._clock.now_ms())
         if admin is not None:
             return await self._committer.do(admin(token))
         if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":

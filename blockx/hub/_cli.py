@@ -48,6 +48,7 @@ from blockx.hub._admin import (
     submit,
     submit_many,
 )
+from blockx.hub._admin_api import MAX_KEY_LIMIT
 from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._config import CONFIG_FILE_ENV, HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
@@ -71,7 +72,6 @@ SERVE_FLAGS: Final = {
 }
 """The setting each of `hub`'s flags sets (its JSON path): the flag is named in its errors."""
 STORE_FLAGS: Final = {"db": "--db"}
-MAX_KEY_LIMIT: Final = 1_000_000
 """The settings flags of the commands that work on the database."""
 
 

@@ -199,3 +199,35 @@ def test_retention_deletes_in_batches_the_oldest_first(hub_url: str) -> None:
     assert batches == [500, 500, 99, 0]
     assert left == [("7", "FAILED")]
     assert history == 2  # its submission and its failure
+
+
+async def test_the_admin_api_sets_a_concurrency_keys_limit(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        admin = rig.credential("*", Right.ADMIN)
+        token = rig.credential()
+        limited = await rig.http(
+            "POST", f"/v1/queues/{QUEUE}:limit?key=acct%207&max_running=1", token=admin
+        )
+        for n in range(3):
+            await rig.submit(token, payload=n, concurrency_key="acct 7")
+        async with rig.worker(token, capacity=8) as worker:
+            await worker.listen(1)
+            offered = [o.payload for o in worker.offers]
+        removed = await rig.http(
+            "POST", f"/v1/queues/{QUEUE}:limit?key=acct%207&max_running=0", token=admin
+        )
+        refused = [
+            (await rig.http("POST", target, token=who))[0]
+            for target, who in [
+                (f"/v1/queues/{QUEUE}:limit?max_running=x", admin),
+                (f"/v1/queues/{QUEUE}:limit?max_running=1000001", admin),
+                ("/v1/queues/nope:limit?max_running=1", admin),
+                (f"/v1/queues/{QUEUE}:limit?max_running=1", token),
+            ]
+        ]
+    assert limited == (200, {"queue_id": QUEUE, "key": "acct 7", "max_running": 1})
+    assert offered == ["0"]  # one live attempt of the key at a time
+    assert removed[1]["max_running"] == 0
+    assert refused == [400, 400, 404, 403]

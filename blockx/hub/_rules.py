@@ -358,18 +358,20 @@ ACTS_ON: Final = {
 
 
 def retry(task: Task, *, by: Operator, now_ms: int) -> Change | Declined:
-    """Queue a NEEDS_REVIEW or FAILED task again, its budget one attempt larger and its
-    total deadline counted again from now if that is later: its next offer is a new
-    attempt under the next epoch. Its ended attempts stay as they are."""
+    """Queue a NEEDS_REVIEW or FAILED task again, its budget one attempt larger: its next
+    offer is a new attempt under the next epoch. It is offered no sooner than it could be
+    before (a delay that has not ended still holds), and its total deadline counts again
+    from then if that is later. Its ended attempts stay as they are."""
     if task.state not in ACTS_ON["retry"]:
         return _declined(task, "retried", "only a NEEDS_REVIEW or FAILED task can be")
     total_ms = task.deadline_at_ms - task.created_at_ms
+    available_at_ms = max(now_ms, task.available_at_ms)
     queued = attrs.evolve(
         task,
         state=TaskState.QUEUED,
-        available_at_ms=now_ms,
+        available_at_ms=available_at_ms,
         max_attempts=task.max_attempts + 1,
-        deadline_at_ms=max(task.deadline_at_ms, now_ms + total_ms),
+        deadline_at_ms=max(task.deadline_at_ms, available_at_ms + total_ms),
         result=None,
         finished_at_ms=0,
     )

@@ -10,6 +10,7 @@ import pytest
 from blockx.hub import Attempt, AttemptState, Idempotency, Task, TaskState
 from blockx.hub._rules import (
     Change,
+    Operator,
     Refusal,
     Timing,
     expire,
@@ -17,6 +18,7 @@ from blockx.hub._rules import (
     offer,
     renew,
     resume_status,
+    retry,
     start,
     time_out,
 )
@@ -172,3 +174,19 @@ def test_resume_finds_what_an_instance_still_holds() -> None:
     assert look(None, instance_id="w", epoch=1, now_ms=0) == (AttemptStatus.LOST, 0)
     _, fresh = offered()
     assert look(fresh, instance_id="w", epoch=1, now_ms=10) == (AttemptStatus.OFFERED, 500)
+
+
+def test_an_operators_retry_keeps_a_delay_that_has_not_ended() -> None:
+    """A delayed task that failed before its time (its deadline passed) is retried for
+    no sooner than its delay, with its total deadline counted from then."""
+    delayed = attrs.evolve(TASK, available_at_ms=5_000, deadline_at_ms=1_000)
+    failed = time_out(delayed, 1_000)
+    assert failed is not None
+    by = Operator(credential_id="c1", request_id="r1")
+    retried = retry(failed.task, by=by, now_ms=1_200)
+    assert isinstance(retried, Change)
+    assert (retried.task.state, retried.task.available_at_ms) == (TaskState.QUEUED, 5_000)
+    assert retried.task.deadline_at_ms == 6_000
+    ran = retry(attrs.evolve(failed.task, available_at_ms=300), by=by, now_ms=1_200)
+    assert isinstance(ran, Change)
+    assert ran.task.available_at_ms == 1_200  # a task whose time had come: from now

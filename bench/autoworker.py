@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -451,7 +451,16 @@ def main() -> None:
     if args.worker:
         trio.run(work, args.worker, args.capacity, args.plain)
         return
-    directory = Path(tempfile.mkdtemp(prefix="blockx-bench-autoworker-"))
+    run_in_a_directory(run, args, "blockx-bench-autoworker-")
+
+
+def run_in_a_directory(
+    run: Callable[[argparse.Namespace, Path], Awaitable[None]],
+    args: argparse.Namespace,
+    prefix: str,
+) -> None:
+    """`run(args, directory)` on Trio in a new directory, removed after unless `args.keep`."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         trio.run(run, args, directory)
     finally:

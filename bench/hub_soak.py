@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Final
@@ -40,7 +39,16 @@ from typing import Final
 import trio
 
 from bench import autoworker
-from bench.autoworker import CAPABILITY, QUEUE, free_port, open_logged, prepare, result, stop
+from bench.autoworker import (
+    CAPABILITY,
+    QUEUE,
+    free_port,
+    open_logged,
+    prepare,
+    result,
+    run_in_a_directory,
+    stop,
+)
 from blockx.autoworker import HubClient
 from blockx.hub import Store, TaskState
 
@@ -157,16 +165,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the directory (logs, database)")
     args = parser.parse_args()
-    directory = Path(tempfile.mkdtemp(prefix="blockx-bench-hub-soak-"))
-    try:
-        trio.run(run, args, directory)
-    finally:
-        if args.keep:
-            print(f"# kept {directory}", file=sys.stderr)
-        else:
-            for path in sorted(directory.iterdir()):
-                path.unlink()
-            directory.rmdir()
+    run_in_a_directory(run, args, "blockx-bench-hub-soak-")
 
 
 if __name__ == "__main__":

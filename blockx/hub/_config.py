@@ -49,7 +49,8 @@ class HubConfig:
         60_000, "maxRetryBackoffMs", "HUB_MAX_RETRY_BACKOFF_MS", positive=True
     )
     poll_ms: int = setting(200, "pollMs", "HUB_POLL_MS", positive=True)
-    """How often sessions with room look for work other hubs or commands queued."""
+    """How often sessions with room look for work other hubs or commands queued (on
+    PostgreSQL a safety net: commits that queue work notify every hub at once)."""
     receipt_retention_ms: int = setting(
         86_400_000, "receiptRetentionMs", "HUB_RECEIPT_RETENTION_MS", positive=True
     )

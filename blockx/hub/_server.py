@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -42,7 +43,7 @@ from blockx.hub._config import HubConfig
 from blockx.hub._metrics import METRICS_PATH, HubMetrics, SessionLoad
 from blockx.hub._model import Credential, Right
 from blockx.hub._review import OperatorApi
-from blockx.hub._store import Store, StoreError
+from blockx.hub._store import QueuedListener, Store, StoreError
 from blockx.hubwire import (
     MAX_CAPACITY,
     MAX_FRAME_BYTES,
@@ -249,6 +250,7 @@ class Hub:
         use_thread: bool = True,
     ) -> None:
         self.config = config
+        self._store = store
         watch = TaskWatch()
         self.metrics = HubMetrics()
         self.committer = Committer(
@@ -266,6 +268,10 @@ class Hub:
         self.draining = False
         """Published: the hub takes no new work (see `drain`)."""
         self._wake_dispatcher = trio.Event()
+        self._poll_s = config.poll_ms / 1000
+        self._next_look = trio.CancelScope()
+        self._looks: list[float] = []
+        """Trio times the dispatcher was asked to look at before its next poll (a heap)."""
         self._sweep_by: trio.CancelScope | None = None
         self.api = OperatorApi(
             self.committer,
@@ -361,6 +367,8 @@ class Hub:
             await nursery.start(self._sweep)
             await nursery.start(self._retain)
             await nursery.start(self._close_revoked)
+            if self._store.postgres:
+                await nursery.start(self._hear_queued)
             task_status.started()
 
     # ---------------------------------------------------------------- connections
@@ -674,13 +682,29 @@ class Hub:
     async def _dispatch(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Offer work to sessions with room: when woken, and every `poll_ms` anyway."""
+        """Offer work to sessions with room: when woken, at the times asked for (`wake_at`)
+        and every `poll_ms` anyway."""
         task_status.started()
         while True:
-            with trio.move_on_after(self.config.poll_ms / 1000):
+            now = trio.current_time()
+            while self._looks and self._looks[0] <= now:
+                heapq.heappop(self._looks)
+            look_at = min([now + self._poll_s, *self._looks[:1]])
+            self._next_look = trio.CancelScope(deadline=look_at)
+            with self._next_look:
                 await self._wake_dispatcher.wait()
             self._wake_dispatcher = trio.Event()
             self.offer_now()
+
+    def wake_at(self, at_ms: int) -> None:
+        """There will be work to offer at `at_ms` (epoch ms): the dispatcher looks then. A
+        time past the next poll is left to the poll (it offers within `poll_ms` of it)."""
+        at = self._clock.trio_time(at_ms)
+        if at <= trio.current_time():
+            self.wake()
+        elif at < self._next_look.deadline:
+            heapq.heappush(self._looks, at)
+            self._next_look.deadline = at
 
     def offer_now(self) -> None:
         """Claim offers for every session with room (and no claim in flight): operations
@@ -803,6 +827,32 @@ class Hub:
             for link in list(self._links):
                 if link.credential_id in revoked:
                     link.fail(_REVOKED)
+
+    async def _hear_queued(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """PostgreSQL: have the dispatcher look as soon as a commit of any hub (or command)
+        of the database queued a task, or when its delay ends, not at its next poll. A lost
+        connection is made again after a poll's time; meanwhile the poll offers what was
+        queued."""
+        task_status.started()
+        while True:
+            try:
+                listener = await trio.to_thread.run_sync(QueuedListener, self._store.url)
+            except StoreError as error:
+                logger.warning("hub: cannot listen for queued tasks: %s", error)
+                await trio.sleep(self.config.poll_ms / 1000)
+                continue
+            try:
+                while True:
+                    await trio.lowlevel.wait_readable(listener.fileno())
+                    for at_ms in listener.heard():
+                        self.wake_at(at_ms)
+            except StoreError as error:
+                logger.warning("hub: lost the connection that hears queued tasks: %s", error)
+            finally:
+                listener.close()
+            await trio.sleep(self.config.poll_ms / 1000)
 
     def _sweep_soon(self, due_ms: int) -> None:
         """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 BUSY_TIMEOUT_S: Final = 30.0
+QUEUED_CHANNEL: Final = "blockx_hub_queued"
+"""The PostgreSQL channel a commit that queued tasks notifies, with the time (epoch ms) the
+first of them may be offered (`QueuedListener`)."""
 
 _MIGRATIONS: Final[tuple[str, ...]] = (
     """
@@ -305,6 +308,9 @@ class Tx:
         self.moved_attempts: list[tuple[Attempt | None, Attempt]] = []
         """Each attempt written, in order, beside what it was before (None: inserted now,
         or not read first)."""
+        self.queued_at_ms: int | None = None
+        """When the first of the tasks queued (or queued again) here may be offered: with
+        PostgreSQL, the commit tells every hub of the database (`QUEUED_CHANNEL`)."""
 
     def rows(
         self, sql: str, *params: object, reads: Collection[str] | None = None
@@ -327,6 +333,11 @@ class Tx:
         if self._notes and (tables is None or "history" in tables):
             notes, self._notes = self._notes, []
             self._execute_many(_INSERT_NOTE, notes)
+
+    def _queued(self, task: Task) -> None:
+        if task.state is TaskState.QUEUED:
+            at_ms = task.available_at_ms
+            self.queued_at_ms = min(at_ms, self.queued_at_ms or at_ms)
 
     def _write(self, sql: str, key: object, row: tuple[object, ...]) -> None:
         self._writes.setdefault(sql, {})[key] = row
@@ -378,6 +389,7 @@ class Tx:
         return self._tasks[task_id]
 
     def insert_task(self, task: Task) -> None:
+        self._queued(task)
         self.moved_tasks.append((None, task))
         self._tasks[task.task_id] = task
         self._write(_INSERT_TASK, task.task_id, _task_row(task))
@@ -387,6 +399,7 @@ class Tx:
         if before is not None:  # every operation reads a task before it changes it
             self.moved_tasks.append((before, task))
         self._tasks[task.task_id] = task
+        self._queued(task)
         if task.state.is_terminal:
             self._ended.add(task.task_id)
         row = _task_row(task)
@@ -993,6 +1006,8 @@ class Store:
                 tx = _pg_tx(self._pg.cursor(), locks=True)
                 result = work(tx)
                 tx.flush()
+                if tx.queued_at_ms is not None:  # delivered at the commit to every hub listening
+                    tx.run("SELECT pg_notify(?, ?)", QUEUED_CHANNEL, str(tx.queued_at_ms))
                 return result
         return self._sqlite_transaction(work, wait=True)
 
@@ -1078,6 +1093,43 @@ def _connect_sqlite(url: str) -> sqlite3.Connection:
     connection.execute("PRAGMA foreign_keys = ON")
     connection.execute("PRAGMA busy_timeout = 0")  # from now on a transaction says if it waits
     return connection
+
+
+class QueuedListener:
+    """A connection of its own that hears the commits that queued tasks, on any hub of the
+    database or by a command: wait until `fileno()` is readable, then read `heard()`."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg  # noqa: PLC0415
+
+        self._url = url
+        try:
+            self._pg = _connect_postgres(url)
+            self._pg.execute(f"LISTEN {QUEUED_CHANNEL}")
+        except psycopg.Error as error:
+            raise StoreError(url=_redact(url), reason=str(error)) from error
+
+    def fileno(self) -> int:
+        return self._pg.pgconn.socket
+
+    def heard(self) -> list[int]:
+        """When the tasks queued by each commit heard of since the last call may first be
+        offered (epoch ms, in the clock of the hub that queued them). Reads what the socket
+        holds; never blocks. `StoreError` if the connection is lost."""
+        import psycopg  # noqa: PLC0415
+
+        pgconn = self._pg.pgconn
+        try:
+            pgconn.consume_input()
+        except psycopg.Error as error:
+            raise StoreError(url=_redact(self._url), reason=str(error)) from error
+        heard = []
+        while (notify := pgconn.notifies()) is not None:
+            heard.append(int(notify.extra) if notify.extra.isdigit() else 0)
+        return heard
+
+    def close(self) -> None:
+        self._pg.close()
 
 
 def _connect_postgres(url: str) -> psycopg.Connection[Any]:

@@ -39,7 +39,8 @@ started attempt, with one attempt row (counted in the database).
 
 `--profile DIR` enables `pg_stat_statements` (and WAL sync timing) on the
 server and, during the PostgreSQL hub's burn-down, writes the hub's stacks
-sampled by py-spy (`hub_pg.pyspy`, collapsed) and `pg_profile.txt`: the
+sampled by py-spy (`hub_pg.pyspy`, collapsed; py-spy pauses the hub for each
+sample, so that phase runs slower) and `pg_profile.txt`: the
 statements by total time (calls and milliseconds per task), commits, WAL
 syncs and their time, and what the server's backends were doing, sampled
 every 10 ms from `pg_stat_activity` (running, waiting for the client, for a

@@ -44,7 +44,7 @@ sample, so that phase runs slower) and `pg_profile.txt`: the
 statements by total time (calls and milliseconds per task), commits, WAL
 syncs and their time, and what the server's backends were doing, sampled
 every 10 ms from `pg_stat_activity` (running, waiting for the client, for a
-lock, for the WAL).
+lock, for the WAL); `postgres.log` holds the plans of statements slower than 2 ms.
 
 Prints each figure as `RESULT name=<figure> value=<number>`; asserts nothing timed.
 Targets (2 cores): hub_pg_to_floor >= 1.0, hub_pg_to_sqlite >= 0.8,
@@ -58,6 +58,7 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -65,7 +66,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 import trio
@@ -95,6 +96,7 @@ PHASE_TIMEOUT_S: Final = 900.0
 FLOOR_IDLE_WAIT_S: Final = 0.5
 """How long an idle floor worker waits for a notification before it looks again anyway."""
 ACTIVITY_SAMPLE_S: Final = 0.01
+SLOW_PLAN_MS: Final = 2
 SUSTAINED_CHUNK: Final = 20
 """Jobs between two looks at the clock in a sustained phase."""
 
@@ -178,13 +180,12 @@ def floor_latencies(dsn: str, seconds: float) -> list[float]:
     return latencies
 
 
-def floor_counts(dsn: str) -> tuple[int, int, int]:
+def floor_counts(connection: psycopg.Connection[Any]) -> tuple[int, int, int]:
     """Rows; rows done once and claimed once; rows done."""
-    with psycopg.connect(dsn) as connection:
-        row = connection.execute(
-            "SELECT COUNT(*), COUNT(*) FILTER (WHERE state = 'done' AND claims = 1 AND dones = 1),"
-            " COUNT(*) FILTER (WHERE state = 'done') FROM floor_jobs"
-        ).fetchone()
+    row = connection.execute(
+        "SELECT COUNT(*), COUNT(*) FILTER (WHERE state = 'done' AND claims = 1 AND dones = 1),"
+        " COUNT(*) FILTER (WHERE state = 'done') FROM floor_jobs"
+    ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
 
@@ -203,17 +204,18 @@ async def floor(
         await open_logged(command, dict(os.environ), b"worker running", directory / f"f{n}.log")
         for n in range(WORKERS)
     ]
-    try:
-        started = time.perf_counter()
-        go.touch()
-        while (await trio.to_thread.run_sync(floor_counts, dsn))[2] < args.jobs:
-            await trio.sleep(DONE_POLL_S)
-        burn_s = time.perf_counter() - started
-        latencies = await trio.to_thread.run_sync(floor_latencies, dsn, args.sustained_s)
-    finally:
-        for process in workers:
-            await stop(process)
-    rows, once, _ = floor_counts(dsn)
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        try:
+            started = time.perf_counter()
+            go.touch()
+            while (await trio.to_thread.run_sync(floor_counts, connection))[2] < args.jobs:
+                await trio.sleep(DONE_POLL_S)
+            burn_s = time.perf_counter() - started
+            latencies = await trio.to_thread.run_sync(floor_latencies, dsn, args.sustained_s)
+        finally:
+            for process in workers:
+                await stop(process)
+        rows, once, _ = floor_counts(connection)
     if rows != args.jobs + len(latencies) or once != rows:
         raise SystemExit(f"floor: {rows} rows, {once} claimed and done exactly once")
     return args.jobs / inserting_s, args.jobs / burn_s, latencies
@@ -431,10 +433,15 @@ def write_profile(directory: Path, dsn: str, jobs: int, activity: collections.Co
 
 
 async def enable_statements(server: PostgresServer) -> None:
-    """Restart `server` with pg_stat_statements loaded and WAL timing on."""
+    """Restart `server` with pg_stat_statements loaded, WAL timing on, and the plans of
+    statements slower than SLOW_PLAN_MS logged (auto_explain)."""
     with psycopg.connect(server.admin_url, autocommit=True) as connection:
-        connection.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        connection.execute(
+            "ALTER SYSTEM SET shared_preload_libraries = pg_stat_statements, auto_explain"
+        )
         connection.execute("ALTER SYSTEM SET track_wal_io_timing = on")
+        connection.execute("LOAD 'auto_explain'")  # so that ALTER SYSTEM knows its settings
+        connection.execute(f"ALTER SYSTEM SET auto_explain.log_min_duration = {SLOW_PLAN_MS}")
     await server.stop()
     await server.start()
 
@@ -467,6 +474,8 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
                 args, str(directory / "hub.sqlite3"), directory, "sqlite"
             )
             two_per_s, _ = await hub(args, url("two_hubs"), directory, "two", hubs=2)
+        if args.profile:
+            shutil.copy(server.log_path, args.profile / "postgres.log")
     result("floor_insert_per_s", insert_per_s)
     result("floor_burn_per_s", floor_per_s)
     result("hub_pg_burn_per_s", pg_per_s)

@@ -293,7 +293,8 @@ def percentile(values: list[float], fraction: float) -> float:
 # ------------------------------------------------------------------------ the run
 
 
-def prepare(db: Path) -> str:
+def prepare(db: Path | str) -> str:
+    """QUEUE and IDLE_QUEUE in the database at `db` (a path or a URL); a credential for both."""
     store = Store(str(db))
     try:
         for queue_id in (QUEUE, IDLE_QUEUE):
@@ -467,9 +468,7 @@ def run_in_a_directory(
         if args.keep:
             print(f"# kept {directory}", file=sys.stderr)
         else:
-            for path in sorted(directory.iterdir()):
-                path.unlink()
-            directory.rmdir()
+            shutil.rmtree(directory)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
 from blockx.hub import _ops
-from blockx.hub._auth import check
-from blockx.hub._model import ANY_QUEUE, Credential, Right, TaskState
+from blockx.hub._model import Credential, Right, TaskState
 from blockx.hub._store import Tx
 
 _QUEUE_ACTION: Final = re.compile(r"/v1/queues/([^/]+):(pause|resume)")
@@ -34,6 +33,8 @@ _REVOKE: Final = re.compile(r"/v1/credentials/([^/]+):revoke")
 
 AdminAnswer: TypeAlias = tuple[int, Any]
 """An HTTP status and the JSON body to answer with (as the producers' API's)."""
+AdminWork: TypeAlias = Callable[[Tx, Credential], AdminAnswer]
+"""What a request does, in a transaction, for the valid credential that asked."""
 
 
 def credential_json(credential: Credential) -> dict[str, Any]:
@@ -83,10 +84,8 @@ def list_queues(now_ms: int) -> Callable[[Tx], list[dict[str, Any]]]:
     return read
 
 
-def admin_request(
-    method: bytes, path: str, query: str, now_ms: int
-) -> Callable[[str], Callable[[Tx], AdminAnswer]] | None:
-    """What an admin request for `path` does, given its token; None if `path` is not one."""
+def admin_request(method: bytes, path: str, query: str, now_ms: int) -> AdminWork | None:
+    """What an admin request for `path` does; None if `path` is not one."""
     if path == "/v1/queues":
         read_queues = list_queues(now_ms)
         return _as_admin(method, lambda tx: (200, {"queues": read_queues(tx)}))
@@ -138,23 +137,26 @@ def _limit(queue_id: str, query: str) -> Callable[[Tx], AdminAnswer]:
     return run
 
 
+def admin_only(work: AdminWork) -> AdminWork:
+    """`work`, for a credential with the admin right (403 otherwise): the one gate of every
+    operator's request."""
+
+    def run(tx: Tx, credential: Credential) -> AdminAnswer:
+        if Right.ADMIN not in credential.rights:
+            return 403, {"error": "this needs a credential with the admin right"}
+        return work(tx, credential)
+
+    return run
+
+
 def _as_admin(
     method: bytes, work: Callable[[Tx], AdminAnswer], *, verb: bytes = b"GET"
-) -> Callable[[str], Callable[[Tx], AdminAnswer]]:
-    """`work`, for a request with method `verb` and a token of a credential with the admin
-    right (checked in the same transaction)."""
+) -> AdminWork:
+    """`work`, for a request with method `verb` by an admin (`admin_only`)."""
 
-    def for_token(token: str) -> Callable[[Tx], AdminAnswer]:
-        def run(tx: Tx) -> AdminAnswer:
-            credential = check(tx, token)
-            if credential is None:
-                return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
-            if not credential.allows(Right.ADMIN, ANY_QUEUE):
-                return 403, {"error": "this needs a credential with the admin right"}
-            if method != verb:
-                return 405, {"error": f"{method.decode()}: use {verb.decode()}"}
-            return work(tx)
+    def run(tx: Tx, credential: Credential) -> AdminAnswer:
+        if method != verb:
+            return 405, {"error": f"{method.decode()}: use {verb.decode()}"}
+        return work(tx)
 
-        return run
-
-    return for_token
+    return admin_only(run)

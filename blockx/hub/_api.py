@@ -442,7 +442,7 @@ class ProducerApi:
         token = header(request, b"authorization").removeprefix("Bearer ").strip()
         admin = admin_request(request.method, target.path, target.query, self._clock.now_ms())
         if admin is not None:
-            return await self._committer.do(admin(token))
+            return await self._committer.do(_as_producer(token, None, admin))
         if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":
             query = urllib.parse.parse_qs(target.query)
             return await self._task(token, urllib.parse.unquote(match[1]), query)

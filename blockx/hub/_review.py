@@ -30,8 +30,17 @@ import trio
 
 from blockx.errors import InvalidValue
 from blockx.hub import _rules
-from blockx.hub._api import MAX_BODY_BYTES, MAX_LIST, Answer, ProducerApi, Work, task_json
-from blockx.hub._model import Credential, Right, Task, TaskFilter, TaskState
+from blockx.hub._admin_api import admin_only
+from blockx.hub._api import (
+    MAX_BODY_BYTES,
+    MAX_LIST,
+    Answer,
+    ProducerApi,
+    Work,
+    _fixed,
+    task_json,
+)
+from blockx.hub._model import Credential, Task, TaskFilter, TaskState
 from blockx.hub._rules import Change, Declined, Operator
 from blockx.hub._store import Tx
 from blockx.hubwire import (
@@ -76,19 +85,19 @@ class OperatorApi(ProducerApi):
         queue_action = _QUEUE_ACTION.fullmatch(target.path)
         if target.path == _LISTING:
             if request.method != b"GET":
-                return None, _admin_only(_refused(405, "GET")), False
+                return None, admin_only(_fixed(405, "GET")), False
             work = _work(lambda: listing(urllib.parse.parse_qs(target.query)))
-            return None, _admin_only(work), False
+            return None, admin_only(work), False
         if task_action is None and queue_action is None:
             return await super()._route(stream, connection, request, target)
         if request.method != b"POST":
-            return None, _admin_only(_refused(405, "POST")), False
+            return None, admin_only(_fixed(405, "POST")), False
         try:
             body = (await read_body(stream, connection, request, MAX_BODY_BYTES)).decode()
         except BadRequest as error:
-            return None, _admin_only(_refused(error.status, str(error))), False
+            return None, admin_only(_fixed(error.status, str(error))), False
         except UnicodeDecodeError as error:
-            return None, _admin_only(_refused(400, f"the body is not UTF-8: {error}")), False
+            return None, admin_only(_fixed(400, f"the body is not UTF-8: {error}")), False
         now_ms = self._clock.now_ms()
         if task_action is not None:
             task_id, action = urllib.parse.unquote(task_action[1]), task_action[2]
@@ -97,7 +106,7 @@ class OperatorApi(ProducerApi):
             assert queue_action is not None
             queue_id, action = urllib.parse.unquote(queue_action[1]), queue_action[2]
             work = _work(lambda: on_queue(action, queue_id, body, now_ms))
-        return None, _admin_only(work), action == "retry"  # a retry queues: offer it now
+        return None, admin_only(work), action == "retry"  # a retry queues: offer it now
 
 
 def _work(make: Callable[[], Work]) -> Work:
@@ -105,21 +114,7 @@ def _work(make: Callable[[], Work]) -> Work:
     try:
         return make()
     except InvalidOperatorRequest as error:
-        return _refused(400, str(error), error.field)
-
-
-def _refused(status: int, error: str, field: str | None = None) -> Work:
-    body = {"error": error} if field is None else {"error": error, "field": field}
-    return lambda tx, credential: (status, body)
-
-
-def _admin_only(work: Work) -> Work:
-    def run(tx: Tx, credential: Credential) -> Answer:
-        if Right.ADMIN not in credential.rights:
-            return 403, {"error": "only an admin credential may review and redrive tasks"}
-        return work(tx, credential)
-
-    return run
+        return _fixed(400, str(error), error.field)
 
 
 # ------------------------------------------------------------------- listing

@@ -251,10 +251,11 @@ def finished_then_offer(
     now_ms: int,
     timing: Timing,
     claim: Claim,
-) -> Callable[[Tx], tuple[bytes | Reused, list[Offer]]]:
+) -> Callable[[Tx], tuple[bytes | Reused, list[Offer] | None]]:
     """`finish` answered as `answered` does, then, if it ended the attempt as its task's
     outcome just now, `claim` in the same transaction: the offer that takes the attempt's
-    place rides on the finish's commit instead of waiting for one of its own."""
+    place rides on the finish's commit instead of waiting for one of its own. The offers
+    are None when no claim ran."""
     decide = finish(message, instance_id, now_ms, timing)
     return _FinishedThenOffer(finished=answered(instance_id, message, now_ms, decide), claim=claim)
 
@@ -268,11 +269,11 @@ class _FinishedThenOffer:
     def keys(self) -> Keys:
         return self.finished.keys
 
-    def __call__(self, tx: Tx) -> tuple[bytes | Reused, list[Offer]]:
+    def __call__(self, tx: Tx) -> tuple[bytes | Reused, list[Offer] | None]:
         encoded, decided = self.finished.answer(tx)
         if isinstance(decided, Recorded) and decided.disposition is Disposition.ACCEPTED:
             return encoded, self.claim(tx)
-        return encoded, []
+        return encoded, None
 
 
 def _refused(message: Start | Renew | Finish, refusal: Refusal) -> Refused:
@@ -367,8 +368,6 @@ def offer(
     keys = [capability.key for capability in capabilities]
 
     def claim(tx: Tx) -> list[Offer]:
-        if tx.queue_paused(queue_id):
-            return []
         offers: list[Offer] = []
         counts = _KeyCounts(queue_id)
         for _ in range(MAX_CLAIM_ROUNDS):

@@ -225,6 +225,8 @@ class _Session:
     draining: bool = False
     offering: bool = False
     """A claim for this session is in the committer: no second one meanwhile."""
+    look_again: bool = False
+    """There may be work it did not see: claim again as soon as it returns."""
     closed: bool = False
 
     @property
@@ -637,16 +639,23 @@ class Hub:
         self.committer.submit(operation, functools.partial(self._finished, session))
 
     def _finished(
-        self, session: _Session, result: tuple[bytes | _ops.Reused, list[Offer]] | StoreError
+        self,
+        session: _Session,
+        result: tuple[bytes | _ops.Reused, list[Offer] | None] | StoreError,
     ) -> None:
         if isinstance(result, StoreError):
             self._answered(session, result)
             return
         answer, offers = result
-        self._answered(session, answer)
-        self._take(session, offers)
+        # The claim that ran with the finish looked for work for the place it freed.
+        self._answered(session, answer, look=offers is None)
+        if offers:
+            self._take(session, offers)
+            self._offer(session, self.now_ms())  # there may be more, and room for it
 
-    def _answered(self, session: _Session, result: bytes | _ops.Reused | StoreError) -> None:
+    def _answered(
+        self, session: _Session, result: bytes | _ops.Reused | StoreError, *, look: bool = True
+    ) -> None:
         session.link.answered()
         if isinstance(result, StoreError):
             logger.warning("hub: %s", result)
@@ -665,10 +674,12 @@ class Hub:
                 self._sweep_soon(answer["lease_deadline_ms"])
             case "refused" if RefusalCode(answer["code"]) not in _KEEPS_ATTEMPT:
                 session.held.pop(attempt_id, None)
-                self.wake()
+                if look:
+                    self.wake()
             case "recorded":
                 session.held.pop(attempt_id, None)
-                self.wake()
+                if look:
+                    self.wake()
             case "resumed":
                 for item in answer["attempts"]:
                     status = AttemptStatus(item["status"])
@@ -709,15 +720,23 @@ class Hub:
     def offer_now(self) -> None:
         """Claim offers for every session with room (and no claim in flight): operations
         handed to the committer just before share the claims' transaction."""
-        if self.draining:
-            return
         now_ms = self.now_ms()
         for session in list(self._sessions.values()):
-            room = session.room
-            if room > 0 and not session.offering:
-                session.offering = True
-                claim = self._claim(session, room=room, now_ms=now_ms)
-                self.committer.submit(claim, functools.partial(self._offered, session))
+            self._offer(session, now_ms)
+
+    def _offer(self, session: _Session, now_ms: int) -> None:
+        """Claim offers for `session` if it has room; if a claim of its is in flight, claim
+        again once it returns (it may have run before the work that asked for this one)."""
+        if self.draining:
+            return
+        if session.offering:
+            session.look_again = True
+            return
+        room = session.room
+        if room > 0:
+            session.offering = True
+            claim = self._claim(session, room=room, now_ms=now_ms)
+            self.committer.submit(claim, functools.partial(self._offered, session, room))
 
     def _claim(self, session: _Session, *, room: int, now_ms: int) -> _ops.Claim:
         return _ops.offer(
@@ -730,14 +749,16 @@ class Hub:
             new_id=self._ids,
         )
 
-    def _offered(self, session: _Session, result: list[Offer] | StoreError) -> None:
+    def _offered(self, session: _Session, room: int, result: list[Offer] | StoreError) -> None:
         session.offering = False
         if isinstance(result, StoreError):
             logger.warning("hub: %s", result)
             return
         self._take(session, result)
-        if result and session.room > 0:
-            self.wake()  # there may be more
+        if len(result) == room or session.look_again:  # more, or work it ran before
+            session.look_again = False
+            # Claimed before the committer's next batch: it joins the work waiting for it.
+            self._offer(session, self.now_ms())
 
     def _take(self, session: _Session, offers: list[Offer]) -> None:
         """Send the session `offers` claimed for it; it holds them from now on."""

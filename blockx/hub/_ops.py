@@ -50,8 +50,6 @@ from blockx.hubwire import (
 
 Decide: TypeAlias = Callable[[Tx], Answer]
 """Works out the answer to one control message (and makes the change it asks for)."""
-Claim: TypeAlias = Callable[[Tx], list[Offer]]
-"""Offers tasks to a worker (see `offer`)."""
 
 
 def new_id() -> str:
@@ -267,7 +265,7 @@ class _FinishedThenOffer:
 
     @property
     def keys(self) -> Keys:
-        return self.finished.keys
+        return attrs.evolve(self.finished.keys, claims=self.claim.keys.claims)
 
     def __call__(self, tx: Tx) -> tuple[bytes | Reused, list[Offer] | None]:
         encoded, decided = self.finished.answer(tx)
@@ -365,14 +363,42 @@ def offer(
 ) -> Claim:
     """Offer up to `room` matching tasks of `queue_id` to `instance_id`, in offer order,
     keeping each concurrency key within its limit."""
-    keys = [capability.key for capability in capabilities]
+    return Claim(
+        queue_id=queue_id,
+        capabilities=tuple(capability.key for capability in capabilities),
+        instance_id=instance_id,
+        room=room,
+        now_ms=now_ms,
+        timing=timing,
+        new_id=new_id,
+    )
 
-    def claim(tx: Tx) -> list[Offer]:
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    """Offers tasks to a worker (see `offer`)."""
+
+    queue_id: str
+    capabilities: tuple[str, ...]
+    instance_id: str
+    room: int
+    now_ms: int
+    timing: Timing
+    new_id: Callable[[], str]
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(claims=tuple((self.queue_id, key, self.room) for key in self.capabilities))
+
+    def __call__(self, tx: Tx) -> list[Offer]:
+        queue_id, room, now_ms = self.queue_id, self.room, self.now_ms
         offers: list[Offer] = []
         counts = _KeyCounts(queue_id)
         for _ in range(MAX_CLAIM_ROUNDS):
             wanted = room - len(offers)
-            found = tx.offerable(queue_id, keys, now_ms, wanted, passed_keys=counts.passed)
+            found = tx.offerable(
+                queue_id, self.capabilities, now_ms, wanted, passed_keys=counts.passed
+            )
             candidates = counts.learn(tx, found)
             chosen = _rules.choose_offers(
                 candidates,
@@ -386,10 +412,10 @@ def offer(
                     _offer_one(
                         tx,
                         task,
-                        instance_id=instance_id,
+                        instance_id=self.instance_id,
                         now_ms=now_ms,
-                        timing=timing,
-                        attempt_id=new_id(),
+                        timing=self.timing,
+                        attempt_id=self.new_id(),
                     )
                 )
                 counts.live[task.concurrency_key] = counts.live.get(task.concurrency_key, 0) + 1
@@ -399,8 +425,6 @@ def offer(
                 t.concurrency_key for t in candidates if t.concurrency_key and t not in chosen
             )
         return offers
-
-    return claim
 
 
 @attrs.define

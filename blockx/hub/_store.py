@@ -271,6 +271,20 @@ class Keys:
     attempts: tuple[str, ...] = ()
     receipts: tuple[tuple[str, str], ...] = ()
     """(instance id, message id)."""
+    claims: tuple[tuple[str, str, int], ...] = ()
+    """(queue id, capability key, room) of each claim the operation may make: the first
+    claim of a batch reads the tasks the batch's claims of that queue and capability may
+    take, and the others take them from what it read (`Tx.offerable`)."""
+
+
+@attrs.define
+class _Pool:
+    """QUEUED tasks of one queue and capability a claim read, locked for the transaction,
+    that its later claims take from without reading again."""
+
+    task_ids: list[str]
+    complete: bool
+    """The read found fewer than it asked for: the queue held no more then."""
 
 
 class Tx:
@@ -304,6 +318,9 @@ class Tx:
         self._queues: dict[str, bool | None] = {}
         """Whether each queue looked up is paused; None: there is no such queue."""
         self._credentials: dict[str, tuple[Credential, str] | None] = {}
+        self._claims: dict[tuple[str, str], int] = {}
+        """The room of the batch's claims, by queue and capability (`Keys.claims`)."""
+        self._pools: dict[tuple[str, str], _Pool] = {}
         self._writes: dict[str, dict[object, tuple[object, ...]]] = {}
         """Rows to write, by statement, by key (a later change of a row replaces its earlier)."""
         self._notes: list[tuple[object, ...]] = []
@@ -360,6 +377,9 @@ class Tx:
         if task.state is TaskState.QUEUED:
             at_ms = task.available_at_ms
             self.queued_at_ms = min(at_ms, self.queued_at_ms or at_ms)
+            pool = self._pools.get((task.queue_id, task.capability.key))
+            if pool is not None and task.task_id not in pool.task_ids:
+                pool.complete = False  # a claim short of tasks reads again
 
     def _write(self, sql: str, key: object, row: tuple[object, ...]) -> None:
         self._writes.setdefault(sql, {})[key] = row
@@ -372,6 +392,9 @@ class Tx:
     def prefetch(self, keys: Iterable[Keys]) -> None:
         """Read every row `keys` name (and the tasks of those attempts), all in one go."""
         keys = list(keys)
+        for queue_id, capability, room in (claim for k in keys for claim in k.claims):
+            key = (queue_id, capability)
+            self._claims[key] = self._claims.get(key, 0) + room
         attempt_ids = sorted({a for k in keys for a in k.attempts if a not in self._attempts})
         receipt_keys = sorted({r for k in keys for r in k.receipts if r not in self._receipts})
         queries: list[tuple[str, Sequence[object]]] = []
@@ -451,34 +474,62 @@ class Tx:
         One indexed range per capability, each read no further than `limit`
         rows past the tasks it passes over (delayed ones, and those of
         `passed_keys`): with none of those, the cost is the same for a queue of
-        ten tasks or of millions.
+        ten tasks or of millions. The first claim of a transaction reads as many as
+        all of its batch's claims may take (`Keys.claims`); the others take from that.
         """
-        passed = sorted(passed_keys)
+        found = [
+            task
+            for capability in dict.fromkeys(capabilities)
+            for task in self._offerable_of(queue_id, capability, now_ms, limit, passed_keys)
+        ]
+        if len(capabilities) > 1:
+            found.sort(key=_offer_order)
+        return found[:limit]
+
+    def _offerable_of(
+        self, queue_id: str, capability: str, now_ms: int, limit: int, passed: Collection[str]
+    ) -> list[Task]:
+        """`offerable` for one capability: from what an earlier claim of the transaction
+        read if that holds enough, else read (as many as the batch's claims may take)."""
+        pool = self._pools.get((queue_id, capability))
+        if pool is not None and not passed:
+            ready = sorted(
+                (
+                    task
+                    for task_id in pool.task_ids
+                    if (task := self._tasks[task_id]) is not None
+                    and task.state is TaskState.QUEUED
+                    and task.available_at_ms <= now_ms < task.deadline_at_ms
+                    and task.started_attempts < task.max_attempts
+                ),
+                key=_offer_order,
+            )
+            if len(ready) >= limit or pool.complete:
+                return ready[:limit]
+        wanted = max(limit, min(self._claims.get((queue_id, capability), 0), CHUNK))
+        keys = sorted(passed)
         sql = self._lock(
             f"{_SELECT_TASKS} WHERE state = 'QUEUED' AND queue_id = ? "
             "AND capability = ? AND available_at_ms <= ? AND deadline_at_ms > ? "
             "AND started_attempts < max_attempts"
-            + (f" AND concurrency_key NOT IN ({', '.join('?' * len(passed))})" if passed else "")
+            + (f" AND concurrency_key NOT IN ({', '.join('?' * len(keys))})" if keys else "")
             + " AND NOT EXISTS (SELECT 1 FROM queues WHERE queue_id = ? AND paused <> 0)"
             " ORDER BY priority DESC, available_at_ms, seq LIMIT ?",
             skip_locked=True,
         )
-        queries = [
-            (sql, (queue_id, capability, now_ms, now_ms, *passed, queue_id, limit))
-            for capability in dict.fromkeys(capabilities)
-        ]
         if self._locks:
             # Statistics taken while few tasks were queued (a backlog queued since the last
             # ANALYZE) make the planner read a claim from a smaller index and sort every
             # queued task to claim eight (7.8 ms in a backlog of 20,000, against 0.03 ms
             # in the offer order's index): a claim is planned without sorts.
             self._execute("SET LOCAL enable_sort = off", ())
-        results = self.rows_of(queries, reads=("tasks",))
+        params = (queue_id, capability, now_ms, now_ms, *keys, queue_id, wanted)
+        found = [self._keep_task(row) for row in self.rows(sql, *params, reads=("tasks",))]
         if self._locks:
             self._execute("SET LOCAL enable_sort = on", ())
-        found = [self._keep_task(row) for rows in results for row in rows]
-        if len(capabilities) > 1:
-            found.sort(key=lambda task: (-task.priority, task.available_at_ms, task.seq))
+        if not keys:
+            ids = [task.task_id for task in found]
+            self._pools[(queue_id, capability)] = _Pool(ids, complete=len(found) < wanted)
         return found[:limit]
 
     def key_limits(self, queue_id: str, keys: Collection[str]) -> dict[str, int]:
@@ -745,6 +796,8 @@ class Tx:
         sql = "UPDATE queues SET paused = ? WHERE queue_id = ?"
         found = self.run(sql, int(paused), queue_id) > 0
         self._queues[queue_id] = paused if found else None
+        for pooled in [key for key in self._pools if key[0] == queue_id]:
+            del self._pools[pooled]
         return found
 
     def queues(self) -> list[str]:
@@ -810,6 +863,11 @@ class Tx:
 
 
 # ------------------------------------------------------------------------------ rows
+
+
+def _offer_order(task: Task) -> tuple[int, int, int]:
+    """The order tasks are offered in (`_rules.offer_order`), as the claim's index holds it."""
+    return (-task.priority, task.available_at_ms, task.seq)
 
 
 def _filtered(queue_id: str, chosen: TaskFilter) -> tuple[str, tuple[object, ...]]:
@@ -969,7 +1027,7 @@ class Store:
         """The URL as messages show it (without a password)."""
         try:
             if self.postgres:
-                self._pg = _connect_postgres(url, planned=True)
+                self._pg = _connect_postgres(url)
             else:
                 self._sqlite = _connect_sqlite(url)
             self._migrate()
@@ -993,7 +1051,7 @@ class Store:
         with self._lock:
             try:
                 if self.postgres and self._pg.closed:
-                    self._pg = _connect_postgres(self.url, planned=True)
+                    self._pg = _connect_postgres(self.url)
                 return self._transaction(lambda tx: _run_all(tx, operations))
             except sqlite3.Error as error:
                 raise StoreError(url=self.name, reason=str(error)) from error
@@ -1159,23 +1217,10 @@ class QueuedListener:
         self._pg.close()
 
 
-def _connect_postgres(url: str, *, planned: bool = False) -> psycopg.Connection[Any]:
-    """A connection to `url`; `planned`: one whose statements are planned for the hub's
-    tables as they are when each runs.
-
-    The hub's tables grow from nothing to millions of rows and back, faster than the
-    server's statistics follow. A plan kept with a prepared statement (psycopg prepares
-    one used five times) is the plan for the table as it was then: receipts looked up
-    by a sequential scan, a plan made when the table was empty, took 2 ms a lookup
-    once it held 10,000 rows. Hence each execution is planned for its parameters and
-    the table's size then (`plan_cache_mode`).
-    """
+def _connect_postgres(url: str) -> psycopg.Connection[Any]:
     import psycopg  # noqa: PLC0415 - a hub on SQLite never loads it
 
-    connection = psycopg.connect(url, autocommit=True)
-    if planned:
-        connection.execute("SET plan_cache_mode = force_custom_plan")
-    return connection
+    return psycopg.connect(url, autocommit=True)
 
 
 def _pg_sql(sql: str) -> str:
@@ -1186,10 +1231,19 @@ def _pg_tx(
     connection: psycopg.Connection[Any], *, locks: bool, settle: Callable[[], None] = lambda: None
 ) -> Tx:
     """A `Tx` on a PostgreSQL connection (psycopg's placeholders are %s). Each statement
-    has a cursor of its own, so that several can be sent before their rows are read."""
+    has a cursor of its own, so that several can be sent before their rows are read.
+
+    A statement run once is planned for its parameters and the tables as they are when
+    it runs, never prepared: the hub's tables grow from nothing to millions of rows and
+    back, faster than the server's statistics follow, and a plan kept with a prepared
+    statement (psycopg prepares one used five times) is the plan for the tables as they
+    were then. Receipts looked up by a sequential scan, a plan made when the table was
+    empty, took 2 ms a lookup once it held 10,000 rows. A write of one row by its key
+    (`executemany`) is prepared: it has one plan.
+    """
     writes = connection.cursor()
     return Tx(
-        lambda sql, params: connection.cursor().execute(_pg_sql(sql), params),
+        lambda sql, params: connection.cursor().execute(_pg_sql(sql), params, prepare=False),
         lambda sql, rows: writes.executemany(_pg_sql(sql), rows),
         locks=locks,
         settle=settle,

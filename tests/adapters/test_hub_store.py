@@ -28,7 +28,8 @@ from blockx.hub import (
 )
 from blockx.hub._committer import Committer
 from blockx.hub._model import Credential
-from blockx.hub._ops import offer
+from blockx.hub._ops import TimeOrderedIds, offer
+from blockx.hub._ops import submit as submit_op
 from blockx.hub._rules import Timing
 from blockx.hub._store import _MIGRATIONS, Store, Tx
 from blockx.hubwire import Capability, Offer
@@ -39,22 +40,23 @@ CAPABILITY = Capability(handler="h", handler_version="1", payload_version="1")
 TIMING = Timing(lease_ms=1_000, offer_ttl_ms=60_000, retry_backoff_ms=10, max_retry_backoff_ms=10)
 
 
-def queue_tasks(store: Store, count: int) -> None:
-    create_queue(store, "q", 0)
-    for n in range(count):
-        submitted = submit(
-            store,
-            Submission(
-                queue_id="q",
-                capability=CAPABILITY,
-                payload=str(n),
-                idempotency=Idempotency.IDEMPOTENT,
-                max_attempts=1,
-                total_deadline_ms=3_600_000,
-                attempt_timeout_ms=60_000,
-            ),
-            now_ms=n,
-        )
+def submission(payload: str) -> Submission:
+    return Submission(
+        queue_id="q",
+        capability=CAPABILITY,
+        payload=payload,
+        idempotency=Idempotency.IDEMPOTENT,
+        max_attempts=1,
+        total_deadline_ms=3_600_000,
+        attempt_timeout_ms=60_000,
+    )
+
+
+def queue_tasks(store: Store, count: int, *, first: int = 0) -> None:
+    if first == 0:
+        create_queue(store, "q", 0)
+    for n in range(first, first + count):
+        submitted = submit(store, submission(str(n)), now_ms=n)
         assert isinstance(submitted, Submitted)
 
 
@@ -145,6 +147,88 @@ def test_a_claim_reads_queued_tasks_in_offer_order_from_one_index(tmp_path: Path
     assert plans
     assert "tasks_offer_order" in plans[0]
     assert "TEMP B-TREE" not in plans[0]  # no sort: the index gives the order
+
+
+def spy_on_claims(reads: list[str]) -> Callable[[Tx], None]:
+    """An operation that has the transaction note in `reads` the SQL of each claim's read
+    of queued tasks, as it runs."""
+
+    def spy(tx: Tx) -> None:
+        execute = tx._execute
+
+        def noted(sql: str, params: Sequence[object]) -> object:
+            if "ORDER BY priority DESC" in sql:
+                reads.append(sql)
+            return execute(sql, params)
+
+        tx._execute = noted
+
+    return spy
+
+
+def test_the_claims_of_a_batch_read_the_queue_once_and_offer_each_task_once(
+    hub_url: str,
+) -> None:
+    store = Store(hub_url)
+    queue_tasks(store, 5)
+    ids = (f"a{n}" for n in itertools.count())
+    claims = [
+        offer("q", [CAPABILITY], worker, room=2, now_ms=100, timing=TIMING, new_id=ids.__next__)
+        for worker in ("w1", "w2", "w3")
+    ]
+    reads: list[str] = []
+    offered = store.run_batch([spy_on_claims(reads), *claims])[1:]
+    store.close()
+    payloads = [[offer.payload for offer in offers] for offers in offered]
+    assert payloads == [["0", "1"], ["2", "3"], ["4"]]
+    assert len(reads) == 1  # the first claim read for all three
+
+
+def test_a_claim_sees_the_tasks_queued_earlier_in_its_batch(hub_url: str) -> None:
+    store = Store(hub_url)
+    queue_tasks(store, 1)
+    ids = (f"a{n}" for n in itertools.count())
+    claim = functools.partial(
+        offer, "q", [CAPABILITY], room=2, now_ms=100, timing=TIMING, new_id=ids.__next__
+    )
+    later = submit_op(submission("later"), 50, TimeOrderedIds(lambda: 50))
+    first, _, second = store.run_batch([claim("w1"), later, claim("w2")])
+    store.close()
+    assert [offer.payload for offer in first] == ["0"]
+    assert [offer.payload for offer in second] == ["later"]
+
+
+def test_a_claim_on_postgresql_never_sorts_the_queue_whatever_the_statistics(
+    postgres_url: str,
+) -> None:
+    """Statistics taken while no task was queued, then 5,000 queued: the claim still reads
+    the offer order's index instead of sorting every queued task."""
+    new_id = (f"a{n}" for n in itertools.count()).__next__
+    store = Store(postgres_url)
+    queue_tasks(store, 100)
+    store.read(offer("q", [CAPABILITY], "w0", room=100, now_ms=100, timing=TIMING, new_id=new_id))
+    store.read(lambda tx: tx.run("ANALYZE tasks"))
+    ids = TimeOrderedIds(lambda: 9)
+    store.read(lambda tx: [submit_op(submission(str(n)), n, ids)(tx) for n in range(5_000)])
+    plans: list[str] = []
+
+    def spy(tx: Tx) -> list[Offer]:
+        execute = tx._execute
+
+        def explain(sql: str, params: Sequence[object]) -> object:
+            if "ORDER BY priority DESC" in sql:
+                plans.append(str(execute("EXPLAIN " + sql, params).fetchall()))
+            return execute(sql, params)
+
+        tx._execute = explain
+        claim = offer("q", [CAPABILITY], "w", room=8, now_ms=10_000, timing=TIMING, new_id=new_id)
+        return claim(tx)
+
+    offers = store.read(spy)
+    store.close()
+    assert [offer.payload for offer in offers] == [str(n) for n in range(8)]
+    assert "tasks_offer_order" in plans[0]
+    assert "Sort" not in plans[0]
 
 
 def test_a_database_of_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:

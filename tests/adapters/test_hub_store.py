@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import pytest
 import trio
@@ -177,9 +177,10 @@ def test_the_claims_of_a_batch_read_the_queue_once_and_offer_each_task_once(
         for worker in ("w1", "w2", "w3")
     ]
     reads: list[str] = []
-    offered = store.run_batch([spy_on_claims(reads), *claims])[1:]
+    operations: list[Callable[[Tx], list[Offer] | None]] = [spy_on_claims(reads), *claims]
+    offered = store.run_batch(operations)[1:]
     store.close()
-    payloads = [[offer.payload for offer in offers] for offers in offered]
+    payloads = [[offer.payload for offer in offers or ()] for offers in offered]
     assert payloads == [["0", "1"], ["2", "3"], ["4"]]
     assert len(reads) == 1  # the first claim read for all three
 
@@ -192,10 +193,11 @@ def test_a_claim_sees_the_tasks_queued_earlier_in_its_batch(hub_url: str) -> Non
         offer, "q", [CAPABILITY], room=2, now_ms=100, timing=TIMING, new_id=ids.__next__
     )
     later = submit_op(submission("later"), 50, TimeOrderedIds(lambda: 50))
-    first, _, second = store.run_batch([claim("w1"), later, claim("w2")])
+    operations: list[Callable[[Tx], object]] = [claim("w1"), later, claim("w2")]
+    first, _, second = store.run_batch(operations)
     store.close()
-    assert [offer.payload for offer in first] == ["0"]
-    assert [offer.payload for offer in second] == ["later"]
+    assert [offer.payload for offer in cast(list[Offer], first)] == ["0"]
+    assert [offer.payload for offer in cast(list[Offer], second)] == ["later"]
 
 
 def test_a_claim_on_postgresql_never_sorts_the_queue_whatever_the_statistics(

@@ -429,18 +429,20 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.log_format)
     store = Store(config.db)
     try:
+        more = config.commit_connections - 1 if store.postgres else 0
         with lone_errors(BlockxError):
-            trio.run(_serve_until_drained, config, store)
+            lanes = [Store(config.db) for _ in range(more)]
+            trio.run(_serve_until_drained, config, store, lanes)
     finally:
         store.close()
     return 0
 
 
-async def _serve_until_drained(config: HubConfig, store: Store) -> None:
+async def _serve_until_drained(config: HubConfig, store: Store, lanes: list[Store]) -> None:
     """Serve until the first SIGINT/SIGTERM, then drain (`Hub.drain`); a second exits."""
     host, port = config.listen_host_port()
     drain = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_signals, drain, "draining the hub")
-        await Hub(config, store).run(host, port, stop=drain)
+        await Hub(config, store, lanes=lanes).run(host, port, stop=drain)
         nursery.cancel_scope.cancel()

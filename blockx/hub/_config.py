@@ -48,6 +48,11 @@ class HubConfig:
     max_retry_backoff_ms: int = setting(
         60_000, "maxRetryBackoffMs", "HUB_MAX_RETRY_BACKOFF_MS", positive=True
     )
+    commit_connections: int = setting(
+        2, "commitConnections", "HUB_COMMIT_CONNECTIONS", positive=True
+    )
+    """PostgreSQL: how many connections commit batches at once (a worker session's
+    operations are committed in order on one at a time). SQLite commits on one."""
     poll_ms: int = setting(200, "pollMs", "HUB_POLL_MS", positive=True)
     """How often sessions with room look for work other hubs or commands queued (on
     PostgreSQL a safety net: commits that queue work notify every hub at once)."""

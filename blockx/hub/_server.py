@@ -27,7 +27,7 @@ import functools
 import heapq
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import attrs
@@ -241,7 +241,8 @@ class _Session:
 
 
 class Hub:
-    """One hub process. Start `run` with `nursery.start`; it reports the bound port."""
+    """One hub process. Start `run` with `nursery.start`; it reports the bound port.
+    `lanes`: more connections to `store`'s PostgreSQL database for the committer."""
 
     def __init__(
         self,
@@ -250,13 +251,18 @@ class Hub:
         *,
         clock: EpochClock | None = None,
         use_thread: bool = True,
+        lanes: Sequence[Store] = (),
     ) -> None:
         self.config = config
         self._store = store
         watch = TaskWatch()
         self.metrics = HubMetrics()
         self.committer = Committer(
-            store, use_thread=use_thread, tails=(watch, self.metrics), meter=self.metrics
+            store,
+            use_thread=use_thread,
+            tails=(watch, self.metrics),
+            meter=self.metrics,
+            lanes=lanes,
         )
         self.hub_id = _ops.new_id()
         self._clock = clock or EpochClock()
@@ -617,7 +623,9 @@ class Hub:
     def _control(self, session: _Session, message: ControlMessage, decide: _ops.Decide) -> None:
         operation = _ops.answered(session.instance_id, message, self.now_ms(), decide)
         session.link.taken()
-        self.committer.submit(operation, functools.partial(self._answered, session))
+        self.committer.submit(
+            operation, functools.partial(self._answered, session), key=session.instance_id
+        )
 
     def _finish(self, session: _Session, message: Finish, now_ms: int) -> None:
         """A finish; if it ends an attempt the session holds and so frees a place, the offer
@@ -636,7 +644,9 @@ class Hub:
         claim = self._claim(session, room=1, now_ms=now_ms)
         operation = _ops.finished_then_offer(instance_id, message, now_ms, self._timing, claim)
         session.link.taken()
-        self.committer.submit(operation, functools.partial(self._finished, session))
+        self.committer.submit(
+            operation, functools.partial(self._finished, session), key=session.instance_id
+        )
 
     def _finished(
         self,
@@ -736,7 +746,8 @@ class Hub:
         if room > 0:
             session.offering = True
             claim = self._claim(session, room=room, now_ms=now_ms)
-            self.committer.submit(claim, functools.partial(self._offered, session, room))
+            reply = functools.partial(self._offered, session, room)
+            self.committer.submit(claim, reply, key=session.instance_id)
 
     def _claim(self, session: _Session, *, room: int, now_ms: int) -> _ops.Claim:
         return _ops.offer(

@@ -280,6 +280,38 @@ async def test_operations_waiting_for_a_commit_share_the_next_one(tmp_path: Path
     store.close()
 
 
+async def test_lanes_commit_at_once_but_the_operations_of_one_key_in_order(
+    postgres_url: str,
+) -> None:
+    """Two connections: while a batch of key s1 is held in its transaction, an operation
+    of no key commits on the other connection, and the next of s1 waits for the first."""
+    store = Store(postgres_url)
+    committer = Committer(store, lanes=[Store(postgres_url)])
+    running, held = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def first(tx: Tx) -> None:
+        tx.create_queue("first", 0)
+        running.set()
+        held.wait(30)  # in its transaction, in the committer's thread
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        committer.submit(first, lambda _: order.append("first of s1"), key="s1")
+        await trio.to_thread.run_sync(running.wait, 30)
+        committer.submit(
+            lambda tx: tx.create_queue("next", 1), lambda _: order.append("next of s1"), key="s1"
+        )
+        await committer.do(lambda tx: tx.create_queue("other", 2))
+        order.append("no key")
+        held.set()
+        await committer.idle()
+        nursery.cancel_scope.cancel()
+    assert order == ["no key", "first of s1", "next of s1"]
+    assert sorted(store.read(lambda tx: tx.queues())) == ["first", "next", "other"]
+    store.close()
+
+
 async def test_idle_waits_until_everything_submitted_is_answered(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "hub.sqlite3"))
     committer = Committer(store, use_thread=False)

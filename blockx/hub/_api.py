@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, TypeAlias
 
 import attrs
@@ -31,7 +31,7 @@ import trio
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
 from blockx.hub._admin_api import admin_request
-from blockx.hub._auth import check
+from blockx.hub._auth import check, credential_ids
 from blockx.hub._committer import Committer
 from blockx.hub._model import (
     DEFAULT_PRIORITY,
@@ -45,7 +45,7 @@ from blockx.hub._model import (
     Task,
     TaskState,
 )
-from blockx.hub._store import StoreError, Tx
+from blockx.hub._store import Keys, StoreError, Tx
 from blockx.hubwire import (
     CONVERTER,
     MAX_BATCH_BYTES,
@@ -318,12 +318,16 @@ def load_task(task_id: str) -> Callable[[Tx], dict[str, Any] | None]:
     """The JSON form of task `task_id` with its attempts and history, or None."""
 
     def read(tx: Tx) -> dict[str, Any] | None:
-        task = tx.task(task_id)
-        if task is None:
-            return None
-        return task_json(task, tx.attempts_of(task_id), tx.history(task_id))
+        return load_tasks(tx, [task_id]).get(task_id)
 
     return read
+
+
+def load_tasks(tx: Tx, task_ids: Collection[str]) -> dict[str, dict[str, Any]]:
+    """The JSON forms of those of `task_ids` that exist, with their attempts and history."""
+    tasks = [task for task_id in sorted(task_ids) if (task := tx.task(task_id)) is not None]
+    records = tx.records([task.task_id for task in tasks]) if tasks else {}
+    return {task.task_id: task_json(task, *records[task.task_id]) for task in tasks}
 
 
 @attrs.define(eq=False)
@@ -368,7 +372,7 @@ class TaskWatch:
 
         def ended(tx: Tx) -> tuple[frozenset[str], dict[str, Any]]:
             task_ids = tx.ended_tasks()
-            return task_ids, {t: load_task(t)(tx) for t in task_ids & wanted}
+            return task_ids, load_tasks(tx, task_ids & wanted)
 
         return ended
 
@@ -597,16 +601,28 @@ Work: TypeAlias = Callable[[Tx, Credential], Answer]
 
 def _as_producer(token: str, queue_id: str | None, work: Work) -> Callable[[Tx], Answer]:
     """`work`, if `token` is a valid credential with the producer right on `queue_id`."""
+    return _AsProducer(token=token, queue_id=queue_id, work=work)
 
-    def run(tx: Tx) -> Answer:
-        credential = check(tx, token)
+
+@attrs.frozen(kw_only=True)
+class _AsProducer:
+    token: str
+    queue_id: str | None
+    work: Work
+
+    @property
+    def keys(self) -> Keys:
+        """The credential and the queue, read with the rest of the batch's rows."""
+        queues = () if self.queue_id is None else (self.queue_id,)
+        return Keys(credentials=credential_ids(self.token), queues=queues)
+
+    def __call__(self, tx: Tx) -> Answer:
+        credential = check(tx, self.token)
         if credential is None:
             return 401, {"error": "no valid credential (Authorization: Bearer <token>)"}
-        if queue_id is not None and not credential.allows(Right.PRODUCER, queue_id):
-            return 403, {"error": f"this credential may not use queue {queue_id!r}"}
-        return work(tx, credential)
-
-    return run
+        if self.queue_id is not None and not credential.allows(Right.PRODUCER, self.queue_id):
+            return 403, {"error": f"this credential may not use queue {self.queue_id!r}"}
+        return self.work(tx, credential)
 
 
 @attrs.frozen

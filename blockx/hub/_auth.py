@@ -29,11 +29,26 @@ def secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def check(tx: Tx, token: str) -> Credential | None:
-    """The credential `token` stands for, or None (unknown, malformed, wrong secret)."""
+def _parts(token: str) -> tuple[str, str] | None:
+    """(credential id, secret) of a token of the right form."""
     credential_id, dot, secret = token.removeprefix(TOKEN_PREFIX).partition(".")
     if not token.startswith(TOKEN_PREFIX) or not dot or not credential_id or not secret:
         return None
+    return credential_id, secret
+
+
+def credential_ids(token: str) -> tuple[str, ...]:
+    """The id of the credential `token` names, if it has the form of one (unchecked)."""
+    parts = _parts(token)
+    return () if parts is None else (parts[0],)
+
+
+def check(tx: Tx, token: str) -> Credential | None:
+    """The credential `token` stands for, or None (unknown, malformed, wrong secret)."""
+    parts = _parts(token)
+    if parts is None:
+        return None
+    credential_id, secret = parts
     found = tx.credential(credential_id)
     if found is None:
         return None

@@ -222,6 +222,8 @@ class _Session:
     capacity: int = 0
     held: dict[str, AttemptStatus] = attrs.Factory(dict)
     """Attempts offered to or started by this worker and not yet ended."""
+    opened: bool = False
+    """Its opening is committed and answered: offers may follow."""
     draining: bool = False
     offering: bool = False
     """A claim for this session is in the committer: no second one meanwhile."""
@@ -231,7 +233,7 @@ class _Session:
 
     @property
     def room(self) -> int:
-        if self.draining or self.closed:
+        if self.draining or self.closed or not self.opened:
             return 0
         return max(self.capacity - len(self.held), 0)
 
@@ -617,7 +619,6 @@ class Hub:
         self._control(
             session, message, lambda tx: SessionOpened(reply_to=reply_to, session_ttl_ms=ttl)
         )
-        self.wake()  # its offers are committed after its opening, so they follow the answer
         return session
 
     def _control(self, session: _Session, message: ControlMessage, decide: _ops.Decide) -> None:
@@ -679,6 +680,9 @@ class Hub:
         answer = msgpack.unpackb(result)
         attempt_id = answer.get("attempt_id")
         match answer.get("type"):
+            case "session_opened":  # offers follow the answer
+                session.opened = True
+                self.wake()
             case "granted":
                 session.held[attempt_id] = AttemptStatus.RUNNING
                 self._sweep_soon(answer["lease_deadline_ms"])
@@ -746,8 +750,9 @@ class Hub:
         if room > 0:
             session.offering = True
             claim = self._claim(session, room=room, now_ms=now_ms)
-            reply = functools.partial(self._offered, session, room)
-            self.committer.submit(claim, reply, key=session.instance_id)
+            # No key: a session's claims never overlap (`offering`), and a claim takes
+            # nothing its control messages change, so neither waits for the other.
+            self.committer.submit(claim, functools.partial(self._offered, session, room))
 
     def _claim(self, session: _Session, *, room: int, now_ms: int) -> _ops.Claim:
         return _ops.offer(

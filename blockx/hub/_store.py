@@ -266,11 +266,13 @@ class StoreError(BlockxError):
 
 @attrs.frozen(kw_only=True)
 class Keys:
-    """The rows an operation will look up by key: read for a whole batch in one query each."""
+    """The rows an operation will look up by key: read for a whole batch in one round trip."""
 
     attempts: tuple[str, ...] = ()
     receipts: tuple[tuple[str, str], ...] = ()
     """(instance id, message id)."""
+    credentials: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
     claims: tuple[tuple[str, str, int], ...] = ()
     """(queue id, capability key, room) of each claim the operation may make: the first
     claim of a batch reads the tasks the batch's claims of that queue and capability may
@@ -397,6 +399,8 @@ class Tx:
             self._claims[key] = self._claims.get(key, 0) + room
         attempt_ids = sorted({a for k in keys for a in k.attempts if a not in self._attempts})
         receipt_keys = sorted({r for k in keys for r in k.receipts if r not in self._receipts})
+        credential_ids = sorted({c for k in keys for c in k.credentials} - self._credentials.keys())
+        queue_ids = sorted({q for k in keys for q in k.queues} - self._queues.keys())
         queries: list[tuple[str, Sequence[object]]] = []
         for chunk in _chunks(attempt_ids):
             marks = ", ".join("?" * len(chunk))
@@ -410,6 +414,15 @@ class Tx:
             either = " OR ".join(["(instance_id = ? AND message_id = ?)"] * len(receipts))
             sql = f"SELECT instance_id, message_id, digest, answer FROM receipts WHERE {either}"
             queries.append((sql, [part for key in receipts for part in key]))
+        for chunk in _chunks(credential_ids):
+            marks = ", ".join("?" * len(chunk))
+            sql = f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials WHERE credential_id IN ({marks})"
+            queries.append((sql, chunk))
+        for chunk in _chunks(queue_ids):
+            marks = ", ".join("?" * len(chunk))
+            queries.append(
+                (f"SELECT queue_id, paused FROM queues WHERE queue_id IN ({marks})", chunk)
+            )
         if not queries:
             return
         found = iter(self.rows_of(queries, reads=("attempts", "tasks", "receipts")))
@@ -420,9 +433,17 @@ class Tx:
             for row in next(found):
                 self._tasks.setdefault(row[0], _task(row))
         self._receipts.update(dict.fromkeys(receipt_keys))
-        for rows in found:
-            for instance_id, message_id, kept_digest, answer in rows:
+        for _ in _chunks(receipt_keys):
+            for instance_id, message_id, kept_digest, answer in next(found):
                 self._receipts[(instance_id, message_id)] = (kept_digest, bytes(answer))
+        self._credentials.update(dict.fromkeys(credential_ids))
+        for _ in _chunks(credential_ids):
+            for row in next(found):
+                self._credentials[row[0]] = _credential(row)
+        self._queues.update(dict.fromkeys(queue_ids))
+        for _ in _chunks(queue_ids):
+            for queue_id, paused in next(found):
+                self._queues[queue_id] = bool(paused)
 
     # --- tasks -------------------------------------------------------------------------
 
@@ -643,9 +664,28 @@ class Tx:
         rows = self.rows(self._lock(sql), *attempt_ids, reads=("attempts",))
         return [_attempt(row) for row in rows]
 
-    def attempts_of(self, task_id: str) -> list[Attempt]:
-        sql = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ? ORDER BY epoch"
-        return [_attempt(row) for row in self.rows(sql, task_id, reads=("attempts",))]
+    def records(
+        self, task_ids: Collection[str]
+    ) -> dict[str, tuple[list[Attempt], list[HistoryEntry]]]:
+        """The attempts (by epoch) and history of each of `task_ids`, read in one go."""
+        ids = sorted(task_ids)
+        attempts = f"{_SELECT_ATTEMPTS} WHERE task_id = ? ORDER BY epoch"
+        history = (
+            "SELECT task_id, at_ms, kind, attempt_id, detail FROM history "
+            "WHERE task_id = ? ORDER BY entry_id"
+        )
+        queries = [(sql, (task_id,)) for task_id in ids for sql in (attempts, history)]
+        found = iter(self.rows_of(queries, reads=("attempts", "history")))
+        return {
+            task_id: (
+                [_attempt(row) for row in next(found)],
+                [
+                    HistoryEntry(task_id=r[0], at_ms=r[1], kind=r[2], attempt_id=r[3], detail=r[4])
+                    for r in next(found)
+                ],
+            )
+            for task_id in ids
+        }
 
     def due_attempts(self, now_ms: int, limit: int) -> list[Attempt]:
         """Live attempts whose offer or lease has run out, earliest first."""
@@ -686,18 +726,6 @@ class Tx:
             (entry.task_id, entry.at_ms, entry.kind, entry.attempt_id, entry.detail)
             for entry in entries
         )
-
-    def history(self, task_id: str) -> list[HistoryEntry]:
-        rows = self.rows(
-            "SELECT task_id, at_ms, kind, attempt_id, detail FROM history "
-            "WHERE task_id = ? ORDER BY entry_id",
-            task_id,
-            reads=("history",),
-        )
-        return [
-            HistoryEntry(task_id=r[0], at_ms=r[1], kind=r[2], attempt_id=r[3], detail=r[4])
-            for r in rows
-        ]
 
     def receipt(self, instance_id: str, message_id: str) -> tuple[str, bytes] | None:
         """(digest, answer) kept for a message id."""

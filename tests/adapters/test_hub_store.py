@@ -370,10 +370,11 @@ def test_a_query_sees_the_changes_kept_before_it_in_its_transaction(tmp_path: Pa
             "q", [CAPABILITY], "w", room=1, now_ms=50, timing=TIMING, new_id=lambda: "a1"
         )(tx)
         task_id = offers[0].task_id
+        attempts_of, history = tx.records([task_id])[task_id]
         seen = (
             [task.state for task in tx.tasks_of_queue("q", None, 10)],
-            [attempt.attempt_id for attempt in tx.attempts_of(task_id)],
-            [entry.kind for entry in tx.history(task_id)],
+            [attempt.attempt_id for attempt in attempts_of],
+            [entry.kind for entry in history],
         )
         tx.create_credential(credential, "hash")
         tx.create_queue("r", 60)

@@ -23,7 +23,8 @@ one database per phase, and measures:
   20 ms, reaches JOBS.
 * hub_pg_two_hubs_burn_per_s: the same with two hub processes on one
   database of the server, one worker on each; the queue is resumed through
-  the first, the second sees it at its next poll (`HUB_POLL_MS`, 200 ms).
+  the first, and the second hears of it at once (the resume's commit
+  notifies every hub of the database).
 * floor_p50_ms, hub_pg_p50_ms, hub_sqlite_p50_ms (and the rates
   floor_sustained_per_s, ...): one producer, one job at a time for
   SUSTAINED_S seconds, each timed from just before its submission to the

@@ -333,8 +333,9 @@ class Tx:
         """Each attempt written, in order, beside what it was before (None: inserted now,
         or not read first)."""
         self.queued_at_ms: int | None = None
-        """When the first of the tasks queued (or queued again) here may be offered: with
-        PostgreSQL, the commit tells every hub of the database (`QUEUED_CHANNEL`)."""
+        """When the first of the tasks queued (or queued again, or of a queue resumed: 0)
+        here may be offered: with PostgreSQL, the commit tells every hub of the database
+        (`QUEUED_CHANNEL`)."""
 
     def rows(
         self, sql: str, *params: object, reads: Collection[str] | None = None
@@ -824,6 +825,8 @@ class Tx:
         sql = "UPDATE queues SET paused = ? WHERE queue_id = ?"
         found = self.run(sql, int(paused), queue_id) > 0
         self._queues[queue_id] = paused if found else None
+        if found and not paused:  # its queued tasks may be offered from now on
+            self.queued_at_ms = 0
         for pooled in [key for key in self._pools if key[0] == queue_id]:
             del self._pools[pooled]
         return found

@@ -13,7 +13,7 @@ from typing import Final
 import attrs
 import trio
 
-from blockx.hub import Idempotency, Submission, Submitted, submit
+from blockx.hub import Idempotency, Submission, Submitted, pause_queue, submit
 from tests.adapters.hub_harness import CAPABILITY, QUEUE, TEST_CONFIG, running_hub
 
 SLOW_POLL: Final = attrs.evolve(TEST_CONFIG, poll_ms=60_000)
@@ -51,6 +51,19 @@ async def test_a_task_queued_by_a_command_is_offered_at_once(postgres_url: str) 
         async with hub.worker(token) as worker:
             with trio.fail_after(WITHIN_S):
                 submitted = submit(hub.store, ONE_TASK, hub.now_ms())
+                offer = await worker.offer()
+    assert isinstance(submitted, Submitted)
+    assert offer.task_id == submitted.task.task_id
+
+
+async def test_a_queue_resumed_by_a_command_is_offered_from_at_once(postgres_url: str) -> None:
+    async with running_hub(postgres_url, SLOW_POLL) as hub:
+        token = hub.credential()
+        pause_queue(hub.store, QUEUE, True)
+        submitted = submit(hub.store, ONE_TASK, hub.now_ms())
+        async with hub.worker(token) as worker:
+            with trio.fail_after(WITHIN_S):
+                pause_queue(hub.store, QUEUE, False)
                 offer = await worker.offer()
     assert isinstance(submitted, Submitted)
     assert offer.task_id == submitted.task.task_id

@@ -388,7 +388,9 @@ class Claim:
 
     @property
     def keys(self) -> Keys:
-        return Keys(claims=tuple((self.queue_id, key, self.room) for key in self.capabilities))
+        return Keys(
+            claims=tuple((self.queue_id, key, self.room, self.now_ms) for key in self.capabilities)
+        )
 
     def __call__(self, tx: Tx) -> list[Offer]:
         queue_id, room, now_ms = self.queue_id, self.room, self.now_ms

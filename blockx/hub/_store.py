@@ -188,6 +188,12 @@ _ATTEMPT_COLUMNS: Final = (
     "started_at_ms, lease_deadline_ms, finished_at_ms, due_at_ms, outcome"
 )
 _SELECT_TASKS: Final = f"SELECT {_TASK_COLUMNS} FROM tasks"
+_NO_SORTS: Final = "SET LOCAL enable_sort = off"
+"""PostgreSQL, around a claim's read: statistics taken while few tasks were queued (a backlog
+queued since the last ANALYZE) make the planner read a claim from a smaller index and sort
+every queued task to claim eight (7.8 ms in a backlog of 20,000, against 0.03 ms in the
+offer order's index). A claim is planned without sorts."""
+_SORTS: Final = "SET LOCAL enable_sort = on"
 _SELECT_ATTEMPTS: Final = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts"
 NEVER: Final = 2**62
 """`due_at_ms` of an attempt that has ended."""
@@ -274,10 +280,10 @@ class Keys:
     """(instance id, message id)."""
     credentials: tuple[str, ...] = ()
     queues: tuple[str, ...] = ()
-    claims: tuple[tuple[str, str, int], ...] = ()
-    """(queue id, capability key, room) of each claim the operation may make: the first
-    claim of a batch reads the tasks the batch's claims of that queue and capability may
-    take, and the others take them from what it read (`Tx.offerable`)."""
+    claims: tuple[tuple[str, str, int, int], ...] = ()
+    """(queue id, capability key, room, now ms) of each claim the operation may make: the
+    tasks the batch's claims of a queue and capability may take are read with the rest,
+    and each claim takes from those (`Tx.offerable`)."""
 
 
 @attrs.define
@@ -394,58 +400,80 @@ class Tx:
         return sql + (" FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE")
 
     def prefetch(self, keys: Iterable[Keys]) -> None:
-        """Read every row `keys` name (and the tasks of those attempts), all in one go."""
+        """Read every row `keys` name (and the tasks of those attempts), and the queued tasks
+        the batch's claims may take: all in one round trip."""
         keys = list(keys)
-        for queue_id, capability, room in (claim for k in keys for claim in k.claims):
-            key = (queue_id, capability)
-            self._claims[key] = self._claims.get(key, 0) + room
+        claims: dict[tuple[str, str], tuple[int, int]] = {}
+        for queue_id, capability, room, now_ms in (c for k in keys for c in k.claims):
+            rooms, latest = claims.get((queue_id, capability), (0, now_ms))
+            claims[(queue_id, capability)] = (rooms + room, max(latest, now_ms))
+        self._claims.update((key, rooms) for key, (rooms, _) in claims.items())
         attempt_ids = sorted({a for k in keys for a in k.attempts if a not in self._attempts})
         receipt_keys = sorted({r for k in keys for r in k.receipts if r not in self._receipts})
         credential_ids = sorted({c for k in keys for c in k.credentials} - self._credentials.keys())
         queue_ids = sorted({q for k in keys for q in k.queues} - self._queues.keys())
-        queries: list[tuple[str, Sequence[object]]] = []
+        self._attempts.update(dict.fromkeys(attempt_ids))
+        self._receipts.update(dict.fromkeys(receipt_keys))
+        self._credentials.update(dict.fromkeys(credential_ids))
+        self._queues.update(dict.fromkeys(queue_ids))
+        reads: list[tuple[str, Sequence[object], Callable[[list[tuple[Any, ...]]], None]]] = []
         for chunk in _chunks(attempt_ids):
             marks = ", ".join("?" * len(chunk))
             named = f"SELECT task_id FROM attempts WHERE attempt_id IN ({marks})"
             # Locked in key order, as every hub locks them: two hubs never wait on each other.
             attempts = f"{_SELECT_ATTEMPTS} WHERE attempt_id IN ({marks}) ORDER BY attempt_id"
             tasks = f"{_SELECT_TASKS} WHERE task_id IN ({named}) ORDER BY task_id"
-            queries += [(self._lock(attempts), chunk), (self._lock(tasks), chunk)]
+            reads.append((self._lock(attempts), chunk, self._found_attempts))
+            reads.append((self._lock(tasks), chunk, self._found_tasks))
         for receipts in _chunks(receipt_keys):
             # One query for the keys of every instance, each key looked up whole.
             either = " OR ".join(["(instance_id = ? AND message_id = ?)"] * len(receipts))
             sql = f"SELECT instance_id, message_id, digest, answer FROM receipts WHERE {either}"
-            queries.append((sql, [part for key in receipts for part in key]))
+            reads.append((sql, [part for key in receipts for part in key], self._found_receipts))
         for chunk in _chunks(credential_ids):
             marks = ", ".join("?" * len(chunk))
             sql = f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials WHERE credential_id IN ({marks})"
-            queries.append((sql, chunk))
+            reads.append((sql, chunk, self._found_credentials))
         for chunk in _chunks(queue_ids):
             marks = ", ".join("?" * len(chunk))
-            queries.append(
-                (f"SELECT queue_id, paused FROM queues WHERE queue_id IN ({marks})", chunk)
-            )
-        if not queries:
+            sql = f"SELECT queue_id, paused FROM queues WHERE queue_id IN ({marks})"
+            reads.append((sql, chunk, self._found_queues))
+        claim_reads = [
+            self._claim_read(queue_id, capability, now_ms, rooms, ())
+            for (queue_id, capability), (rooms, now_ms) in claims.items()
+            if (queue_id, capability) not in self._pools
+        ]
+        if not reads and not claim_reads:
             return
-        found = iter(self.rows_of(queries, reads=("attempts", "tasks", "receipts")))
-        self._attempts.update(dict.fromkeys(attempt_ids))
-        for _ in _chunks(attempt_ids):
-            for row in next(found):
-                self._attempts[row[0]] = _attempt(row)
-            for row in next(found):
-                self._tasks.setdefault(row[0], _task(row))
-        self._receipts.update(dict.fromkeys(receipt_keys))
-        for _ in _chunks(receipt_keys):
-            for instance_id, message_id, kept_digest, answer in next(found):
-                self._receipts[(instance_id, message_id)] = (kept_digest, bytes(answer))
-        self._credentials.update(dict.fromkeys(credential_ids))
-        for _ in _chunks(credential_ids):
-            for row in next(found):
-                self._credentials[row[0]] = _credential(row)
-        self._queues.update(dict.fromkeys(queue_ids))
-        for _ in _chunks(queue_ids):
-            for queue_id, paused in next(found):
-                self._queues[queue_id] = bool(paused)
+        queries = [(sql, params) for sql, params, _ in reads]
+        if claim_reads:
+            # Last, and alone planned without sorts (`_NO_SORTS`).
+            guard = [(_NO_SORTS, ())] if self._locks else []
+            queries += [*guard, *((sql, params) for sql, params, _ in claim_reads)]
+            queries += [(_SORTS, ())] if self._locks else []
+        found = self.rows_of(queries, reads=("attempts", "tasks", "receipts"))
+        for (_, _, take), rows in zip(reads, found, strict=False):
+            take(rows)
+        claims_found = found[len(reads) + (1 if self._locks else 0) :]
+        for (_, _, pooled), rows in zip(claim_reads, claims_found, strict=False):
+            pooled(rows)
+
+    def _found_attempts(self, rows: list[tuple[Any, ...]]) -> None:
+        self._attempts.update((row[0], _attempt(row)) for row in rows)
+
+    def _found_tasks(self, rows: list[tuple[Any, ...]]) -> None:
+        for row in rows:
+            self._tasks.setdefault(row[0], _task(row))
+
+    def _found_receipts(self, rows: list[tuple[Any, ...]]) -> None:
+        for instance_id, message_id, kept_digest, answer in rows:
+            self._receipts[(instance_id, message_id)] = (kept_digest, bytes(answer))
+
+    def _found_credentials(self, rows: list[tuple[Any, ...]]) -> None:
+        self._credentials.update((row[0], _credential(row)) for row in rows)
+
+    def _found_queues(self, rows: list[tuple[Any, ...]]) -> None:
+        self._queues.update((queue_id, bool(paused)) for queue_id, paused in rows)
 
     # --- tasks -------------------------------------------------------------------------
 
@@ -497,8 +525,9 @@ class Tx:
         One indexed range per capability, each read no further than `limit`
         rows past the tasks it passes over (delayed ones, and those of
         `passed_keys`): with none of those, the cost is the same for a queue of
-        ten tasks or of millions. The first claim of a transaction reads as many as
-        all of its batch's claims may take (`Keys.claims`); the others take from that.
+        ten tasks or of millions. The tasks all of a batch's claims may take are read
+        with the rest of its rows (`prefetch`, `Keys.claims`); a claim reads again only
+        when those run short.
         """
         found = [
             task
@@ -529,7 +558,23 @@ class Tx:
             )
             if len(ready) >= limit or pool.complete:
                 return ready[:limit]
-        wanted = max(limit, min(self._claims.get((queue_id, capability), 0), CHUNK))
+        wanted = max(limit, self._claims.get((queue_id, capability), 0))
+        sql, params, pooled = self._claim_read(queue_id, capability, now_ms, wanted, passed)
+        if self._locks:
+            self._execute(_NO_SORTS, ())
+        rows = self.rows(sql, *params, reads=("tasks",))
+        if self._locks:
+            self._execute(_SORTS, ())
+        pooled(rows)
+        return [task for row in rows[:limit] if (task := self._tasks[row[0]]) is not None]
+
+    def _claim_read(
+        self, queue_id: str, capability: str, now_ms: int, wanted: int, passed: Collection[str]
+    ) -> tuple[str, tuple[object, ...], Callable[[list[tuple[Any, ...]]], None]]:
+        """The read of up to `wanted` tasks a claim may take (in offer order, locked, passing
+        over those of `passed` keys), and what keeps what it found for the transaction's
+        later claims (when it passes over none)."""
+        wanted = min(wanted, CHUNK)
         keys = sorted(passed)
         sql = self._lock(
             f"{_SELECT_TASKS} WHERE state = 'QUEUED' AND queue_id = ? "
@@ -540,20 +585,14 @@ class Tx:
             " ORDER BY priority DESC, available_at_ms, seq LIMIT ?",
             skip_locked=True,
         )
-        if self._locks:
-            # Statistics taken while few tasks were queued (a backlog queued since the last
-            # ANALYZE) make the planner read a claim from a smaller index and sort every
-            # queued task to claim eight (7.8 ms in a backlog of 20,000, against 0.03 ms
-            # in the offer order's index): a claim is planned without sorts.
-            self._execute("SET LOCAL enable_sort = off", ())
-        params = (queue_id, capability, now_ms, now_ms, *keys, queue_id, wanted)
-        found = [self._keep_task(row) for row in self.rows(sql, *params, reads=("tasks",))]
-        if self._locks:
-            self._execute("SET LOCAL enable_sort = on", ())
-        if not keys:
-            ids = [task.task_id for task in found]
-            self._pools[(queue_id, capability)] = _Pool(ids, complete=len(found) < wanted)
-        return found[:limit]
+
+        def pooled(rows: list[tuple[Any, ...]]) -> None:
+            found = [self._keep_task(row) for row in rows]
+            if not keys:
+                ids = [task.task_id for task in found]
+                self._pools[(queue_id, capability)] = _Pool(ids, complete=len(found) < wanted)
+
+        return sql, (queue_id, capability, now_ms, now_ms, *keys, queue_id, wanted), pooled
 
     def key_limits(self, queue_id: str, keys: Collection[str]) -> dict[str, int]:
         """The limit of each of `keys` that has one: its own, else the queue's for every key."""

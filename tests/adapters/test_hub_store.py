@@ -9,7 +9,7 @@ import itertools
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -149,25 +149,23 @@ def test_a_claim_reads_queued_tasks_in_offer_order_from_one_index(tmp_path: Path
     assert "TEMP B-TREE" not in plans[0]  # no sort: the index gives the order
 
 
-def spy_on_claims(reads: list[str]) -> Callable[[Tx], None]:
-    """An operation that has the transaction note in `reads` the SQL of each claim's read
-    of queued tasks, as it runs."""
+def spy_on_claims(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SQL of each read of queued tasks for claims, as transactions run it."""
+    seen: list[str] = []
+    rows_of = Tx.rows_of
 
-    def spy(tx: Tx) -> None:
-        execute = tx._execute
+    def noted(
+        tx: Tx, queries: Sequence[tuple[str, Sequence[object]]], *, reads: Collection[str]
+    ) -> list[list[tuple[object, ...]]]:
+        seen.extend(sql for sql, _ in queries if "ORDER BY priority DESC" in sql)
+        return rows_of(tx, queries, reads=reads)
 
-        def noted(sql: str, params: Sequence[object]) -> object:
-            if "ORDER BY priority DESC" in sql:
-                reads.append(sql)
-            return execute(sql, params)
-
-        tx._execute = noted
-
-    return spy
+    monkeypatch.setattr(Tx, "rows_of", noted)
+    return seen
 
 
 def test_the_claims_of_a_batch_read_the_queue_once_and_offer_each_task_once(
-    hub_url: str,
+    hub_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = Store(hub_url)
     queue_tasks(store, 5)
@@ -176,13 +174,15 @@ def test_the_claims_of_a_batch_read_the_queue_once_and_offer_each_task_once(
         offer("q", [CAPABILITY], worker, room=2, now_ms=100, timing=TIMING, new_id=ids.__next__)
         for worker in ("w1", "w2", "w3")
     ]
-    reads: list[str] = []
-    operations: list[Callable[[Tx], list[Offer] | None]] = [spy_on_claims(reads), *claims]
-    offered = store.run_batch(operations)[1:]
+    reads = spy_on_claims(monkeypatch)
+    offered = store.run_batch(claims)
     store.close()
-    payloads = [[offer.payload for offer in offers or ()] for offers in offered]
-    assert payloads == [["0", "1"], ["2", "3"], ["4"]]
-    assert len(reads) == 1  # the first claim read for all three
+    assert [[offer.payload for offer in offers] for offers in offered] == [
+        ["0", "1"],
+        ["2", "3"],
+        ["4"],
+    ]
+    assert len(reads) == 1  # read once for all three, with the batch's other rows
 
 
 def test_a_claim_sees_the_tasks_queued_earlier_in_its_batch(hub_url: str) -> None:

@@ -7,8 +7,9 @@ one fsync. A SQLite batch runs on the hub's own thread (`run_batch_now`); a
 PostgreSQL batch, or a SQLite one that must wait for another connection's
 write lock, runs in a worker thread (`run_batch`). A transaction is a unit of
 work (`Tx`): the rows a batch names are read in one query per table and its
-changes written with one statement per kind. Nothing here decides anything:
-the rules do (`_rules`).
+changes kept and written together. On PostgreSQL the reads of a batch go in
+one round trip and its writes with its commit in another (`_PgText`). Nothing
+here decides anything: the rules do (`_rules`).
 
 SQLite runs in WAL mode with `synchronous=FULL`, so a committed transaction
 survives a crash of the process or the machine. With PostgreSQL several hub
@@ -299,12 +300,11 @@ class _Pool:
 class Tx:
     """The operations' view of one open transaction: a unit of work.
 
-    Rows looked up by key (tasks, attempts, receipts) are read once per
-    transaction, `prefetch` reading a whole batch's in one query per table,
-    and kept; changes are kept too and written together (one `executemany`
-    per statement) when the transaction ends, or before a query of their table
-    so that every query sees them. Queues and credentials looked up are kept
-    for the transaction too. On PostgreSQL every row read to be changed is
+    Rows looked up by key (tasks, attempts, receipts, credentials, queues) are
+    read once per transaction, `prefetch` reading a whole batch's at once, and
+    kept; changes are kept too and written together (`execute_many` per
+    statement) when the transaction ends, or before a query of their table so
+    that every query sees them. On PostgreSQL every row read to be changed is
     locked until the commit.
     """
 
@@ -314,13 +314,10 @@ class Tx:
         execute_many: Callable[[str, list[tuple[object, ...]]], Any],
         *,
         locks: bool,
-        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self._execute = execute
         self._execute_many = execute_many
         self._locks = locks
-        self._settle = settle
-        """Waits until every statement sent so far has run (PostgreSQL's pipeline)."""
         self._tasks: dict[str, Task | None] = {}
         self._attempts: dict[str, Attempt | None] = {}
         self._receipts: dict[tuple[str, str], tuple[str, bytes] | None] = {}
@@ -365,9 +362,7 @@ class Tx:
     def run(self, sql: str, *params: object) -> int:
         """Run `sql` once every change kept is written; how many rows it changed."""
         self.flush()
-        cursor = self._execute(sql, params)
-        self._settle()
-        return int(cursor.rowcount)
+        return int(self._execute(sql, params).rowcount)
 
     def send(self, sql: str, *params: object) -> None:
         """Run `sql` once every change kept is written, for its effect: on PostgreSQL it
@@ -1155,19 +1150,22 @@ class Store:
 
     def _transaction(self, work: Callable[[Tx], T]) -> T:
         if self.postgres:
-            text = _PgText(self._pg)
-            try:
-                tx = Tx(text.execute, text.execute_many, locks=True, settle=text.settle)
-                result = work(tx)
-                tx.flush()
-                if tx.queued_at_ms is not None:  # delivered at the commit to every hub listening
-                    tx.send("SELECT pg_notify(?, ?)", QUEUED_CHANNEL, str(tx.queued_at_ms))
-                text.commit()
-            except BaseException:
-                text.roll_back()
-                raise
-            return result
+            return self._pg_transaction(work, locks=True)
         return self._sqlite_transaction(work, wait=True)
+
+    def _pg_transaction(self, work: Callable[[Tx], T], *, locks: bool) -> T:
+        text = _PgText(self._pg)
+        try:
+            tx = Tx(text.execute, text.execute_many, locks=locks)
+            result = work(tx)
+            tx.flush()
+            if tx.queued_at_ms is not None:  # delivered at the commit to every hub listening
+                tx.send("SELECT pg_notify(?, ?)", QUEUED_CHANNEL, str(tx.queued_at_ms))
+            text.commit()
+        except BaseException:
+            text.roll_back()
+            raise
+        return result
 
     def _sqlite_transaction(self, work: Callable[[Tx], T], *, wait: bool) -> T:
         """`work` in one transaction; `_Busy` if another connection holds the write lock and
@@ -1223,9 +1221,12 @@ class Store:
             tx.run("UPDATE schema_version SET version = ?", len(_MIGRATIONS))
 
         if self.postgres:
-            with self._pg.transaction():
-                self._pg.execute("SELECT pg_advisory_xact_lock(7304015)")  # one migrator at a time
-                migrate(_pg_tx(self._pg, locks=False))
+
+            def one_at_a_time(tx: Tx) -> None:
+                tx.run("SELECT pg_advisory_xact_lock(7304015)")  # one migrator at a time
+                migrate(tx)
+
+            self._pg_transaction(one_at_a_time, locks=False)
             return
         self._transaction(migrate)
 
@@ -1387,29 +1388,6 @@ def _many_rows(sql: str, count: int) -> str:
     """An INSERT of one row made an INSERT of `count` rows (psycopg's placeholders)."""
     head, _, row = _pg_sql(sql).partition(" VALUES ")
     return f"{head} VALUES {', '.join([row] * count)}"
-
-
-def _pg_tx(
-    connection: psycopg.Connection[Any], *, locks: bool, settle: Callable[[], None] = lambda: None
-) -> Tx:
-    """A `Tx` on a PostgreSQL connection (psycopg's placeholders are %s). Each statement
-    has a cursor of its own, so that several can be sent before their rows are read.
-
-    A statement run once is planned for its parameters and the tables as they are when
-    it runs, never prepared: the hub's tables grow from nothing to millions of rows and
-    back, faster than the server's statistics follow, and a plan kept with a prepared
-    statement (psycopg prepares one used five times) is the plan for the tables as they
-    were then. Receipts looked up by a sequential scan, a plan made when the table was
-    empty, took 2 ms a lookup once it held 10,000 rows. A write of one row by its key
-    (`executemany`) is prepared: it has one plan.
-    """
-    writes = connection.cursor()
-    return Tx(
-        lambda sql, params: connection.cursor().execute(_pg_sql(sql), params, prepare=False),
-        lambda sql, rows: writes.executemany(_pg_sql(sql), rows),
-        locks=locks,
-        settle=settle,
-    )
 
 
 def _is_psycopg_error(error: BaseException) -> bool:

@@ -233,6 +233,20 @@ def test_a_claim_on_postgresql_never_sorts_the_queue_whatever_the_statistics(
     assert "Sort" not in plans[0]
 
 
+def test_text_that_looks_like_sql_or_placeholders_is_kept_as_it_came(hub_url: str) -> None:
+    """Statements are bound on the client on PostgreSQL: quotes, placeholders, percent
+    signs, backslashes and characters beyond ASCII reach the row unchanged."""
+    store = Store(hub_url)
+    create_queue(store, "q", 0)
+    payload = """{"s": "it's %s and %% and %(x)s; DROP TABLE tasks; -- \\ \u00e9 ☃ 𝄞 $1 ?"}"""
+    submitted = submit(store, submission(payload), now_ms=1)
+    assert isinstance(submitted, Submitted)
+    task = store.read(lambda tx: tx.task(submitted.task.task_id))
+    store.close()
+    assert task is not None
+    assert task.payload == payload
+
+
 def test_a_database_of_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
     path = str(tmp_path / "hub.sqlite3")
     first = Store(path)

@@ -115,11 +115,7 @@ class Committer:
         await self._idle.wait()
 
     async def do(
-        self,
-        operation: Callable[[Tx], T],
-        *,
-        key: str | None = None,
-        queued: Callable[[], None] | None = None,
+        self, operation: Callable[[Tx], T], *, queued: Callable[[], None] | None = None
     ) -> T:
         """Run `operation` in the next batch and wait until it is committed. `queued` is
         called once it waits for its batch: what `queued` submits may join that batch."""
@@ -130,7 +126,7 @@ class Committer:
             results.append(result)
             done.set()
 
-        self.submit(operation, reply, key=key)
+        self.submit(operation, reply)
         if queued is not None:
             queued()
         await done.wait()

@@ -732,8 +732,8 @@ class Hub:
             self._next_look.deadline = at
 
     def offer_now(self) -> None:
-        """Claim offers for every session with room (and no claim in flight): operations
-        handed to the committer just before share the claims' transaction."""
+        """Claim offers for every session with room (`_offer`): operations handed to the
+        committer just before share the claims' transaction."""
         now_ms = self.now_ms()
         for session in list(self._sessions.values()):
             self._offer(session, now_ms)

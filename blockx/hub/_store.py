@@ -351,12 +351,23 @@ class Tx:
         return rows
 
     def rows_of(
-        self, queries: Sequence[tuple[str, Sequence[object]]], *, reads: Collection[str]
+        self,
+        queries: Sequence[tuple[str, Sequence[object]]],
+        *,
+        reads: Collection[str],
+        unsorted: Sequence[tuple[str, Sequence[object]]] = (),
     ) -> list[list[tuple[Any, ...]]]:
-        """The rows of each query, once the changes kept for the tables they `reads` are
-        written: on PostgreSQL all are sent before any is waited for (one round trip)."""
+        """The rows of each query, then of each `unsorted` one (claims: on PostgreSQL
+        planned without sorts, `_NO_SORTS`), once the changes kept for the tables they
+        `reads` are written: on PostgreSQL all are sent before any is waited for (one
+        round trip)."""
         self.flush(reads)
         sent = [self._execute(sql, params) for sql, params in queries]
+        if unsorted and self._locks:
+            self._execute(_NO_SORTS, ())
+        sent += [self._execute(sql, params) for sql, params in unsorted]
+        if unsorted and self._locks:
+            self._execute(_SORTS, ())
         return [cursor.fetchall() for cursor in sent]
 
     def run(self, sql: str, *params: object) -> int:
@@ -440,18 +451,13 @@ class Tx:
         ]
         if not reads and not claim_reads:
             return
-        queries = [(sql, params) for sql, params, _ in reads]
-        if claim_reads:
-            # Last, and alone planned without sorts (`_NO_SORTS`).
-            guard = [(_NO_SORTS, ())] if self._locks else []
-            queries += [*guard, *((sql, params) for sql, params, _ in claim_reads)]
-            queries += [(_SORTS, ())] if self._locks else []
-        found = self.rows_of(queries, reads=("attempts", "tasks", "receipts"))
-        for (_, _, take), rows in zip(reads, found, strict=False):
+        found = self.rows_of(
+            [(sql, params) for sql, params, _ in reads],
+            reads=("attempts", "tasks", "receipts"),
+            unsorted=[(sql, params) for sql, params, _ in claim_reads],
+        )
+        for (_, _, take), rows in zip([*reads, *claim_reads], found, strict=True):
             take(rows)
-        claims_found = found[len(reads) + (1 if self._locks else 0) :]
-        for (_, _, pooled), rows in zip(claim_reads, claims_found, strict=False):
-            pooled(rows)
 
     def _found_attempts(self, rows: list[tuple[Any, ...]]) -> None:
         self._attempts.update((row[0], _attempt(row)) for row in rows)
@@ -555,11 +561,7 @@ class Tx:
                 return ready[:limit]
         wanted = max(limit, self._claims.get((queue_id, capability), 0))
         sql, params, pooled = self._claim_read(queue_id, capability, now_ms, wanted, passed)
-        if self._locks:
-            self._execute(_NO_SORTS, ())
-        rows = self.rows(sql, *params, reads=("tasks",))
-        if self._locks:
-            self._execute(_SORTS, ())
+        [rows] = self.rows_of([], reads=("tasks",), unsorted=[(sql, params)])
         pooled(rows)
         return [task for row in rows[:limit] if (task := self._tasks[row[0]]) is not None]
 
@@ -1330,8 +1332,7 @@ class _PgText:
 
     def execute_many(self, sql: str, rows: list[tuple[object, ...]]) -> None:
         if sql.startswith("INSERT"):  # one statement of many rows
-            for start in range(0, len(rows), CHUNK):
-                chunk = rows[start : start + CHUNK]
+            for chunk in _chunks(rows):
                 flat = [value for row in chunk for value in row]
                 self._held.append((self._bind(_many_rows(sql, len(chunk)), flat), None))
             return

@@ -155,10 +155,15 @@ def spy_on_claims(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     rows_of = Tx.rows_of
 
     def noted(
-        tx: Tx, queries: Sequence[tuple[str, Sequence[object]]], *, reads: Collection[str]
+        tx: Tx,
+        queries: Sequence[tuple[str, Sequence[object]]],
+        *,
+        reads: Collection[str],
+        unsorted: Sequence[tuple[str, Sequence[object]]] = (),
     ) -> list[list[tuple[object, ...]]]:
-        seen.extend(sql for sql, _ in queries if "ORDER BY priority DESC" in sql)
-        return rows_of(tx, queries, reads=reads)
+        every = [*queries, *unsorted]
+        seen.extend(sql for sql, _ in every if "ORDER BY priority DESC" in sql)
+        return rows_of(tx, queries, reads=reads, unsorted=unsorted)
 
     monkeypatch.setattr(Tx, "rows_of", noted)
     return seen

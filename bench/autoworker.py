@@ -159,6 +159,31 @@ async def open_logged(
     return process
 
 
+async def open_hub(
+    db: Path | str, directory: Path, *, env: dict[str, str] | None = None, name: str = "hub"
+) -> tuple[str, trio.Process]:
+    """A `python -m blockx hub` process on `db` at a free loopback port, its log in
+    `directory`/`name`.log, the environment's HUB_ settings replaced by `env`: its URL and
+    the process."""
+    port = free_port()
+    hub_env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
+    hub_env.update(LOG_FORMAT="text", **(env or {}))
+    command = [sys.executable, "-m", "blockx", "hub", "--db", str(db)]
+    command += ["--listen", f"127.0.0.1:{port}"]
+    hub = await open_logged(command, hub_env, b"listening on", directory / f"{name}.log")
+    return f"http://127.0.0.1:{port}", hub
+
+
+async def open_worker(
+    url: str, token: str, capacity: int, log: Path, *, plain: bool = False
+) -> trio.Process:
+    """One automatic worker of this bench (`--worker`) on the hub at `url`."""
+    command = [sys.executable, __file__, "--worker", url, "--capacity", str(capacity)]
+    command += ["--plain"] if plain else []
+    env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
+    return await open_logged(command, env, b"worker running", log)
+
+
 async def stop(process: trio.Process, timeout_s: float = 30.0) -> None:
     process.send_signal(signal.SIGTERM)
     with trio.move_on_after(timeout_s):
@@ -357,32 +382,10 @@ def counts(db: Path) -> dict[str, int]:
 async def run(args: argparse.Namespace, directory: Path) -> None:
     db = directory / "hub.sqlite3"
     token = prepare(db)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    hub_env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
-    hub_env.update(LOG_FORMAT="text", **dict(pair.split("=", 1) for pair in args.hub_env))
-    hub = await open_logged(
-        [sys.executable, "-m", "blockx", "hub", "--db", str(db), "--listen", f"127.0.0.1:{port}"],
-        hub_env,
-        b"listening on",
-        directory / "hub.log",
-    )
-    worker_env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
+    env = dict(pair.split("=", 1) for pair in args.hub_env)
+    url, hub = await open_hub(db, directory, env=env)
     workers = [
-        await open_logged(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                url,
-                "--capacity",
-                str(args.capacity),
-                *(["--plain"] if args.plain else []),
-            ],
-            worker_env,
-            b"worker running",
-            directory / f"worker{n}.log",
-        )
+        await open_worker(url, token, args.capacity, directory / f"worker{n}.log", plain=args.plain)
         for n in range(args.workers)
     ]
     pids = [process.pid for process in workers]

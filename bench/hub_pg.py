@@ -72,12 +72,12 @@ from typing import Any, Final
 import psycopg
 import trio
 
-from bench import autoworker
 from bench.autoworker import (
     CAPABILITY,
     QUEUE,
-    free_port,
+    open_hub,
     open_logged,
+    open_worker,
     prepare,
     profiled,
     result,
@@ -267,24 +267,17 @@ async def hubs_and_workers(
     db: str, count: int, token: str, directory: Path, name: str
 ) -> AsyncIterator[tuple[list[str], list[trio.Process]]]:
     """`count` hub processes on `db` and WORKERS automatic workers spread over them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")} | {"LOG_FORMAT": "text"}
     processes: list[trio.Process] = []
     urls: list[str] = []
     try:
         for n in range(count):
-            port = free_port()
-            command = [sys.executable, "-m", "blockx", "hub", "--db", db]
-            command += ["--listen", f"127.0.0.1:{port}"]
-            log = directory / f"{name}-hub{n}.log"
-            processes.append(await open_logged(command, env, b"listening on", log))
-            urls.append(f"http://127.0.0.1:{port}")
+            url, hub = await open_hub(db, directory, name=f"{name}-hub{n}")
+            processes.append(hub)
+            urls.append(url)
         hubs = list(processes)
-        worker_env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
         for n in range(WORKERS):
-            command = [sys.executable, autoworker.__file__, "--worker", urls[n % count]]
-            command += ["--capacity", str(CAPACITY)]
             log = directory / f"{name}-worker{n}.log"
-            processes.insert(0, await open_logged(command, worker_env, b"worker running", log))
+            processes.insert(0, await open_worker(urls[n % count], token, CAPACITY, log))
         yield urls, hubs
     finally:
         for process in processes:

@@ -30,7 +30,6 @@ Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -38,12 +37,11 @@ from typing import Final
 
 import trio
 
-from bench import autoworker
 from bench.autoworker import (
     CAPABILITY,
     QUEUE,
-    free_port,
-    open_logged,
+    open_hub,
+    open_worker,
     prepare,
     result,
     run_in_a_directory,
@@ -93,25 +91,11 @@ async def sample(db: Path, samples: list[tuple[float, int]]) -> None:
 async def run(args: argparse.Namespace, directory: Path) -> None:
     db = directory / "hub.sqlite3"
     token = prepare(db)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    hub_env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
     retention = str(args.retention_ms)
-    hub_env.update(
-        LOG_FORMAT="text", HUB_TASK_RETENTION_MS=retention, HUB_RECEIPT_RETENTION_MS=retention
-    )
-    hub = await open_logged(
-        [sys.executable, "-m", "blockx", "hub", "--db", str(db), "--listen", f"127.0.0.1:{port}"],
-        hub_env,
-        b"listening on",
-        directory / "hub.log",
-    )
-    worker_env = {**os.environ, "BENCH_HUB_CREDENTIAL": token}
-    command = [sys.executable, autoworker.__file__, "--worker", url, "--capacity"]
+    env = {"HUB_TASK_RETENTION_MS": retention, "HUB_RECEIPT_RETENTION_MS": retention}
+    url, hub = await open_hub(db, directory, env=env)
     workers = [
-        await open_logged(
-            [*command, str(args.capacity)], worker_env, b"worker running", directory / f"w{n}.log"
-        )
+        await open_worker(url, token, args.capacity, directory / f"w{n}.log")
         for n in range(args.workers)
     ]
     client = HubClient(url=url, credential=token, keep_alive=True)

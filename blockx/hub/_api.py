@@ -521,14 +521,11 @@ class ProducerApi:
         queue_id: str,
     ) -> Work:
         """What submitting the request's body does: queue the task, or refuse the body."""
+        body = await body_text(stream, connection, request, MAX_BODY_BYTES)
+        if isinstance(body, _Fixed):
+            return body
         try:
-            body = await read_body(stream, connection, request, MAX_BODY_BYTES)
-        except BadRequest as error:
-            return _fixed(error.status, str(error))
-        try:
-            submission = submission_from_json(body.decode(), queue_id)
-        except UnicodeDecodeError as error:
-            return _fixed(400, f"the body is not UTF-8: {error}", "(body)")
+            submission = submission_from_json(body, queue_id)
         except InvalidSubmission as error:
             return _fixed(400, str(error), error.field)
         submit = _ops.submit(submission, self._clock.now_ms(), self._ids)
@@ -550,13 +547,11 @@ class ProducerApi:
     ) -> Work:
         """What submitting a batch does: in one transaction, each task queued or refused on
         its own, answered by its index; a body that is no array of tasks is refused whole."""
+        body = await body_text(stream, connection, request, MAX_BATCH_BYTES)
+        if isinstance(body, _Fixed):
+            return body
         try:
-            body = await read_body(stream, connection, request, MAX_BATCH_BYTES)
-            items = array_items(body.decode(), "(body)")
-        except BadRequest as error:
-            return _fixed(error.status, str(error))
-        except UnicodeDecodeError as error:
-            return _fixed(400, f"the body is not UTF-8: {error}", "(body)")
+            items = array_items(body, "(body)")
         except InvalidJson as error:
             return _fixed(400, str(error), error.field)
         if not 0 < len(items) <= MAX_BATCH_TASKS:
@@ -571,6 +566,24 @@ class ProducerApi:
             return 200, {"results": results}
 
         return run
+
+
+async def body_text(
+    stream: trio.abc.Stream,
+    connection: Connection,
+    request: Request,
+    limit: int,
+    *,
+    field: str | None = "(body)",
+) -> str | _Fixed:
+    """The request's body as text, or the refusal of a body too large, malformed, or not
+    UTF-8 (naming `field`)."""
+    try:
+        return (await read_body(stream, connection, request, limit)).decode()
+    except BadRequest as error:
+        return _fixed(error.status, str(error))
+    except UnicodeDecodeError as error:
+        return _fixed(400, f"the body is not UTF-8: {error}", field)
 
 
 def _submit_item(

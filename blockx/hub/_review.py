@@ -37,7 +37,9 @@ from blockx.hub._api import (
     Answer,
     ProducerApi,
     Work,
+    _Fixed,
     _fixed,
+    body_text,
     task_json,
 )
 from blockx.hub._model import Credential, Task, TaskFilter, TaskState
@@ -56,7 +58,7 @@ from blockx.hubwire import (
     object_members,
     parse_json,
 )
-from blockx.net.http import BadRequest, Connection, Request, read_body
+from blockx.net.http import Connection, Request
 
 MAX_BULK: Final = 1_000
 """The most tasks one bulk call changes (in one transaction); the answer says if more match."""
@@ -92,12 +94,9 @@ class OperatorApi(ProducerApi):
             return await super()._route(stream, connection, request, target)
         if request.method != b"POST":
             return None, admin_only(_fixed(405, "POST")), False
-        try:
-            body = (await read_body(stream, connection, request, MAX_BODY_BYTES)).decode()
-        except BadRequest as error:
-            return None, admin_only(_fixed(error.status, str(error))), False
-        except UnicodeDecodeError as error:
-            return None, admin_only(_fixed(400, f"the body is not UTF-8: {error}")), False
+        body = await body_text(stream, connection, request, MAX_BODY_BYTES, field=None)
+        if isinstance(body, _Fixed):
+            return None, admin_only(body), False
         now_ms = self._clock.now_ms()
         if task_action is not None:
             task_id, action = urllib.parse.unquote(task_action[1]), task_action[2]

@@ -55,6 +55,7 @@ from blockx.client import (
     TaskOutcome,
     WatchEndedEarly,
     WorkerClient,
+    readable,
     task_outputs,
     task_spec,
     task_spec_from_json,
@@ -808,34 +809,6 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
 
 def _print_json(message: Any) -> None:
     print(json.dumps(readable(message), indent=2), flush=True)
-
-
-def readable(message: Any) -> dict[str, Any]:
-    """`message` as JSON, with the outputs a task result kept shown as JSON values.
-
-    The wire carries them as text (`outputsJson`); printed, they are `outputs`
-    in the same place. Text that is not a JSON array is printed as it came.
-    """
-    document: dict[str, Any] = message.to_dict()
-    if isinstance(message, pb.TaskResult):
-        return _outputs_shown(message, document)
-    result = getattr(message, "result", None)
-    if isinstance(result, pb.TaskResult) and "result" in document:
-        document["result"] = _outputs_shown(result, document["result"])
-    return document
-
-
-def _outputs_shown(result: pb.TaskResult, document: dict[str, Any]) -> dict[str, Any]:
-    try:
-        outputs = task_outputs(result)
-    except InvalidOutputs:
-        return document
-    if outputs is None:
-        return document
-    return dict(
-        ("outputs", outputs) if key == "outputsJson" else (key, value)
-        for key, value in document.items()
-    )
 
 
 def _report_failure(

@@ -17,7 +17,7 @@ from blockx.client._errors import (
     WorkerUnreachable,
 )
 from blockx.client._outcomes import TaskOutcome
-from blockx.client._outputs import InvalidOutputs, task_outputs
+from blockx.client._outputs import InvalidOutputs, readable, task_outputs
 from blockx.client._placement import (
     DEFAULT_REGISTRY_PREFIX,
     NoWorkerAvailable,
@@ -60,6 +60,7 @@ __all__ = [
     "WorkerClient",
     "WorkerUnreachable",
     "parse_worker_address",
+    "readable",
     "shadow_target",
     "task_outputs",
     "task_spec",

@@ -41,3 +41,31 @@ def task_outputs(result: pb.TaskResult) -> list[Any] | None:
         kind = "an object" if isinstance(outputs, dict) else type(outputs).__name__
         raise InvalidOutputs(task_id=result.task_id, reason=f"is {kind}, not an array")
     return outputs
+
+
+def readable(message: Any) -> dict[str, Any]:
+    """`message` as JSON, with the outputs a task result kept shown as JSON values.
+
+    The wire carries them as text (`outputsJson`); printed, they are `outputs`
+    in the same place. Text that is not a JSON array is printed as it came.
+    """
+    document: dict[str, Any] = message.to_dict()
+    if isinstance(message, pb.TaskResult):
+        return _outputs_shown(message, document)
+    result = getattr(message, "result", None)
+    if isinstance(result, pb.TaskResult) and "result" in document:
+        document["result"] = _outputs_shown(result, document["result"])
+    return document
+
+
+def _outputs_shown(result: pb.TaskResult, document: dict[str, Any]) -> dict[str, Any]:
+    try:
+        outputs = task_outputs(result)
+    except InvalidOutputs:
+        return document
+    if outputs is None:
+        return document
+    return dict(
+        ("outputs", outputs) if key == "outputsJson" else (key, value)
+        for key, value in document.items()
+    )

@@ -122,6 +122,21 @@ class Capability:
         return f"{self.handler}\x1f{self.handler_version}\x1f{self.payload_version}"
 
 
+NODE_TASK_HANDLER: Final = "blockx.task"
+NODE_TASK_VERSION: Final = "v1"
+
+
+def node_task_capability(deployment: str) -> Capability:
+    """The capability of a worker node's task sent through the hub: its payload is a task
+    as the task files write it (`examples/tasks/*.json`), for nodes of `deployment`
+    ("block", "bundle"), so a task for one profile is never offered to another's node."""
+    return Capability(
+        handler=f"{NODE_TASK_HANDLER}.{deployment}",
+        handler_version=NODE_TASK_VERSION,
+        payload_version=NODE_TASK_VERSION,
+    )
+
+
 @attrs.frozen(kw_only=True)
 class AttemptRef:
     attempt_id: str

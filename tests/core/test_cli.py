@@ -28,6 +28,7 @@ from blockx.client import (
     WorkerCallError,
     WorkerUnreachable,
     parse_worker_address,
+    readable,
     task_outputs,
     task_spec,
     task_spec_from_json,
@@ -433,17 +434,17 @@ def test_task_outputs_that_are_not_a_json_array_are_refused_naming_the_task(
 
 def test_printed_results_show_kept_outputs_as_json_values_in_place() -> None:
     result = pb.TaskResult(task_id="t1", outputs_json="[3]", task_code_epoch="e1")
-    assert cli.readable(result) == {"taskId": "t1", "taskCodeEpoch": "e1", "outputs": [3]}
+    assert readable(result) == {"taskId": "t1", "taskCodeEpoch": "e1", "outputs": [3]}
     response = pb.GetTaskResultResponse(task_id="t1", result=result)
-    assert cli.readable(response)["result"]["outputs"] == [3]
+    assert readable(response)["result"]["outputs"] == [3]
     update = pb.TaskUpdate(task_id="t1", is_terminal=True, result=result)
-    assert cli.readable(update)["result"]["outputs"] == [3]
-    assert cli.readable(pb.TaskResult(task_id="t1")) == {"taskId": "t1"}
+    assert readable(update)["result"]["outputs"] == [3]
+    assert readable(pb.TaskResult(task_id="t1")) == {"taskId": "t1"}
 
 
 def test_printed_outputs_that_are_not_a_json_array_stay_as_sent() -> None:
     result = pb.TaskResult(task_id="t1", outputs_json="[3,")
-    assert cli.readable(result) == {"taskId": "t1", "outputsJson": "[3,"}
+    assert readable(result) == {"taskId": "t1", "outputsJson": "[3,"}
 
 
 # --- serve ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from blockx.actors._inbox import Inbox, Reply
 from blockx.actors._messages import (
     AddTaskCalls,
     CallsDone,
+    CancelTask,
     CancelTaskCalls,
     CloseAllStreams,
     CodeLoaded,
@@ -36,6 +37,7 @@ from blockx.actors._messages import (
     OpenWatch,
     PhaseDone,
     RequestSlot,
+    RunFedTask,
     RunTaskCalls,
     SlotTableMessage,
     StartDrain,
@@ -46,9 +48,10 @@ from blockx.actors._messages import (
     WatchChanged,
     WorkerStatus,
 )
-from blockx.actors._slot_table import SlotTableActor
+from blockx.actors._slot_table import FreeSlots, SlotTableActor
 from blockx.actors._streams import (
     Accepted,
+    FedTasks,
     Finished,
     Refused,
     StreamEvent,
@@ -68,13 +71,16 @@ __all__ = [
     "CallIds",
     "CallWindow",
     "CallsDone",
+    "CancelTask",
     "CancelTaskCalls",
     "CloseAllStreams",
     "CodeLoaded",
     "DispatcherActor",
     "DispatcherMessage",
+    "FedTasks",
     "Finished",
     "ForceDrain",
+    "FreeSlots",
     "GetResult",
     "GetStatus",
     "Inbox",
@@ -84,6 +90,7 @@ __all__ = [
     "Refused",
     "Reply",
     "RequestSlot",
+    "RunFedTask",
     "RunTaskCalls",
     "SlotTableActor",
     "SlotTableMessage",

@@ -31,7 +31,7 @@ from blockx.actors._messages import (
     WorkerStatus,
 )
 from blockx.actors._readiness import Readiness
-from blockx.actors._slot_table import SlotTableActor
+from blockx.actors._slot_table import FreeSlots, SlotTableActor
 from blockx.actors._task import Admission, TaskRuntime
 from blockx.actors._watch import WatchFanout
 from blockx.config import WorkerConfig
@@ -84,6 +84,8 @@ class WorkerActors:
     """Set once draining started and no task is live any more."""
     readiness: Readiness
     """Whether some executor is up: the worker admits work only then."""
+    free_slots: FreeSlots
+    """How many slots are free (published by the slot table)."""
 
     def start_drain(self) -> None:
         """Stop admitting: new slots and unactivated submits are refused from now on."""
@@ -197,6 +199,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 probe=probe,
                 drained=slot_table.drained,
                 readiness=readiness,
+                free_slots=slot_table.free_slots,
             )
     finally:
         with trio.CancelScope(shield=True):

@@ -22,8 +22,8 @@ import attrs
 
 from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Reply
-from blockx.actors._streams import HubStream, TaskStream, WatchStream
-from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, RetryPolicy
+from blockx.actors._streams import FedTasks, HubStream, TaskStream, WatchStream
+from blockx.calls import CallFailurePolicy, CallPhaseOutcome, CallSpec, FailureCode, RetryPolicy
 from blockx.executors import PoolEvent
 from blockx.functions import FunctionSnapshot
 from blockx.slots import (
@@ -54,6 +54,25 @@ class SubmitTask:
     stream: TaskStream | None = None
     """Set for a submit on a `RunTasks` stream: without `slot_id` it waits for a free slot
     instead of being refused, and once accepted the stream follows the task."""
+
+
+@attrs.frozen(kw_only=True)
+class RunFedTask:
+    """Submit a task a hub fed this node: taken at once (`NoSlot` without a free slot, never
+    held), and once accepted `stream` follows it to its end."""
+
+    spec: TaskSpec
+    stream: FedTasks
+    reply: Reply[TaskSnapshot]
+
+
+@attrs.frozen(kw_only=True)
+class CancelTask:
+    """End a submitted task now, FAILED with `failure_code` (a hub ended its attempt)."""
+
+    task_id: str
+    failure_code: FailureCode
+    message: str
 
 
 @attrs.frozen(kw_only=True)
@@ -159,6 +178,8 @@ class CloseAllStreams:
 SlotTableMessage = (
     RequestSlot
     | SubmitTask
+    | RunFedTask
+    | CancelTask
     | GetResult
     | GetStatus
     | OpenWatch

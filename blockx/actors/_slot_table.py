@@ -28,6 +28,7 @@ from blockx.actors._call_window import CallWindow
 from blockx.actors._inbox import Inbox, Reply, take_until
 from blockx.actors._messages import (
     CallsDone,
+    CancelTask,
     CancelTaskCalls,
     CloseAllStreams,
     CodeLoaded,
@@ -39,6 +40,7 @@ from blockx.actors._messages import (
     OpenWatch,
     PhaseDone,
     RequestSlot,
+    RunFedTask,
     RunTaskCalls,
     SlotTableMessage,
     StartDrain,
@@ -48,6 +50,7 @@ from blockx.actors._messages import (
     WatchChanged,
     WorkerStatus,
 )
+from blockx.actors._streams import HubStream
 from blockx.actors._task import (
     Activation,
     Refusal,
@@ -86,9 +89,11 @@ from blockx.slots import (
     StartPhase,
     StartPluginPhase,
     Step,
+    TaskCancelled,
     TaskPhase,
     TaskResult,
     TaskSnapshot,
+    TaskSpec,
     TaskSubmitted,
     TimerFired,
     WatchAttached,
@@ -106,6 +111,24 @@ TICK_MS = 500
 PHASE_BUFFER = 1
 """Phase commands in flight to one task actor: at most one at a time."""
 _NOTHING = PhaseOutcome(ok=True)
+
+
+@attrs.define(eq=False)
+class FreeSlots:
+    """Published by the slot table: how many slots are free now, and a wake-up for a change."""
+
+    count: int = 0
+    _changed: trio.Event = attrs.Factory(trio.Event)
+
+    def update(self, count: int) -> None:
+        if count != self.count:
+            self.count = count
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Until `count` changes."""
+        await self._changed.wait()
 
 
 @attrs.define(eq=False)
@@ -190,6 +213,8 @@ class SlotTableActor:
         self._scan = _Gate(free=runtime.admission.scan)
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
+        self.free_slots = FreeSlots(count=machine.free_capacity())
+        """Published: the free slots, updated once each batch of messages is handled."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -202,6 +227,7 @@ class SlotTableActor:
             if self._slot_freed:
                 self._slot_freed = False
                 self._admit_held()
+            self.free_slots.update(self._machine.free_capacity())
             if self._machine.draining and self._machine.active_task_count() == 0:
                 self.drained.set()
 
@@ -251,6 +277,17 @@ class SlotTableActor:
                 self._fanout.unsubscribe(stream, broken=broken)
             case CloseAllStreams():
                 self._fanout.close_all()
+            case CancelTask(task_id=task_id, failure_code=code, message=reason):
+                now_ms, stimulus_id = self._stamp("cancel")
+                self._apply(
+                    TaskCancelled(
+                        task_id=task_id,
+                        failure_code=code,
+                        message=reason,
+                        now_ms=now_ms,
+                        stimulus_id=stimulus_id,
+                    )
+                )
 
     def _on_request(
         self, message: RequestSlot | SubmitTask | GetResult | GetStatus | OpenWatch
@@ -266,6 +303,8 @@ class SlotTableActor:
                 if stream.held or not self._submit_streamed(message):
                     stream.held += 1  # behind its stream's earlier ones: order is kept
                     self._held.append(message)
+            case RunFedTask(spec=spec, stream=fed, reply=reply):
+                self._submit_followed(spec, None, reply, fed)
             case SubmitTask(spec=spec, slot_id=slot_id, reply=reply):
                 now_ms, stimulus_id = self._stamp("submit")
                 event = TaskSubmitted(
@@ -341,21 +380,34 @@ class SlotTableActor:
         """Submit from a stream; False (nothing changed) when it must wait for a free slot."""
         stream = message.stream
         assert stream is not None
-        now_ms, stimulus_id = self._stamp("submit")
-        event = TaskSubmitted(
-            spec=message.spec, slot_id=message.slot_id, now_ms=now_ms, stimulus_id=stimulus_id
+        return self._submit_followed(
+            message.spec, message.slot_id, message.reply, stream, wait=message.slot_id is None
         )
+
+    def _submit_followed(
+        self,
+        spec: TaskSpec,
+        slot_id: str | None,
+        reply: Reply[TaskSnapshot],
+        stream: HubStream,
+        *,
+        wait: bool = False,
+    ) -> bool:
+        """Submit a task that `stream` follows once accepted; with `wait`, False (nothing
+        changed) when it must wait for a free slot."""
+        now_ms, stimulus_id = self._stamp("submit")
+        event = TaskSubmitted(spec=spec, slot_id=slot_id, now_ms=now_ms, stimulus_id=stimulus_id)
         try:
             step = self._machine.handle(event)
         except WorkerError as error:
-            if isinstance(error, NoSlot) and message.slot_id is None:
+            if wait and isinstance(error, NoSlot):
                 return False
-            message.reply(error)
+            reply(error)
             return True
         assert step.reply is not None
-        message.reply(step.reply)
+        reply(step.reply)
         if not step.reply.is_terminal:
-            self._fanout.follow(stream, message.spec.task_id)
+            self._fanout.follow(stream, spec.task_id)
         self._execute(step)
         return True
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import attrs
+import trio
 
 from blockx.slots import TaskSnapshot, WorkerError
 
@@ -312,3 +313,65 @@ class TaskStream:
                 return True
             waiting = self._answers or self._early or self._following
             return self.input_done and self.unanswered == 0 and not waiting
+
+
+@attrs.define(eq=False)
+class _Ending:
+    ended: trio.Event = attrs.Factory(trio.Event)
+    outcome: TaskSnapshot | WorkerError | None = None
+
+
+class FedTasks:
+    """The tasks a hub fed this node, all on one stream: each one's end, for whoever runs
+    its attempt. Everything here happens on the actors' thread, so it takes no lock.
+
+    `expect` a task before submitting it (`RunFedTask`), then wait for `ended`; the
+    fan-out offers its terminal update, or says the worker forgot it (`lose`)."""
+
+    every_change = False
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, _Ending] = {}
+        self.abandoned = False
+        self.closed = False
+
+    @property
+    def task_ids(self) -> Iterable[str]:
+        return tuple(self._waiting)
+
+    @property
+    def live(self) -> int:
+        """Tasks expected and not ended (or given up) yet."""
+        return len(self._waiting)
+
+    def expect(self, task_id: str) -> None:
+        self._waiting[task_id] = _Ending()
+
+    def give_up(self, task_id: str) -> None:
+        """The task was refused, or its end taken: nobody waits for it any more."""
+        self._waiting.pop(task_id, None)
+
+    async def ended(self, task_id: str) -> TaskSnapshot | WorkerError:
+        """The task's terminal snapshot, or why the worker cannot give one; then forgets it."""
+        ending = self._waiting[task_id]
+        await ending.ended.wait()
+        self.give_up(task_id)
+        assert ending.outcome is not None
+        return ending.outcome
+
+    def offer(self, snapshot: TaskSnapshot) -> None:
+        if snapshot.is_terminal:
+            self._end(snapshot.task_id, snapshot)
+
+    def lose(self, task_id: str, error: WorkerError) -> bool:
+        self._end(task_id, error)
+        return False
+
+    def _end(self, task_id: str, outcome: TaskSnapshot | WorkerError) -> None:
+        ending = self._waiting.get(task_id)
+        if ending is not None and ending.outcome is None:
+            ending.outcome = outcome
+            ending.ended.set()
+
+    def close(self) -> None:
+        self.closed = True

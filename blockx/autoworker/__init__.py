@@ -21,6 +21,7 @@ from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
     AttemptCancelled,
     InvalidOption,
+    OutcomeUnknown,
     WorkerExecution,
     WorkerFailure,
     WorkerHandler,
@@ -44,6 +45,7 @@ __all__ = [
     "HubClient",
     "HubRequestFailed",
     "InvalidOption",
+    "OutcomeUnknown",
     "RawJson",
     "Worker",
     "WorkerAlreadyRun",

@@ -31,6 +31,9 @@ Rules:
    hub leaves out slots the hub does not count: handlers still running after
    their lease was lost, and results not confirmed across a reconnect. Offers
    are kept up to `2 * capacity` known attempts; others are left to lapse.
+   When the slots are shared (`CapacityChanged`: a worker node's own tasks take
+   some), only the slots available count: starts stop while none is free, and
+   the capacity declared follows at once.
 6. Drain: no new starts; what runs is renewed and its result confirmed. The
    machine is `drained()` once the hub acknowledged the drain and nothing is left.
 """
@@ -159,8 +162,24 @@ class DrainRequested:
     stimulus_id: str
 
 
+@attrs.frozen(kw_only=True)
+class CapacityChanged:
+    """The handler slots this worker may use from now on (at most its capacity): what is
+    left when something else shares the slots (a worker node's own tasks)."""
+
+    now_ms: int
+    stimulus_id: str
+    available: int
+
+
 Event: TypeAlias = (
-    Connected | Disconnected | Received | HandlerReturned | TimePassed | DrainRequested
+    Connected
+    | Disconnected
+    | Received
+    | HandlerReturned
+    | TimePassed
+    | DrainRequested
+    | CapacityChanged
 )
 
 
@@ -302,6 +321,8 @@ class WorkerCore:
         self._queue_id = queue_id
         self._capabilities = capabilities
         self.capacity = capacity
+        self._available = capacity
+        """Of `capacity`, the slots not taken by anything else (`CapacityChanged`)."""
         self.counters = Counters()
         self._attempts: dict[str, _Attempt] = {}
         self._pending: dict[str, ControlMessage] = {}
@@ -343,6 +364,11 @@ class WorkerCore:
         return sum(1 for a in self._attempts.values() if a.phase in (Phase.RUNNING, Phase.LOST))
 
     @property
+    def held(self) -> int:
+        """Handler slots taken (rule 5): from a start sent until the handler returns."""
+        return sum(1 for a in self._attempts.values() if a.holds_slot)
+
+    @property
     def unconfirmed(self) -> int:
         """Results sent and not yet answered."""
         return sum(1 for a in self._attempts.values() if a.phase is Phase.FINISHING)
@@ -371,7 +397,7 @@ class WorkerCore:
         if self._draining:
             return 0
         zombies = sum(1 for a in self._attempts.values() if a.phase is Phase.LOST)
-        return max(0, self.capacity - zombies - len(self._stale_results))
+        return max(0, self._available - zombies - len(self._stale_results))
 
     def next_deadline_ms(self) -> int | None:
         """When `TimePassed` should come next, if nothing else happens before."""
@@ -408,6 +434,10 @@ class WorkerCore:
                 self._on_time(now_ms, commands)
             case DrainRequested(now_ms=now_ms):
                 self._on_drain(now_ms, commands)
+            case CapacityChanged(available=available):
+                if not 0 <= available <= self.capacity:
+                    raise Misuse(what=f"{available} slots available of {self.capacity}")
+                self._available = available
             case _:
                 assert_never(event)
         self._start_what_fits(event.now_ms, commands)
@@ -697,7 +727,7 @@ class WorkerCore:
         after every event)."""
         if self._draining or self._link is not Link.OPEN:
             return
-        room = self.capacity
+        room = self._available
         waiting: list[_Attempt] = []
         for attempt in self._attempts.values():
             if attempt.phase in _HOLDS_SLOT:

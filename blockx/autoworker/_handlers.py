@@ -10,6 +10,7 @@ How a handler's ending becomes the outcome reported to the hub:
 |----------------------------------------------|-------------------------------------|
 | returned a JSON value (not None)             | SUCCEEDED with it                   |
 | raised `WorkerFailure(code, details, ...)`   | FAILED with them                    |
+| raised `OutcomeUnknown(code)`                | UNKNOWN with it                     |
 | raised anything else                         | UNKNOWN / HANDLER_ERROR             |
 | raised a crash-like BaseException            | UNKNOWN / HANDLER_PANIC or _ABORTED |
 | returned something the hub cannot take       | UNKNOWN / INVALID_HANDLER_RESULT    |
@@ -318,6 +319,16 @@ class WorkerFailure(BlockxError):
         super().__init__(f"{code} (retryable: {retryable})")
 
 
+class OutcomeUnknown(BlockxError):
+    """Raise from a handler that cannot tell whether the attempt had its effect (it may
+    have written part of it): reported UNKNOWN with `code` (`[A-Z][A-Z0-9_]{0,63}`), so
+    the hub runs an idempotent task again and sends any other to review."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        super().__init__(f"{code} (the attempt may have had its effect)")
+
+
 def json_text(value: Any, name: str = "result") -> str:
     """`value` as JSON text the hub takes as `name` (result or details), or `InvalidJson`
     naming the path of what it would refuse."""
@@ -340,6 +351,9 @@ def raised(error: BaseException) -> Outcome:
     """The outcome of a handler that raised `error` (never its text)."""
     if isinstance(error, WorkerFailure):
         return _failure(error)
+    if isinstance(error, OutcomeUnknown):
+        valid = isinstance(error.code, str) and CODE_FORM.fullmatch(error.code)
+        return Unknown(code=error.code if valid else INVALID_HANDLER_RESULT)
     if isinstance(error, Exception):
         return Unknown(code=HANDLER_ERROR)
     if isinstance(error, (SystemExit, GeneratorExit)):

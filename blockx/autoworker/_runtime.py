@@ -52,6 +52,7 @@ from blockx.autoworker import _handlers
 from blockx.autoworker._client import HubCertificateRejected, HubClient
 from blockx.autoworker._core import (
     CancelHandler,
+    CapacityChanged,
     Command,
     Connected,
     Disconnected,
@@ -254,6 +255,8 @@ class Worker:
         self._nursery: trio.Nursery | None = None
         self._sockets: trio.Nursery | None = None
         self._health = _Health()
+        self._available: int | None = None
+        """Slots available as last told by `share_slots`, until `run` applies it."""
 
     # ------------------------------------------------------------------ what callers read
 
@@ -276,6 +279,17 @@ class Worker:
         The channel closes when `run` returns."""
         return self._events_out
 
+    def share_slots(self, available: int) -> None:
+        """Only `available` of the capacity's slots may be used from now on (0 to the
+        capacity): something else takes the others. Starts stop while none is free, and
+        the hub is told the capacity left at once. Call it on the Trio thread."""
+        self._available = available
+        if self._ran and not self._over:
+            now_ms, stimulus_id = self._stamp("slots")
+            self._apply(
+                CapacityChanged(now_ms=now_ms, stimulus_id=stimulus_id, available=available)
+            )
+
     # ------------------------------------------------------------------ run
 
     async def run(self) -> None:
@@ -291,6 +305,8 @@ class Worker:
         self._ran = True
         self._clock = self._clock or EpochClock()
         self._context = contextvars.copy_context()
+        if self._available is not None:
+            self.share_slots(self._available)
         finished = trio.Event()
         try:
             async with trio.open_nursery() as nursery:

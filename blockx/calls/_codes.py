@@ -48,6 +48,8 @@ class FailureCode(enum.StrEnum):
     """The task's last watcher went away and none came back within the grace."""
     WORKER_SHUTDOWN = "WORKER_SHUTDOWN"
     """The worker stopped before the task finished."""
+    LEASE_LOST = "LEASE_LOST"
+    """The task ran for a hub's attempt, and the hub ended the attempt's lease first."""
 
     # --- a call attempt, as an executor reports it
     CALL_RAISED = "CALL_RAISED"

@@ -153,6 +153,18 @@ class DrainDeadlinePassed:
     stimulus_id: str
 
 
+@attrs.frozen(kw_only=True)
+class TaskCancelled:
+    """Whoever the task runs for gave it up (a hub ended the attempt's lease): a submitted
+    task ends FAILED with `failure_code` at once; anything else is left as it is."""
+
+    task_id: str
+    failure_code: FailureCode
+    message: str
+    now_ms: int
+    stimulus_id: str
+
+
 Event = (
     SlotRequested
     | TaskSubmitted
@@ -167,4 +179,5 @@ Event = (
     | WorkerReady
     | DrainStarted
     | DrainDeadlinePassed
+    | TaskCancelled
 )

@@ -32,6 +32,10 @@ Rules:
    honoured even before its timer fires (requests get `SlotUncertain`,
    activation fails with `SLOT_LOST`).
 5. The machine never reads a clock, draws a random number or does IO.
+6. A submitted task may be cancelled from outside (`TaskCancelled`: a hub ended
+   the lease of the attempt it runs for): it ends FAILED with the code given,
+   like a passed deadline; a cancel of a task that is not live and submitted
+   does nothing.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from blockx.slots._events import (
     Event,
     PhaseFinished,
     SlotRequested,
+    TaskCancelled,
     TaskSubmitted,
     TimerFired,
     WatchAttached,
@@ -361,6 +366,8 @@ class SlotMachine:
                 return CoreStep()
             case DrainDeadlinePassed():
                 return self._on_drain_deadline_passed(event)
+            case TaskCancelled():
+                return self._on_task_cancelled(event)
             case _:
                 assert_never(event)
 
@@ -781,6 +788,20 @@ class SlotMachine:
                     ).commands
                 )
         return CoreStep(commands=tuple(commands))
+
+    def _on_task_cancelled(self, event: TaskCancelled) -> Step:
+        task = self._live.get(event.task_id)
+        if task is None or task.spec is None:
+            return CoreStep()  # ended already, unknown, or only reserved: nothing runs
+        return self._converge(
+            task,
+            TaskState.FAILED,
+            event.now_ms,
+            event.stimulus_id,
+            failure_code=event.failure_code,
+            message=event.message,
+            retryable=True,
+        )
 
     # ------------------------------------------------------------ convergence
 

@@ -10,6 +10,7 @@ from blockx.autoworker._core import (
     MAX_HEARTBEAT_MS,
     MIN_RENEW_MS,
     CancelHandler,
+    CapacityChanged,
     Command,
     Connected,
     Disconnected,
@@ -103,6 +104,24 @@ def test_a_session_opens_with_the_capacity_and_offers_start_up_to_it(
     starts = [sent(machine.handle(received(offer(n), now_ms=3))) for n in (1, 2, 3)]
     assert [[type(m) for m in s] for s in starts] == [[Start], [Start], []]  # no third slot
     assert machine.phase_of("a3") is Phase.OFFERED
+
+
+def test_shared_slots_bound_the_starts_and_the_capacity_declared(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    machine = make_worker_core(capacity=3)
+    opened(machine)
+    started(machine, 1)
+    taken = machine.handle(CapacityChanged(now_ms=1, stimulus_id="taken", available=1))
+    assert sent(taken) == [Heartbeat(capacity=1)]  # the one running still counts
+    assert sent(machine.handle(received(offer(2), now_ms=2))) == []  # no slot left to start in
+    assert machine.phase_of("a2") is Phase.OFFERED
+    freed = machine.handle(CapacityChanged(now_ms=3, stimulus_id="freed", available=3))
+    assert [type(m) for m in sent(freed)] == [Start, Heartbeat]
+    assert machine.held == 2
+    assert sent(freed)[1] == Heartbeat(capacity=3)
+    with pytest.raises(Misuse, match="4 slots available of 3"):
+        machine.handle(CapacityChanged(now_ms=4, stimulus_id="wrong", available=4))
 
 
 def test_a_handler_runs_only_once_its_start_is_granted_and_only_once(
@@ -506,6 +525,7 @@ WITHOUT_STIMULUS_ID: dict[type[Event] | type[Command], dict[str, Any]] = {
     HandlerReturned: {"now_ms": 0, "attempt_id": "a1", "outcome": Succeeded(result="1")},
     TimePassed: {"now_ms": 0},
     DrainRequested: {"now_ms": 0},
+    CapacityChanged: {"now_ms": 0, "available": 1},
     Send: {"messages": (Heartbeat(capacity=1),)},
     RunHandler: {"offer": offer(1), "lease_deadline_ms": 1_000},
     SetLease: {"attempt_id": "a1", "lease_deadline_ms": 1_000},

@@ -265,6 +265,13 @@ class SlotModel:
                 commands.append(("forget", task_id, ForgetReason.WORKER_SHUTDOWN))
         return Prediction(commands=tuple(commands))
 
+    def cancel(self, task_id: str, code: FailureCode, now: int) -> Prediction:
+        """A submitted live task ends FAILED with `code`; anything else stays as it is."""
+        task = self.live.get(task_id)
+        if task is None or not task.submitted:
+            return Prediction()
+        return self._converge(task_id, TaskState.FAILED, code, True, now)
+
     def scan(self, now: int) -> tuple[Norm, ...]:
         """Fire every due timer, earliest first, ties in the order they were armed."""
         commands: list[Norm] = []

@@ -4,7 +4,8 @@ The test plays the hub: it offers attempts, answers (or never answers) the
 core's control messages, drops and remakes the connection, lets time pass and
 returns handlers, and keeps its own record from the commands alone. After every
 step it checks the runtime's guarantees: a handler runs only under a granted
-start and at most once per attempt; never more handlers than the capacity; at
+start and at most once per attempt; never more handlers than the capacity, and
+no start beyond the slots available when something else shares them; at
 most twice the capacity of attempts known; a message id always names the same
 message; nothing but the session's opening and resume goes out before the
 session is resumed; a lease that passed cancels its handler and nothing revives
@@ -23,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from blockx.autoworker._core import (
     CancelHandler,
+    CapacityChanged,
     Command,
     Connected,
     Disconnected,
@@ -70,6 +72,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @initialize(capacity=st.integers(1, 3))
     def make(self, capacity: int) -> None:
         self.capacity = capacity
+        self.available = capacity
+        """The slots not taken by anything else, as last told."""
         self.core = WorkerCore(
             instance_id="i1", queue_id="q1", capabilities=(offer(0).capability,), capacity=capacity
         )
@@ -124,9 +128,13 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     def _check_sent(self, message: object) -> None:
         assert self.connected, f"{message} sent with no connection"
         if isinstance(message, Heartbeat):
-            assert 0 <= message.capacity <= self.capacity
+            assert 0 <= message.capacity <= self.available
             return
         assert isinstance(message, ControlMessage)
+        if isinstance(message, Start) and message.message_id not in self.ids:
+            assert self.core.held <= self.available, "started beyond the slots available"
+        if isinstance(message, OpenSession):
+            assert message.capacity <= self.available, "declared slots taken by others"
         earlier = self.ids.setdefault(message.message_id, message)
         assert earlier == message, f"id {message.message_id} reused: {earlier} then {message}"
         if not self.resumed:
@@ -289,6 +297,16 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         for attempt_id, deadline_ms in self.running.items():
             if deadline_ms <= self.now:
                 assert attempt_id in self.cancelled, f"{attempt_id} outlived its lease"
+
+    @rule(data=st.data())
+    def slots_are_shared(self, data: st.DataObject) -> None:
+        self.available = data.draw(st.integers(0, self.capacity), label="available")
+        event = CapacityChanged(
+            now_ms=self.now, stimulus_id=self._stimulus(), available=self.available
+        )
+        self._step(event)
+        if self.core.link is Link.OPEN:
+            assert self.core.declared_capacity() <= self.available
 
     @rule()
     def drain(self) -> None:

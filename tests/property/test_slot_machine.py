@@ -36,6 +36,7 @@ from blockx.slots import (
     SlotRequested,
     SlotState,
     Step,
+    TaskCancelled,
     TaskPhase,
     TaskResult,
     TaskSnapshot,
@@ -406,6 +407,21 @@ class SlotTable(RuleBasedStateMachine):
         expected = self.model.drain_deadline_passed(self.now)
         self._apply(DrainDeadlinePassed(now_ms=self.now, stimulus_id=self._stimulus()), expected)
         assert self.machine.active_task_count() == 0
+
+    @rule(data=st.data())
+    def cancel_task(self, data: st.DataObject) -> None:
+        task_id = self._pick(data, self._model_ids(*RUN_PHASES, TaskPhase.PREPARING))
+        expected = self.model.cancel(task_id, FailureCode.LEASE_LOST, self.now)
+        event = TaskCancelled(
+            task_id=task_id,
+            failure_code=FailureCode.LEASE_LOST,
+            message="the hub ended the attempt's lease",
+            now_ms=self.now,
+            stimulus_id=self._stimulus(),
+        )
+        self._apply(event, expected)
+        snapshot = self._every_snapshot()[task_id]
+        assert snapshot is None or snapshot.is_terminal or snapshot.phase is None, snapshot
 
     @rule(elapsed_ms=st.integers(1, 2_500))
     def advance_clock_and_scan(self, elapsed_ms: int) -> None:

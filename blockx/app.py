@@ -36,6 +36,7 @@ import socket
 import ssl
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 import trio
@@ -54,10 +55,11 @@ from blockx.actors import (
     run_actors,
 )
 from blockx.api import GrpcFrontEnd, WorkerService, bind_listener
+from blockx.autoworker import HubClient
 from blockx.client import ClientSettings, ShadowForwarder
 from blockx.config import WorkerConfig, load_config
 from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
-from blockx.errors import BlockxError, StartupError
+from blockx.errors import BlockxError, InvalidValue, StartupError
 from blockx.executors import ExecutorPoolManager
 from blockx.functions import (
     DirectorySource,
@@ -68,6 +70,7 @@ from blockx.functions import (
     RedisSource,
     run_code_refresher,
 )
+from blockx.hubnode import CONFIRM_MS, HubFeed
 from blockx.identity import WorkerIdentity, version
 from blockx.net.auth import bearer_token
 from blockx.net.tls import server_context
@@ -135,24 +138,24 @@ async def serve(
     client: ClientSettings | None = None,
     task_status: trio.TaskStatus[Serving] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one worker until `stop` is set, then shut it down in order; `stop` set during
-    start-up abandons it. `source`, `executors` and `tracer` stand in for the configured
-    ones (tests); `client` is how the shadow sender reaches its target (default: plain
-    text). What cannot start raises StartupError or ConfigError before anything runs."""
+    """Run one worker until `stop` is set, then shut it down in order (`stop` set during
+    start-up abandons it); what cannot start raises StartupError or ConfigError first.
+    `source`, `executors`, `tracer` stand in for the configured ones (tests); `client`: how
+    the shadow sender reaches its target (default: plain text)."""
     profile.check(config)
     clock = EpochClock()
-    source, first, tls, token = _check_start(config, source)
+    checked = _check_start(config, source)
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
-        shadow = _shadow(config, identity, token, client)  # a bad target: refused at once
+        shadow = _shadow(config, identity, checked.token, client)  # a bad target: refused at once
         tracing_cm = _tracing(config, profile, identity, tracer)
         async with trio_asyncio.open_loop(), tracing_cm as tracing, trio.open_nursery() as system:
             started = trio.Event()
             with trio.CancelScope() as starting:
                 system.start_soon(_abandon_start_on, stop, started, starting)
                 inboxes = Inboxes()
-                code = await _load_code(system, config, source, inboxes, clock, first=first)
+                code = await _load_code(system, config, checked, inboxes, clock)
                 metrics = WorkerMetrics() if metrics_socket is not None else None
                 parts = ActorParts(
                     config=config,
@@ -169,21 +172,26 @@ async def serve(
                     if shadow is not None:
                         await system.start(shadow.run)
                     front_end = await _serve_rpcs(
-                        config, actors, listener, metrics, shadow, tls=tls, token=token
+                        config, actors, listener, metrics, shadow, checked=checked
                     )
                     held.callback(front_end.release)
                     metrics_port = await _start_observing(
                         system, config, metrics, metrics_socket, actors.probe
                     )
-                    registrar = _registrar(config, actors.probe)
-                    system.start_soon(_announce_ready, actors, front_end, config, registrar, stop)
+                    members = _join(system, config, actors, front_end, checked=checked, stop=stop)
                     started.set()
                     task_status.started(Serving.of(listener, actors, front_end, metrics_port))
                     await stop.wait()
-                    await _drain(config, actors, front_end, registrar)
+                    await _drain(config, actors, front_end, members)
                 await _stop_serving(actors, front_end)  # task actors and executors have ended
             system.cancel_scope.cancel()
+    _stopped(started, checked)
+
+
+def _stopped(started: trio.Event, checked: _Checked) -> None:
     logger.info("worker stopped" if started.is_set() else "worker stopped during start-up")
+    if checked.failures:
+        raise checked.failures[0]
 
 
 async def _abandon_start_on(
@@ -194,6 +202,81 @@ async def _abandon_start_on(
     await stop.wait()
     if not started.is_set():
         starting.cancel()
+
+
+def _hub_client(config: WorkerConfig) -> HubClient | None:
+    """The client of the hub `hubUrl` names, its credential read; None without one. A
+    credential file that cannot be read, or a URL that is not a hub's, stops the start."""
+    hub = config.hub
+    if not hub.enabled:
+        return None
+    try:
+        credential = Path(hub.credential_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            field="hubCredentialFile",
+            value=hub.credential_file,
+            allowed=f"a readable file holding the node's credential ({error})",
+        ) from None
+    ConfigError.check(
+        bool(credential),
+        field="hubCredentialFile",
+        value=hub.credential_file,
+        allowed="a file holding the node's credential; it is empty",
+    )
+    try:
+        return HubClient(url=hub.url, credential=credential, ca_file=hub.ca_file)
+    except InvalidValue as error:
+        field = "hubCaFile" if error.field == "ca_file" else "hubUrl"
+        raise ConfigError(field=field, value=error.value, allowed=error.allowed) from None
+
+
+@attrs.frozen
+class _Members:
+    """How the worker takes part in a fleet: its etcd registration and its hub session
+    (each None when turned off)."""
+
+    registrar: Registrar | None
+    feed: HubFeed | None
+
+
+def _join(
+    system: trio.Nursery,
+    config: WorkerConfig,
+    actors: WorkerActors,
+    front_end: GrpcFrontEnd,
+    *,
+    checked: _Checked,
+    stop: trio.Event,
+) -> _Members:
+    """Announce the worker once ready (health, etcd), and start its hub session."""
+    registrar = _registrar(config, actors.probe)
+    system.start_soon(_announce_ready, actors, front_end, config, registrar, stop)
+    if checked.hub is None:
+        return _Members(registrar, None)
+    feed = HubFeed(
+        client=checked.hub,
+        queue_id=config.hub.queue,
+        deployment=actors.probe.identity.deployment,
+        actors=actors,
+        slots=config.worker.task_slots,
+        drain_timeout_ms=config.drain_timeout_ms,
+    )
+    system.start_soon(_feed_from_hub, config, feed, stop, checked.failures)
+    return _Members(registrar, feed)
+
+
+async def _feed_from_hub(
+    config: WorkerConfig, feed: HubFeed, stop: trio.Event, failures: list[BlockxError]
+) -> None:
+    """The hub session, until the drain ends it; a failure that retrying cannot heal (the
+    hub refused the credential, ...) stops the node, which then exits with it."""
+    logger.info("taking tasks of queue %s from hub %s", config.hub.queue, config.hub.url)
+    error = await feed.run()
+    if error is not None:
+        logger.error("hub session ended: %s", error)
+        failures.append(error)
+        stop.set()
 
 
 def _bind_all(
@@ -217,17 +300,35 @@ def _bind(addr: str, *, hint: str = "") -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
 
 
-def _check_start(
-    config: WorkerConfig, given: FunctionSource | None
-) -> tuple[FunctionSource, FunctionSnapshot | None, ssl.SSLContext | None, str | None]:
+@attrs.frozen(kw_only=True)
+class _Checked:
+    """What `_check_start` read, for the start."""
+
+    source: FunctionSource
+    first: FunctionSnapshot | None
+    """The code source's first snapshot, if it was read."""
+    tls: ssl.SSLContext | None
+    """The gRPC port's TLS context; None for plain text."""
+    token: str | None
+    hub: HubClient | None
+    failures: list[BlockxError] = attrs.Factory(list)
+    """What stopped the worker once it ran (its hub session's failure): raised at the end."""
+
+
+def _check_start(config: WorkerConfig, given: FunctionSource | None) -> _Checked:
     """What would fail only later, checked before anything starts: the executors'
-    interpreter, the function code (`_code_source`), the TLS files (`_server_tls`) and the
-    bearer token's file. Returns the code source, its first snapshot if read, the gRPC
-    port's TLS context and the token."""
+    interpreter, the function code (`_code_source`), the TLS files (`_server_tls`), the
+    bearer token's file and the hub's credential file (`_hub_client`)."""
     _check_executor_python(config)
     source, first = _code_source(config, given)
     grpc = config.grpc
-    return source, first, _server_tls(config), bearer_token(grpc.auth_token, grpc.auth_token_file)
+    return _Checked(
+        source=source,
+        first=first,
+        tls=_server_tls(config),
+        token=bearer_token(grpc.auth_token, grpc.auth_token_file),
+        hub=_hub_client(config),
+    )
 
 
 def _check_executor_python(config: WorkerConfig) -> None:
@@ -310,23 +411,21 @@ def function_source(config: WorkerConfig) -> FunctionSource:
 async def _load_code(
     system: trio.Nursery,
     config: WorkerConfig,
-    source: FunctionSource,
+    checked: _Checked,
     inboxes: Inboxes,
     clock: EpochClock,
-    *,
-    first: FunctionSnapshot | None,
 ) -> FunctionCodeView:
-    """The code view, holding the first snapshot (`first` if the source was read already);
+    """The code view, holding the first snapshot (`checked.first` if read already);
     the refresher then feeds the slot table."""
     loaded: FunctionSnapshot = await system.start(
         functools.partial(
             run_code_refresher,
-            source,
+            checked.source,
             inboxes.code_loaded,
             interval_s=config.function_code.refresh_ms / 1000,
             # In-memory code is read on the Trio thread: exact under a virtual clock.
-            use_thread=not isinstance(source, MemorySource),
-            first=first,
+            use_thread=not isinstance(checked.source, MemorySource),
+            first=checked.first,
         )
     )
     logger.info("function code epoch %s loaded", loaded.epoch)
@@ -342,11 +441,10 @@ async def _serve_rpcs(
     metrics: WorkerMetrics | None,
     shadow: ShadowForwarder | None,
     *,
-    tls: ssl.SSLContext | None,
-    token: str | None,
+    checked: _Checked,
 ) -> GrpcFrontEnd:
-    """The gRPC server on `listener`, over TLS with `tls`, asking for bearer `token` (None:
-    for none); accepted submits feed `shadow`, if any."""
+    """The gRPC server on `listener`, over TLS and asking for the bearer token `checked`
+    holds (if any); accepted submits feed `shadow`, if any."""
     service = WorkerService(
         slot_table=actors.inboxes.slot_table,
         identity=actors.probe.identity,
@@ -355,7 +453,9 @@ async def _serve_rpcs(
         shadow=shadow.offer if shadow is not None else None,
     )
     on_rpc = metrics.rpc_finished if metrics is not None else None
-    front_end = GrpcFrontEnd(service, config.grpc, on_rpc=on_rpc, tls=tls, token=token)
+    front_end = GrpcFrontEnd(
+        service, config.grpc, on_rpc=on_rpc, tls=checked.tls, token=checked.token
+    )
     await front_end.start(listener)
     return front_end
 
@@ -495,11 +595,15 @@ async def _drain(
     config: WorkerConfig,
     actors: WorkerActors,
     front_end: GrpcFrontEnd,
-    registrar: Registrar | None,
+    members: _Members,
 ) -> None:
     # Stop admitting, then leave etcd, then wait for live tasks: a coordinator still
-    # placing here in between gets UNAVAILABLE and places elsewhere.
+    # placing here in between gets UNAVAILABLE and places elsewhere; the hub grants
+    # nothing more, and hears how every task it granted ended.
     front_end.set_serving(False)
+    registrar, feed = members.registrar, members.feed
+    if feed is not None:
+        feed.stop()
     actors.start_drain()
     logger.info("draining: admitting no new tasks")
     if registrar is not None:
@@ -507,6 +611,9 @@ async def _drain(
     logger.info("draining: waiting up to %d ms for live tasks", config.drain_timeout_ms)
     if await actors.finish_drain(config.drain_timeout_ms):
         logger.warning("drain timeout passed: ended the tasks still live")
+    if feed is not None:
+        with trio.move_on_after(CONFIRM_MS / 1000):
+            await feed.finished.wait()
 
 
 # ------------------------------------------------------------------ process

@@ -112,6 +112,9 @@ SERVE_FLAGS: Final = {
     "worker.taskSlots": "--slots",
     "executorCount": "--executors",
     "functionCode.dir": "--functions",
+    "hubUrl": "--hub",
+    "hubQueue": "--hub-queue",
+    "hubCredentialFile": "--hub-credential-file",
 }
 """The setting each `serve` flag sets (its JSON path): the flag is named in its errors."""
 
@@ -163,12 +166,27 @@ def _add_serve(commands: _Commands) -> None:
         help=f"functionCode.dir, env FUNCTIONS_DIR (default {defaults.function_code.dir}, "
         "from the current directory)",
     )
+    _add_hub_flags(serve)
     serve.add_argument(
         "--print-config",
         action="store_true",
         help="print the effective configuration as JSON instead of serving",
     )
     serve.set_defaults(run=_serve)
+
+
+def _add_hub_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--hub",
+        metavar="URL",
+        help="hubUrl, env WORKER_HUB_URL: also run the tasks of a hub's queue (default: none)",
+    )
+    serve.add_argument("--hub-queue", metavar="QUEUE", help="hubQueue, env WORKER_HUB_QUEUE")
+    serve.add_argument(
+        "--hub-credential-file",
+        metavar="FILE",
+        help="hubCredentialFile, env WORKER_HUB_CREDENTIAL_FILE: the node's worker credential",
+    )
 
 
 def _add_worker_flag(parser: argparse.ArgumentParser) -> None:

@@ -297,6 +297,24 @@ class EtcdSection:
 
 
 @attrs.frozen(kw_only=True)
+class HubSection:
+    """`hub*`: taking tasks from a hub's queue too, alongside the gRPC API."""
+
+    url: str = setting("", "hubUrl", "WORKER_HUB_URL", STR)
+    """The hub (http:// or https://); empty or "none" = the node takes no hub tasks."""
+    queue: str = setting("", "hubQueue", "WORKER_HUB_QUEUE", STR)
+    """The queue whose tasks the node runs (required with `url`)."""
+    credential_file: str = setting("", "hubCredentialFile", "WORKER_HUB_CREDENTIAL_FILE", STR)
+    """A file holding the node's worker credential for the hub (required with `url`)."""
+    ca_file: str = setting("", "hubCaFile", "WORKER_HUB_CA_FILE", STR)
+    """PEM CA certificates to trust for an https hub; empty = the system's."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.url.lower() not in ("", "none")
+
+
+@attrs.frozen(kw_only=True)
 class GrpcSection:
     """`grpc*`: the gRPC server's transport settings."""
 
@@ -415,6 +433,7 @@ class WorkerConfig:
     function_code: FunctionCodeSection = section(FunctionCodeSection, "functionCode")
     executor: ExecutorSection = section(ExecutorSection)
     etcd: EtcdSection = section(EtcdSection)
+    hub: HubSection = section(HubSection)
     grpc: GrpcSection = section(GrpcSection)
     observability: ObservabilitySection = section(ObservabilitySection)
     shadow: ShadowSection = section(ShadowSection)
@@ -474,6 +493,16 @@ class WorkerConfig:
             value=self.shadow.sample_rate,
             allowed="must be between 0 and 1",
         )
+        for field, value in (
+            ("hubQueue", self.hub.queue),
+            ("hubCredentialFile", self.hub.credential_file),
+        ):
+            check(
+                bool(value) or not self.hub.enabled,
+                field=field,
+                value=value,
+                allowed=f"must be set with hubUrl ({self.hub.url})",
+            )
         check_choice(self.grpc.loop, GRPC_LOOPS, field="grpcLoop")
         check_choice(self.observability.log_format, LOG_FORMATS, field="logFormat")
         check(

@@ -115,7 +115,8 @@ _NOTHING = PhaseOutcome(ok=True)
 
 @attrs.define(eq=False)
 class FreeSlots:
-    """Published by the slot table: how many slots are free now, and a wake-up for a change."""
+    """Published by the slot table: how many slots a new task could take now (none while it
+    admits nothing), and a wake-up for a change."""
 
     count: int = 0
     _changed: trio.Event = attrs.Factory(trio.Event)
@@ -213,8 +214,8 @@ class SlotTableActor:
         self._scan = _Gate(free=runtime.admission.scan)
         self.drained = trio.Event()
         """Published: set once draining started and no task is live any more."""
-        self.free_slots = FreeSlots(count=machine.free_capacity())
-        """Published: the free slots, updated once each batch of messages is handled."""
+        self.free_slots = FreeSlots(count=self._admitting())
+        """Published: the slots a new task could take, updated after each batch of messages."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -227,9 +228,15 @@ class SlotTableActor:
             if self._slot_freed:
                 self._slot_freed = False
                 self._admit_held()
-            self.free_slots.update(self._machine.free_capacity())
+            self.free_slots.update(self._admitting())
             if self._machine.draining and self._machine.active_task_count() == 0:
                 self.drained.set()
+
+    def _admitting(self) -> int:
+        """The free slots, or none while the worker admits nothing (no executor is up, or
+        it is draining)."""
+        machine = self._machine
+        return machine.free_capacity() if machine.ready and not machine.draining else 0
 
     def _take(self, message: SlotTableMessage) -> None:
         try:
@@ -248,6 +255,8 @@ class SlotTableActor:
 
     def _on_message(self, message: SlotTableMessage) -> None:
         match message:
+            case RunFedTask(spec=spec, stream=fed, reply=reply):
+                self._submit_followed(spec, None, reply, fed)
             case RequestSlot() | SubmitTask() | GetResult() | GetStatus() | OpenWatch():
                 self._on_request(message)
             case PhaseDone() | CallsDone():
@@ -303,8 +312,6 @@ class SlotTableActor:
                 if stream.held or not self._submit_streamed(message):
                     stream.held += 1  # behind its stream's earlier ones: order is kept
                     self._held.append(message)
-            case RunFedTask(spec=spec, stream=fed, reply=reply):
-                self._submit_followed(spec, None, reply, fed)
             case SubmitTask(spec=spec, slot_id=slot_id, reply=reply):
                 now_ms, stimulus_id = self._stamp("submit")
                 event = TaskSubmitted(

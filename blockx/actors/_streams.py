@@ -319,19 +319,23 @@ class TaskStream:
 class _Ending:
     ended: trio.Event = attrs.Factory(trio.Event)
     outcome: TaskSnapshot | WorkerError | None = None
+    holds_slot: bool = False
 
 
 class FedTasks:
     """The tasks a hub fed this node, all on one stream: each one's end, for whoever runs
     its attempt. Everything here happens on the actors' thread, so it takes no lock.
 
-    `expect` a task before submitting it (`RunFedTask`), then wait for `ended`; the
-    fan-out offers its terminal update, or says the worker forgot it (`lose`)."""
+    `expect` a task, submit it (`RunFedTask`) with `answer` as the reply, then wait for
+    `ended`; the fan-out offers its terminal update, or says the worker forgot it
+    (`lose`). `held` counts the slots the fed tasks hold: it changes in the slot table's
+    step that takes or frees the slot, so with the free slots it adds up at any step."""
 
     every_change = False
 
     def __init__(self) -> None:
         self._waiting: dict[str, _Ending] = {}
+        self.held = 0
         self.abandoned = False
         self.closed = False
 
@@ -339,23 +343,27 @@ class FedTasks:
     def task_ids(self) -> Iterable[str]:
         return tuple(self._waiting)
 
-    @property
-    def live(self) -> int:
-        """Tasks expected and not ended (or given up) yet."""
-        return len(self._waiting)
-
     def expect(self, task_id: str) -> None:
         self._waiting[task_id] = _Ending()
 
+    def answer(self, task_id: str, answer: TaskSnapshot | WorkerError) -> None:
+        """The slot table's answer to the task's submit (called in its step)."""
+        ending = self._waiting.get(task_id)
+        if ending is None or isinstance(answer, WorkerError) or answer.is_terminal:
+            return
+        ending.holds_slot = True
+        self.held += 1
+
     def give_up(self, task_id: str) -> None:
-        """The task was refused, or its end taken: nobody waits for it any more."""
-        self._waiting.pop(task_id, None)
+        """Nobody waits for the task any more (refused, ended, or its runner gone)."""
+        ending = self._waiting.pop(task_id, None)
+        if ending is not None and ending.holds_slot and ending.outcome is None:
+            self.held -= 1
 
     async def ended(self, task_id: str) -> TaskSnapshot | WorkerError:
-        """The task's terminal snapshot, or why the worker cannot give one; then forgets it."""
+        """The task's terminal snapshot, or why the worker cannot give one."""
         ending = self._waiting[task_id]
         await ending.ended.wait()
-        self.give_up(task_id)
         assert ending.outcome is not None
         return ending.outcome
 
@@ -371,6 +379,8 @@ class FedTasks:
         ending = self._waiting.get(task_id)
         if ending is not None and ending.outcome is None:
             ending.outcome = outcome
+            if ending.holds_slot:
+                self.held -= 1
             ending.ended.set()
 
     def close(self) -> None:

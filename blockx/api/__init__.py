@@ -7,7 +7,13 @@ The server side of the asyncio code (the clients' side is `blockx.net.channels`,
 """
 
 from blockx.api._bridge import ThreadLoopUnderVirtualClock
-from blockx.api._convert import STATUS_MESSAGE_CHARS, STATUS_OF, grpc_error
+from blockx.api._convert import (
+    STATUS_MESSAGE_CHARS,
+    STATUS_OF,
+    grpc_error,
+    result_bytes,
+    spec_from_message,
+)
 from blockx.api._server import SERVICE_NAME, GrpcFrontEnd, RpcObserver, bind_listener
 from blockx.api._service import WorkerService
 
@@ -21,4 +27,6 @@ __all__ = [
     "WorkerService",
     "bind_listener",
     "grpc_error",
+    "result_bytes",
+    "spec_from_message",
 ]

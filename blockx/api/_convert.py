@@ -148,6 +148,8 @@ _SlotReply = _upb("RequestTaskSlotResponse")
 _SubmitReply = _upb("SubmitTaskResponse")
 _ResultReply = _upb("GetTaskResultResponse")
 _Update = _upb("TaskUpdate")
+_TaskSpec = _upb("TaskSpec")
+_TaskResult = _upb("TaskResult")
 _StreamReply = _upb("RunTasksResponse")
 _STATE_NUMBER = {state: number.value for state, number in _STATE_TO_PB.items()}
 _PHASE_NUMBER = {phase: number.value for phase, number in _PHASE_TO_PB.items()}
@@ -196,6 +198,19 @@ def _fill_result(out: Any, result: TaskResult) -> None:
     out.accepted_at_ms = result.accepted_at_ms
     out.finished_at_ms = result.finished_at_ms
     out.outputs_json = result.outputs_json
+
+
+def spec_from_message(task: Any) -> TaskSpec:
+    """The domain spec of a client's `TaskSpec` (a betterproto2 message), read as a request
+    carrying it is; `InvalidArgument` as `spec_from_wire` raises it."""
+    return spec_from_wire(_TaskSpec.FromString(bytes(task)))
+
+
+def result_bytes(result: TaskResult) -> bytes:
+    """`result` as the API's `TaskResult` message."""
+    out = _TaskResult()
+    _fill_result(out, result)
+    return bytes(out.SerializeToString())
 
 
 def _fill(out: Any, snapshot: TaskSnapshot) -> Any:

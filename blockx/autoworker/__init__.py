@@ -19,6 +19,7 @@ from blockx.autoworker._client import (
 )
 from blockx.autoworker._core import WorkerCore
 from blockx.autoworker._handlers import (
+    MAX_CAPACITY,
     AttemptCancelled,
     InvalidOption,
     OutcomeUnknown,
@@ -39,6 +40,7 @@ from blockx.autoworker._runtime import (
 from blockx.hubwire import Capability, RawJson
 
 __all__ = [
+    "MAX_CAPACITY",
     "AttemptCancelled",
     "Capability",
     "HubCertificateRejected",

@@ -47,6 +47,7 @@ from blockx.actors import (
     ActorParts,
     ActorProbe,
     CloseAllStreams,
+    FreeSlots,
     Inbox,
     Inboxes,
     SlotTableMessage,
@@ -105,6 +106,7 @@ class Serving:
     worker_addr: str
     ready: trio.Event
     slot_table: Inbox[SlotTableMessage]
+    free_slots: FreeSlots
     front_end: GrpcFrontEnd
     metrics_port: int | None = None
     """The bound metrics and status-page port; None when `metricsListenAddr` turns it off."""
@@ -122,6 +124,7 @@ class Serving:
             worker_addr=actors.probe.identity.worker_addr,
             ready=front_end.first_serving,
             slot_table=actors.inboxes.slot_table,
+            free_slots=actors.free_slots,
             front_end=front_end,
             metrics_port=metrics_port,
         )
@@ -258,9 +261,11 @@ def _join(
         client=checked.hub,
         queue_id=config.hub.queue,
         deployment=actors.probe.identity.deployment,
-        actors=actors,
+        slot_table=actors.inboxes.slot_table,
+        free_slots=actors.free_slots,
         slots=config.worker.task_slots,
         drain_timeout_ms=config.drain_timeout_ms,
+        clock=actors.probe.clock,
     )
     system.start_soon(_feed_from_hub, config, feed, stop, checked.failures)
     return _Members(registrar, feed)
@@ -272,10 +277,10 @@ async def _feed_from_hub(
     """The hub session, until the drain ends it; a failure that retrying cannot heal (the
     hub refused the credential, ...) stops the node, which then exits with it."""
     logger.info("taking tasks of queue %s from hub %s", config.hub.queue, config.hub.url)
-    error = await feed.run()
-    if error is not None:
-        logger.error("hub session ended: %s", error)
-        failures.append(error)
+    await feed.run()
+    if feed.failure is not None:
+        logger.error("hub session ended: %s", feed.failure)
+        failures.append(feed.failure)
         stop.set()
 
 

@@ -38,7 +38,15 @@ from typing import Any, Final
 import trio
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.actors import CancelTask, FedTasks, RunFedTask, Subscribe, WorkerActors
+from blockx.actors import (
+    CancelTask,
+    FedTasks,
+    FreeSlots,
+    Inbox,
+    RunFedTask,
+    SlotTableMessage,
+    Subscribe,
+)
 from blockx.api import result_bytes, spec_from_message
 from blockx.autoworker import (
     MAX_CAPACITY,
@@ -56,6 +64,7 @@ from blockx.calls import FailureCode
 from blockx.client import InvalidTaskSpec, readable, task_spec_from_json
 from blockx.hubnode._outcomes import attempt_outcome
 from blockx.hubwire import Failed, Succeeded, node_task_capability
+from blockx.process.clock import EpochClock
 from blockx.slots import InvalidArgument, TaskSnapshot, WorkerError
 
 logger = logging.getLogger("blockx.hubnode")
@@ -70,7 +79,8 @@ NODE_REFUSED: Final = "NODE_REFUSED"
 
 
 class HubFeed:
-    """Runs the tasks of `queue_id` at `client`'s hub on the node whose actors are `actors`."""
+    """Runs the tasks of `queue_id` at `client`'s hub in the node's `slot_table`, which
+    publishes its `free_slots`."""
 
     def __init__(
         self,
@@ -78,11 +88,15 @@ class HubFeed:
         client: HubClient,
         queue_id: str,
         deployment: str,
-        actors: WorkerActors,
+        slot_table: Inbox[SlotTableMessage],
+        free_slots: FreeSlots,
         slots: int,
         drain_timeout_ms: int,
+        clock: EpochClock | None = None,
     ) -> None:
-        self._actors = actors
+        """`clock`: the node's (made in the run if None)."""
+        self._slot_table = slot_table
+        self._free_slots = free_slots
         self._fed = FedTasks()
         self.capacity = min(slots, MAX_CAPACITY)
         handler = WorkerHandler(capability=node_task_capability(deployment), handle=self._run)
@@ -92,14 +106,16 @@ class HubFeed:
             capacity=self.capacity,
             shutdown_timeout_ms=drain_timeout_ms + CONFIRM_MS,
         )
-        self.worker = Worker(client, options)
+        self.worker = Worker(client, options, clock=clock)
         self._scope = trio.CancelScope()
         self.finished = trio.Event()
+        self.failure: WorkerRunError | None = None
+        """What ended the session early, if anything did: a hub that refuses the credential,
+        a peer that is not a hub, a drain that overran."""
 
-    async def run(self) -> WorkerRunError | None:
-        """Until `stop`, then drain; the error that ended the session early, if one did (a
-        hub that refuses the credential, a peer that is not a hub, the drain overran)."""
-        self._actors.inboxes.slot_table.post(Subscribe(stream=self._fed, snapshots=()))
+    async def run(self) -> None:
+        """Until `stop`, then drain (see `failure`)."""
+        self._slot_table.post(Subscribe(stream=self._fed, snapshots=()))
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._share_slots)
@@ -107,12 +123,11 @@ class HubFeed:
                     with self._scope:
                         await self.worker.run()
                 except WorkerRunError as error:
-                    return error
+                    self.failure = error
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
             self.finished.set()
-        return None
 
     def stop(self) -> None:
         """Start the drain of the hub session (`run` returns once it is over)."""
@@ -120,7 +135,7 @@ class HubFeed:
 
     async def _share_slots(self) -> None:
         """The hub's share of the slots follows the free ones, at every change."""
-        free = self._actors.free_slots
+        free = self._free_slots
         told = -1
         while True:
             available = min(self.capacity, free.count + self._fed.held)
@@ -158,7 +173,7 @@ class HubFeed:
             answers.append(answer)
             answered.set()
 
-        self._actors.inboxes.slot_table.post(RunFedTask(spec=spec, stream=self._fed, reply=reply))
+        self._slot_table.post(RunFedTask(spec=spec, stream=self._fed, reply=reply))
         await answered.wait()
         return answers[0]
 
@@ -173,7 +188,7 @@ class HubFeed:
                 failure_code=FailureCode.LEASE_LOST,
                 message="the hub ended the lease of the attempt the task ran for",
             )
-            self._actors.inboxes.slot_table.post(cancel)
+            self._slot_table.post(cancel)
             with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT_S):
                 await self._fed.ended(task_id)
             raise

@@ -9,14 +9,17 @@ executors, dispatcher, slot table) -> gRPC serve (and the shadow sender) ->
 status page on the metrics port (unless `metricsListenAddr` is "none") and
 memory diagnostics -> ready (the slot table admits work, health SERVING) once
 the first executor is healthy -> etcd registration (unless `etcdEndpoints` is
-"none"; an unreachable etcd never stops the worker from serving). `stop` set
-at any point of the start cancels it.
+"none"; an unreachable etcd never stops the worker from serving); the hub
+session, with `hubUrl` (`blockx.hubnode`: offered nothing until a slot admits
+work). `stop` set at any point of the start cancels it.
 
-Stop (first SIGINT/SIGTERM, or `stop` set): health NOT_SERVING and the slot
+Stop (first SIGINT/SIGTERM, `stop` set, or a hub session that cannot go on):
+health NOT_SERVING, the hub session drains (no new grants) and the slot
 table stops admitting (new slots and unactivated submits get UNAVAILABLE) ->
 deregister from etcd (bounded by a short timeout) -> wait for live tasks up to
 `drainTimeoutMs` -> end what is left (each task converges to a terminal
-result that its watchers receive) -> stop executors -> close watch streams
+result that its watchers receive) -> the hub confirms the last results (up to
+`CONFIRM_MS`) -> stop executors -> close watch streams
 after they deliver what they hold -> stop the server -> close the metrics port
 -> flush trace spans. A second signal exits at once (the same signal again
 within a second is the same request: see `blockx.process.signals`), removing the

@@ -168,3 +168,28 @@ async def test_a_lease_the_hub_ends_cancels_the_task_and_frees_its_slot(
     assert node.calls.cancelled == [f"{task_id}#1"]  # its call was stopped on the executor
     assert free == SLOTS
     assert hub_task["attempts"][0]["state"] == "LEASE_EXPIRED"  # not idempotent: a person decides
+
+
+@SQLITE
+async def test_a_draining_node_reports_what_it_had_to_end_as_retryable_and_takes_nothing_new(
+    hub_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_hub(hub_url) as rig:
+        token = rig.credential(QUEUE)
+        settings = {"drainTimeoutMs": 1_000, "dispatcher.callDeadlineMs": 600_000}
+        async with fed_node(rig, rig_client(rig, token), **settings) as (node, feed):
+            task_id = await submit(rig, token, calling("demo.hang"))
+            await node.calls.hanging.wait()
+            feed.stop()  # as the node's drain does: no new grants ...
+            node.stop.set()  # ... and the slot table ends what is left after drainTimeoutMs
+            await feed.finished.wait()
+            later = await submit(rig, token, add_task(1, 2))
+            await trio.sleep(5)
+            requeued = await rig.task(token, task_id)
+            untaken = await rig.task(token, later)
+    assert feed.failure is None  # every result was confirmed
+    [attempt] = requeued["attempts"]
+    assert attempt["outcome"]["code"] == "WORKER_SHUTDOWN"
+    assert attempt["outcome"]["retryable"] is True
+    assert (requeued["state"], requeued["started_attempts"]) == ("QUEUED", 1)
+    assert untaken["started_attempts"] == 0

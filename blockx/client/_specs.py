@@ -196,15 +196,24 @@ class TaskLine:
     """The task checked, with `new_task_id()` for a line without task_id."""
 
 
-def task_lines(lines: Iterable[bytes], *, new_task_id: Callable[[], str]) -> list[TaskLine]:
+def task_lines(
+    lines: Iterable[bytes],
+    *,
+    new_task_id: Callable[[], str],
+    also: Callable[[dict[str, Any]], object] | None = None,
+) -> list[TaskLine]:
     """The tasks of a JSON-lines batch with their lines, checked as
-    `task_specs_from_lines` checks them (InvalidTaskLines naming each bad line)."""
+    `task_specs_from_lines` checks them (InvalidTaskLines naming each bad line), and by
+    `also` if given: it raises InvalidTaskSpec for a line's object that is a task, but
+    not one the receiver takes (the hub, whose JSON has bounds a node's has not)."""
     tasks: list[TaskLine] = []
     problems: list[tuple[int, str]] = []
     first_line_of: dict[str, int] = {}
     for number, raw in enumerate(lines, start=1):
         try:
             read = _task_of_line(raw, new_task_id)
+            if read is not None and also is not None:
+                also(read[0])
         except InvalidTaskSpec as error:
             problems.append((number, str(error)))
             continue

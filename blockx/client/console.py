@@ -32,10 +32,15 @@ Ended = TypeVar("Ended")
 
 
 def read_batch(
-    path: str, flag: str, *, new_task_id: Callable[[], str] = lambda: uuid.uuid4().hex
+    path: str,
+    flag: str,
+    *,
+    new_task_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    also: Callable[[dict[str, Any]], object] | None = None,
 ) -> list[TaskLine]:
-    """Every task of the batch file at `path` (`task_lines`): else a `FlagError` naming
-    `flag`, once each bad line is named on stderr, for nothing may be sent."""
+    """Every task of the batch file at `path` (`task_lines`, with `also`): else a
+    `FlagError` naming `flag`, once each bad line is named on stderr, for nothing may
+    be sent."""
     try:
         with open(path, "rb") as file:
             lines = file.read().split(b"\n")
@@ -43,7 +48,7 @@ def read_batch(
         allowed = f"cannot be read ({error.strerror or error})"
         raise FlagError(field=flag, value=path, allowed=allowed) from error
     try:
-        tasks = task_lines(lines, new_task_id=new_task_id)
+        tasks = task_lines(lines, new_task_id=new_task_id, also=also)
     except InvalidTaskLines as error:
         raise refused_lines(path, flag, error) from error
     if not tasks:

@@ -221,9 +221,10 @@ class _Plan:
         task = await client.wait_task(answer["task_id"])
         result = node_result(task)
         print(json.dumps(result, indent=2), flush=True)
-        if result.get("state") == "SUCCEEDED":
+        state = state_name(result)
+        if state == "SUCCEEDED":
             return 0
-        ended = "failed" if result.get("state") == "FAILED" else f"ended {result.get('state')}"
+        ended = "failed" if state == "FAILED" else f"ended {state}"
         code, message = result.get("failureCode", ""), result.get("message", "")
         print(failure_line(task["task_id"], code, message, ended=ended), file=sys.stderr)
         return 1
@@ -314,12 +315,18 @@ def ended_line(number: int, task: dict[str, Any]) -> dict[str, Any]:
     line: dict[str, Any] = {
         "line": number,
         "task_id": task["task_id"],
-        "state": result["state"],
+        "state": state_name(result),
         "failure_code": result.get("failureCode", ""),
     }
     if isinstance(result.get("outputs"), list):
         line["outputs"] = result["outputs"]
     return line
+
+
+def state_name(result: dict[str, Any]) -> str:
+    """The state of a result `node_result` gave, named as `blockx submit` names a task's
+    state in a batch's lines: SUCCEEDED, not the JSON form's TASK_STATE_SUCCEEDED."""
+    return str(result.get("state", "")).removeprefix("TASK_STATE_")
 
 
 def node_result(task: dict[str, Any]) -> dict[str, Any]:

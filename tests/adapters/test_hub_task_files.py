@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from blockx import cli
+from blockx._proto.blockx.worker import v1 as pb
 from blockx.autoworker import (
     HubClient,
     Worker,
@@ -27,8 +28,9 @@ from blockx.autoworker import (
     WorkerHandler,
     WorkerOptions,
 )
+from blockx.client import readable
 from blockx.hub import Hub, Right, Store, create_credential, create_queue
-from blockx.hub._producer_cli import node_result
+from blockx.hub._producer_cli import node_result, state_name
 from blockx.hubwire import node_task_capability
 from tests.adapters.hub_harness import QUEUE, TEST_CONFIG
 
@@ -64,18 +66,26 @@ class TcpHub:
         whose id says "fail" fails as a failing call would."""
         task = execution.payload
         self.ran.append(task)
-        task_id = task.get("task_id", execution.task_id)
-        if "fail" in task_id:
-            raise WorkerFailure(
-                "TASK_FAILED",
-                {
-                    "taskId": task_id,
-                    "state": "FAILED",
-                    "failureCode": "CALL_RAISED",
-                    "message": "RuntimeError: no luck\nTraceback (most recent call last): ...",
-                },
-            )
-        return {"taskId": task_id, "state": "SUCCEEDED", "outputs": [42]}
+        result = node_answer(task.get("task_id", execution.task_id))
+        if result["state"] != "TASK_STATE_SUCCEEDED":
+            raise WorkerFailure("TASK_FAILED", result)
+        return result
+
+
+def node_answer(task_id: str) -> dict[str, Any]:
+    """What a node reports of task `task_id`: it fails if its id says "fail"."""
+    if "fail" in task_id:
+        failed = pb.TaskResult(
+            task_id=task_id,
+            state=pb.TaskState.FAILED,
+            phase=pb.TaskPhase.CALLS,
+            failure_code="CALL_RAISED",
+            message="RuntimeError: no luck\nTraceback (most recent call last): ...",
+        )
+        return readable(failed)
+    return readable(
+        pb.TaskResult(task_id=task_id, state=pb.TaskState.SUCCEEDED, outputs_json="[42]")
+    )
 
 
 @asynccontextmanager
@@ -135,10 +145,8 @@ async def test_a_task_file_is_queued_once_and_waited_for_its_result(
     assert again == (0, '{"task_id": "orders-to-sqlite", "status": 200}\n', [])
     code, out, err = waited
     assert (code, err) == (0, [])
-    assert out == (
-        json.dumps({"taskId": "orders-to-sqlite", "state": "SUCCEEDED", "outputs": [42]}, indent=2)
-        + "\n"
-    )
+    assert out == json.dumps(node_answer("orders-to-sqlite"), indent=2) + "\n"
+    assert json.loads(out)["state"] == "TASK_STATE_SUCCEEDED"  # as `blockx submit --watch`
     assert hub.ran == [json.loads((TASKS / "orders_to_sqlite.json").read_text())]
     assert (task["task_id"], task["handler"]) == ("orders-to-sqlite", "blockx.task.block")
 
@@ -150,12 +158,7 @@ async def test_a_task_that_fails_prints_its_result_and_one_line_why(
     async with tcp_hub(tmp_path, node=True) as hub:
         code, out, err = await blockx(capsys, *hub.reach(), "--task-file", failing, "--wait")
     assert code == 1
-    assert json.loads(out) == {
-        "taskId": "t-fail",
-        "state": "FAILED",
-        "failureCode": "CALL_RAISED",
-        "message": "RuntimeError: no luck\nTraceback (most recent call last): ...",
-    }
+    assert json.loads(out) == node_answer("t-fail")
     assert err == ["blockx: task t-fail failed: CALL_RAISED: RuntimeError: no luck"]
 
 
@@ -328,6 +331,12 @@ async def test_the_flags_of_a_hub_are_refused_without_a_task_file(
     code, out, err = await blockx(capsys, *argv)
     assert (code, out, len(err)) == (1, "", 1)
     assert err[0] == f"blockx: error: {error} (a worker node's tasks, through a hub)"
+
+
+def test_a_results_state_is_named_as_a_batchs_lines_name_it() -> None:
+    assert state_name(node_answer("t-fail")) == "FAILED"  # TASK_STATE_FAILED, as printed
+    assert state_name({"taskId": "t1", "state": "SUCCEEDED"}) == "SUCCEEDED"
+    assert state_name({"taskId": "t1"}) == ""
 
 
 def test_an_end_the_hub_decided_is_told_in_a_results_words() -> None:

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
-if TYPE_CHECKING:
-    from blockx.autoworker import HubClient
-
 from blockx.hub._api import InvalidSubmission, submission_from_json
 from blockx.hubwire import dumps
 from blockx.settings import FlagError
+
+if TYPE_CHECKING:
+    from blockx.autoworker import HubClient
 
 MAX_WAITS: Final = 16
 """Tasks of a batch waited for at once (each wait is a request the hub holds)."""
@@ -55,6 +55,7 @@ NOT_WITH_TASK_FILE: Final = (
 """`hub submit`'s flags that do not fit `--task-file`: the file gives the task, and the
 hub, not its database, takes it."""
 ONLY_WITH_TASK_FILE: Final = ("hub", "credential_file", "ca_file", "profile", "wait")
+"""`hub submit`'s flags for a hub reached over HTTP, which the database's modes ignore."""
 
 
 def flag_of(key: str) -> str:

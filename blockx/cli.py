@@ -25,7 +25,6 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import datetime
 import functools
@@ -40,7 +39,6 @@ from typing import Any, Final, TextIO, TypeAlias
 
 import trio
 import trio_asyncio
-from tqdm import tqdm
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.autoworker.command import add_command as add_autoworker_command
@@ -48,7 +46,6 @@ from blockx.client import (
     DEFAULT_REGISTRY_PREFIX,
     ClientSettings,
     InvalidOutputs,
-    InvalidTaskLines,
     InvalidTaskSpec,
     NoWorkerAvailable,
     PlacementClient,
@@ -59,8 +56,8 @@ from blockx.client import (
     task_outputs,
     task_spec,
     task_spec_from_json,
-    task_specs_from_lines,
 )
+from blockx.client.console import BATCH_SUFFIXES, failure_line, follow_batch, read_batch
 from blockx.config import CONFIG_FILE_ENV, WorkerConfig, default_config, load_config
 from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError, StartupError
@@ -77,10 +74,6 @@ from blockx.settings import FlagError, flag_overrides, help_text
 DEFAULT_WORKER = "127.0.0.1:8081"
 PROGRESS_REDRAW_S = 0.5
 """How often the progress line on a terminal redraws its elapsed time."""
-BATCH_SUFFIXES = (".jsonl", ".ndjson")
-"""A `submit --file` whose name ends so is a batch, one task per line."""
-SHOWN_BAD_LINES = 20
-"""How many bad lines of a batch are shown before the count of the rest."""
 EXIT_INTERRUPTED = 130
 
 _BYTES_PER_MB = 1024 * 1024
@@ -448,43 +441,14 @@ def _submit_batch(args: argparse.Namespace) -> int:
 
 def _tasks_from_batch(path: str) -> list[pb.TaskSpec]:
     """Every task of the batch at `path`, or an error naming each bad line (on stderr)."""
-    try:
-        with open(path, "rb") as file:
-            lines = file.read().split(b"\n")
-    except OSError as error:
-        allowed = f"cannot be read ({error.strerror or error})"
-        raise FlagError(field="--file", value=path, allowed=allowed) from error
-    try:
-        tasks = task_specs_from_lines(lines, new_task_id=lambda: uuid.uuid4().hex)
-    except InvalidTaskLines as error:
-        for line, problem in error.problems[:SHOWN_BAD_LINES]:
-            print(f"blockx: {path} line {line}: {problem}", file=sys.stderr)
-        if len(error.problems) > SHOWN_BAD_LINES:
-            more = len(error.problems) - SHOWN_BAD_LINES
-            print(f"blockx: {path}: {more} more bad lines", file=sys.stderr)
-        allowed = f"has {error}; nothing was sent"
-        raise FlagError(field="--file", value=path, allowed=allowed) from error
-    if not tasks:
-        raise FlagError(field="--file", value=path, allowed="holds no task")
-    return tasks
+    return [line.spec for line in read_batch(path, "--file")]
 
 
 async def _follow_batch(
     run: AbstractAsyncContextManager[trio.MemoryReceiveChannel[TaskOutcome]], total: int
 ) -> int:
     """One JSON line per task as it ends, a progress bar while they run, then a summary."""
-    states: collections.Counter[str] = collections.Counter()
-    with tqdm(total=total, unit="task", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
-        async with run as outcomes:
-            async for outcome in outcomes:
-                line = outcome_line(outcome)
-                states[line["state"]] += 1
-                tqdm.write(json.dumps(line), file=sys.stdout)
-                sys.stdout.flush()
-                bar.update(1)
-    counts = ", ".join(f"{count} {state.lower()}" for state, count in sorted(states.items()))
-    print(f"blockx: {total} task{'' if total == 1 else 's'}: {counts}", file=sys.stderr)
-    return 0 if states["SUCCEEDED"] == total else 1
+    return await follow_batch(run, total, outcome_line)
 
 
 def outcome_line(outcome: TaskOutcome) -> dict[str, Any]:
@@ -836,14 +800,13 @@ def _report_failure(
     keeps. `flags`: for a task made from flags, the flag that gave each phase its config,
     named instead of the task's `config_json` field."""
     if result is None:
-        detail = "no result"
-    else:
-        first_line = result.message.partition("\n")[0]
-        flag = (flags or {}).get(result.phase)
-        if flag is not None:
-            first_line = in_flag_terms(first_line, flag)
-        detail = ": ".join(part for part in (result.failure_code, first_line) if part)
-    print(f"blockx: task {task_id} failed: {detail or 'no failure code'}", file=sys.stderr)
+        print(failure_line(task_id, "", "no result"), file=sys.stderr)
+        return
+    first_line = result.message.partition("\n")[0]
+    flag = (flags or {}).get(result.phase)
+    if flag is not None:
+        first_line = in_flag_terms(first_line, flag)
+    print(failure_line(task_id, result.failure_code, first_line), file=sys.stderr)
 
 
 def in_flag_terms(message: str, flag: str) -> str:

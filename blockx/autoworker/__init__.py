@@ -15,6 +15,7 @@ from blockx.autoworker._client import (
     HubCertificateRejected,
     HubClient,
     HubRequestFailed,
+    node_task_submission,
     task_submission,
 )
 from blockx.autoworker._core import WorkerCore
@@ -61,5 +62,6 @@ __all__ = [
     "WorkerShutdownTimeout",
     "WorkerStats",
     "handles",
+    "node_task_submission",
     "task_submission",
 ]

@@ -1,9 +1,11 @@
 """Where the hub is and who this program is to it: its URL and a credential.
 
 `HubClient` opens the connections an automatic worker runs over and makes the
-producers' HTTP requests (submit a task, read one) that examples, benches and
-tests need: each on a connection of its own, or, with `keep_alive`, on
-connections the hub keeps open between requests. A test may subclass it to
+producers' HTTP requests (submit a task, read one, wait for its end) that the
+command line, examples, benches and tests need: each on a connection of its
+own, or, with `keep_alive`, on connections the hub keeps open between
+requests. `submit_task` queues a worker node's task (a task file's object) for
+the nodes that take tasks from the hub. A test may subclass it to
 reach a hub some other way (in memory, or through a proxy that injects
 faults) by overriding `open_stream`.
 
@@ -19,7 +21,7 @@ import json
 import ssl
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import h11
@@ -32,6 +34,7 @@ from blockx.hubwire import (
     Capability,
     RawJson,
     dumps,
+    node_task_capability,
     queue_batch_path,
     queue_tasks_path,
     task_path,
@@ -42,6 +45,11 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 REUSE_IDLE_S = 5.0
 """A kept connection idle longer than this is not used again: the hub closes its kept
 connections after 10 s idle, and a request must not cross that close."""
+MAX_WAIT_MS: Final = 30_000
+"""The longest the hub holds a reader of a task that has not ended (`task`'s `wait_ms`)."""
+ENDED_STATES: Final = frozenset({"SUCCEEDED", "FAILED", "NEEDS_REVIEW", "CANCELLED"})
+"""The hub's task states that end `wait_task`: its terminal ones (`blockx.hub.TaskState`,
+which this package does not import)."""
 
 
 class HubCertificateRejected(BlockxError, trio.BrokenResourceError):
@@ -224,6 +232,55 @@ class HubClient:
         )
         return task
 
+    async def wait_task(self, task_id: str, *, decimals: bool = False) -> dict[str, Any]:
+        """Task `task_id` once it has ended (`ENDED_STATES`), asking again each time the
+        hub's longest wait passes. NEEDS_REVIEW counts as an end here, though the hub
+        keeps such a task: its attempt may have had its effect, so nothing runs it again
+        until an operator retries or resolves it, however long that takes."""
+        while True:
+            task = await self.task(task_id, wait_ms=MAX_WAIT_MS, decimals=decimals)
+            if task["state"] in ENDED_STATES:
+                return task
+
+    async def submit_task(
+        self, queue_id: str, task: Mapping[str, Any], *, deployment: str = "block", **fields: Any
+    ) -> dict[str, Any]:
+        """Queue a worker node's task (`node_task_submission`): `task` is the object of a
+        task file, checked before anything is sent; the task as the hub has it."""
+        document = node_task_submission(task, deployment=deployment, **fields)
+        queued: dict[str, Any] = await self.request("POST", queue_tasks_path(queue_id), document)
+        return queued
+
+    async def submit_tasks(
+        self,
+        queue_id: str,
+        tasks: Iterable[Mapping[str, Any]],
+        *,
+        deployment: str = "block",
+        **fields: Any,
+    ) -> list[dict[str, Any]]:
+        """Queue many worker nodes' tasks as `submit_task` does one, through `submit_many`
+        (its batches, its answers). Every task is checked before any is sent: a bad one
+        raises `InvalidTaskSpec` naming its index and key (`[3].builder`). Each task's
+        own task_id names it: `fields` give none."""
+        from blockx.client import InvalidTaskSpec  # noqa: PLC0415
+
+        InvalidValue.check(
+            "task_id" not in fields,
+            field="task_id",
+            value=fields.get("task_id"),
+            allowed="not for many tasks: each task's own task_id names it",
+        )
+        documents = []
+        for index, task in enumerate(tasks):
+            try:
+                documents.append(node_task_submission(task, deployment=deployment, **fields))
+            except InvalidTaskSpec as error:
+                raise InvalidTaskSpec(
+                    field=f"[{index}].{error.field}", value=error.value, allowed=error.allowed
+                ) from None
+        return await self.submit_many(queue_id, documents)
+
     async def request(
         self, method: str, target: str, body: Any = None, *, decimals: bool = False
     ) -> Any:
@@ -310,6 +367,42 @@ def task_submission(capability: Capability, payload: Any, **fields: Any) -> dict
         "payload": payload,
         **fields,
     }
+
+
+def node_task_submission(
+    task: Mapping[str, Any], *, deployment: str = "block", **fields: Any
+) -> dict[str, Any]:
+    """A worker node's task as the producers' API takes it: `task` is the object of a task
+    file (`examples/tasks/*.json`), carried as the payload of the capability of the nodes
+    of `deployment` (`node_task_capability`: "block" or "bundle", the node's profile), so
+    only such nodes take it. `fields` as `task_submission`'s.
+
+    The task is checked as a node will read it (`blockx.client.task_spec_from_json`): a
+    bad one raises `InvalidTaskSpec` naming its key. Its task_id, if it has one, is the
+    hub's task id, so submitting the same task again is a repeat (answered 200), not a
+    second task; a `task_id` in `fields` wins, and is written into the payload too, for
+    the node to run the task under the id the hub knows it by."""
+    # The worker's task format and its profiles come with the worker's client: loaded
+    # here only, so an automatic worker never loads them.
+    from blockx.client import task_spec_from_json  # noqa: PLC0415
+    from blockx.profiles import PROFILES  # noqa: PLC0415
+
+    InvalidValue.check(
+        deployment in PROFILES,
+        field="deployment",
+        value=deployment,
+        allowed=f"a worker node's profile: {', '.join(PROFILES)}",
+    )
+    named = fields.get("task_id")
+    own = task.get("task_id") if isinstance(task, Mapping) else None
+    # A task that names itself nowhere is named by the hub: checked under a stand-in id.
+    task_spec_from_json(task, task_id=named if named is not None or own is not None else "-")
+    payload = dict(task)
+    if named is not None:
+        payload["task_id"] = named
+    elif own is not None:
+        fields["task_id"] = own
+    return task_submission(node_task_capability(deployment), payload, **fields)
 
 
 def _batches(documents: Iterable[Mapping[str, Any]]) -> Iterator[RawJson]:

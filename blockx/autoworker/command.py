@@ -13,24 +13,29 @@ timeout); a second exits at once. At the end the command prints the worker's
 `stats()` as one JSON line, and exits 1 if `run` raised (the error on stderr).
 A drain that had to abandon handlers (Python cannot kill a thread) ends the
 process at once instead of waiting for them.
+
+Every command that reaches a hub names it with the same flags (`add_hub_flags`),
+reads them the same way (`hub_client`) and words the same errors (`hub_errors`):
+`hub submit --task-file` and `hub task ...` use them too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 import trio
 
-from blockx.autoworker._client import HubClient
+from blockx.autoworker._client import HubClient, HubRequestFailed
 from blockx.autoworker._handlers import (
     CAPABILITY_ATTRIBUTE,
     DEFAULT_CAPACITY,
@@ -41,8 +46,9 @@ from blockx.autoworker._handlers import (
     WorkerOptions,
 )
 from blockx.autoworker._runtime import Worker, WorkerRunError
-from blockx.errors import InvalidValue
+from blockx.errors import BlockxError, InvalidValue
 from blockx.hubwire import Capability
+from blockx.process.lifecycle import lone_errors
 from blockx.settings import FlagError
 
 
@@ -59,17 +65,8 @@ def add_command(commands: Any) -> None:
             width=78,
         ),
     )
-    parser.add_argument("--hub", required=True, metavar="URL", help="e.g. http://127.0.0.1:8090")
+    add_hub_flags(parser, "the worker's")
     parser.add_argument("--queue", required=True, metavar="QUEUE")
-    parser.add_argument(
-        "--credential-file",
-        required=True,
-        metavar="FILE",
-        help="a file holding the worker's credential (a bxc_... token)",
-    )
-    parser.add_argument(
-        "--ca-file", metavar="PEM", help="the CA certificates to verify an https/wss hub with"
-    )
     parser.add_argument(
         "--capacity", type=int, default=DEFAULT_CAPACITY, metavar="N", help="default %(default)s"
     )
@@ -93,8 +90,26 @@ def add_command(commands: Any) -> None:
     parser.set_defaults(run=run_command)
 
 
+def add_hub_flags(parser: argparse.ArgumentParser, whose: str, *, required: bool = True) -> None:
+    """`--hub URL`, `--credential-file FILE` (holding `whose` credential, e.g. "an admin")
+    and `--ca-file PEM`: where the hub is and who the command is to it. Not `required`
+    where other flags may stand in for them: `hub_client` then names a missing one."""
+    parser.add_argument(
+        "--hub", required=required, metavar="URL", help="the hub, e.g. http://127.0.0.1:8090"
+    )
+    parser.add_argument(
+        "--credential-file",
+        required=required,
+        metavar="FILE",
+        help=f"a file holding {whose} credential (a bxc_... token)",
+    )
+    parser.add_argument(
+        "--ca-file", metavar="PEM", help="the CA certificates to verify an https/wss hub with"
+    )
+
+
 def run_command(args: argparse.Namespace) -> int:
-    worker = Worker(_client(args), _options(args))
+    worker = Worker(hub_client(args), _options(args))
     failure = trio.run(_run_until_signalled, worker)
     print(json.dumps(attrs.asdict(worker.stats()), separators=(",", ":")), flush=True)
     if failure is not None and failure.running:
@@ -137,7 +152,11 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-def _client(args: argparse.Namespace) -> HubClient:
+def hub_client(args: argparse.Namespace, *, keep_alive: bool = False) -> HubClient:
+    """The client of the hub the flags of `add_hub_flags` name, its credential read from
+    its file: `FlagError` naming the flag that is missing or wrong."""
+    for flag, value in (("--hub", args.hub), ("--credential-file", args.credential_file)):
+        FlagError.check(value is not None, field=flag, value=value, allowed="is required")
     try:
         credential = Path(args.credential_file).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as error:
@@ -153,10 +172,37 @@ def _client(args: argparse.Namespace) -> HubClient:
         allowed="a file holding a credential; it is empty",
     )
     try:
-        return HubClient(url=args.hub, credential=credential, ca_file=args.ca_file or "")
+        return HubClient(
+            url=args.hub, credential=credential, ca_file=args.ca_file or "", keep_alive=keep_alive
+        )
     except InvalidValue as error:  # the URL's, or the CA file's (not for an http URL, unread)
         flag = "--ca-file" if error.field == "ca_file" else "--hub"
         raise FlagError(field=flag, value=error.value, allowed=error.allowed) from None
+
+
+@contextlib.contextmanager
+def hub_errors(args: argparse.Namespace) -> Iterator[None]:
+    """Within: a hub that cannot be reached, or that refuses the credential (401, 403),
+    raises one `FlagError` naming `--hub` or `--credential-file` and what happened, for a
+    command to end with one line. A failure of a task's own stays as it is."""
+    try:
+        with lone_errors(BaseException):
+            yield
+    except HubRequestFailed as error:
+        if error.status not in (401, 403):
+            raise
+        answer = error.body.get("error", error.body) if isinstance(error.body, dict) else error.body
+        raise FlagError(
+            field="--credential-file",
+            value=args.credential_file,
+            allowed=f"the hub refused it ({error.status}: {answer})",
+        ) from None
+    except BlockxError:
+        raise  # its own words: a certificate the client does not trust says so
+    except (OSError, trio.BrokenResourceError) as error:
+        raise FlagError(
+            field="--hub", value=args.hub, allowed=f"cannot reach the hub: {error}"
+        ) from None
 
 
 def _options(args: argparse.Namespace) -> WorkerOptions:

@@ -4,9 +4,10 @@
 and yields a `TaskOutcome` per task); `PlacementClient` places tasks across
 the workers registered in etcd, one at a time or a batch spread over them;
 `task_spec`, `task_spec_from_json` and `task_specs_from_lines` build and
-check the tasks a client sends; `task_outputs` reads the call values a
-result kept; `ShadowForwarder` is the small coordinator inside a worker that
-mirrors a sample of its submits to another worker.
+check the tasks a client sends (`task_lines` keeps each line's JSON object
+too, for the hub to carry to a worker node); `task_outputs` reads the call
+values a result kept; `ShadowForwarder` is the small coordinator inside a
+worker that mirrors a sample of its submits to another worker.
 Every failure is a `BlockxError`.
 """
 
@@ -31,6 +32,8 @@ from blockx.client._specs import (
     TASK_FILE_KEYS,
     InvalidTaskLines,
     InvalidTaskSpec,
+    TaskLine,
+    task_lines,
     task_spec,
     task_spec_from_json,
     task_specs_from_lines,
@@ -53,6 +56,7 @@ __all__ = [
     "Placement",
     "PlacementClient",
     "ShadowForwarder",
+    "TaskLine",
     "TaskOutcome",
     "TaskToRun",
     "WatchEndedEarly",
@@ -62,6 +66,7 @@ __all__ = [
     "parse_worker_address",
     "readable",
     "shadow_target",
+    "task_lines",
     "task_outputs",
     "task_spec",
     "task_spec_from_json",

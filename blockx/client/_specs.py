@@ -11,6 +11,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
+
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.errors import BlockxError, InvalidValue, shown
 
@@ -178,28 +180,59 @@ def task_specs_from_lines(
     line that is not UTF-8, not a JSON object, not a valid task, or repeats a
     task id of an earlier line.
     """
-    tasks: list[pb.TaskSpec] = []
+    return [line.spec for line in task_lines(lines, new_task_id=new_task_id)]
+
+
+@attrs.frozen(kw_only=True)
+class TaskLine:
+    """A task of a JSON-lines batch, as its line wrote it and as it is sent to a worker."""
+
+    number: int
+    """Its line's number, from 1 (blank lines count)."""
+    document: dict[str, Any]
+    """The line's JSON object as written: what the hub carries to a worker node, which
+    reads it as a task file (no task_id there when the line had none)."""
+    spec: pb.TaskSpec
+    """The task checked, with `new_task_id()` for a line without task_id."""
+
+
+def task_lines(
+    lines: Iterable[bytes],
+    *,
+    new_task_id: Callable[[], str],
+    also: Callable[[dict[str, Any]], object] | None = None,
+) -> list[TaskLine]:
+    """The tasks of a JSON-lines batch with their lines, checked as
+    `task_specs_from_lines` checks them (InvalidTaskLines naming each bad line), and by
+    `also` if given: it raises InvalidTaskSpec for a line's object that is a task, but
+    not one the receiver takes (the hub, whose JSON has bounds a node's has not)."""
+    tasks: list[TaskLine] = []
     problems: list[tuple[int, str]] = []
     first_line_of: dict[str, int] = {}
     for number, raw in enumerate(lines, start=1):
         try:
-            task = _task_of_line(raw, new_task_id)
+            read = _task_of_line(raw, new_task_id)
+            if read is not None and also is not None:
+                also(read[0])
         except InvalidTaskSpec as error:
             problems.append((number, str(error)))
             continue
-        if task is None:
+        if read is None:
             continue
+        document, task = read
         earlier = first_line_of.setdefault(task.task_id, number)
         if earlier != number:
             problems.append((number, f"task_id {task.task_id!r} is already on line {earlier}"))
             continue
-        tasks.append(task)
+        tasks.append(TaskLine(number=number, document=document, spec=task))
     if problems:
         raise InvalidTaskLines(problems=tuple(problems))
     return tasks
 
 
-def _task_of_line(raw: bytes, new_task_id: Callable[[], str]) -> pb.TaskSpec | None:
+def _task_of_line(
+    raw: bytes, new_task_id: Callable[[], str]
+) -> tuple[dict[str, Any], pb.TaskSpec] | None:
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError as error:
@@ -212,10 +245,10 @@ def _task_of_line(raw: bytes, new_task_id: Callable[[], str]) -> pb.TaskSpec | N
         raise InvalidTaskSpec(
             field="line", value=text, allowed=f"is not valid JSON ({error})"
         ) from None
-    if not isinstance(document, Mapping):
+    if not isinstance(document, dict):
         raise InvalidTaskSpec(field="line", value=document, allowed="must be a JSON object")
     task_id = None if document.get("task_id") is not None else new_task_id()
-    return task_spec_from_json(document, task_id=task_id)
+    return document, task_spec_from_json(document, task_id=task_id)
 
 
 def _retry_policy(value: object) -> pb.CallRetryPolicy | None:

@@ -10,6 +10,8 @@
     hub credential revoke ID                              refuse it; its sessions are closed
     hub submit --queue Q --handler H ... --payload JSON   queue a task, print it
     hub submit --queue Q --file TASKS.jsonl               queue a file of tasks
+    hub submit --queue Q --task-file F --hub URL ...      worker nodes' tasks, through a hub
+                                                          (`_producer_cli`), [--wait]
     hub task show TASK                                    a task with attempts and history
     hub task list|retry|resolve|cancel ...                review and redrive (`_review_cli`)
 
@@ -53,6 +55,13 @@ from blockx.hub._api import InvalidSubmission, submission_from_json, task_json
 from blockx.hub._config import CONFIG_FILE_ENV, HubConfig
 from blockx.hub._model import ANY_QUEUE, Right
 from blockx.hub._ops import SubmitRefusal
+from blockx.hub._producer_cli import (
+    PROFILES,
+    flag_of,
+    refuse_task_file_flags,
+    submission_fields,
+    submit_task_file,
+)
 from blockx.hub._review_cli import add_task_commands
 from blockx.hub._server import Hub
 from blockx.hub._store import Store
@@ -180,23 +189,53 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(flags=STORE_FLAGS)
 
 
+_SUBMIT_PARAGRAPHS: Final = (
+    "Queue one task, described by the flags, and print it as JSON; or, with --file, "
+    "the tasks of a JSON-lines file, one submission per line as the producers' API "
+    "takes it (handler, handler_version, payload_version, payload, and optional "
+    "keys). The whole file is checked first: if a line is bad, each bad line is named "
+    "on stderr and nothing is queued. Then the tasks are queued in transactions of "
+    f"{MAX_BATCH_TASKS}, printing a JSON line per task (its line, task_id and status, "
+    "or the error); the exit status is 1 if any was refused. These work on the hub's "
+    "database (--db).",
+    "With --task-file, queue worker nodes' tasks through a running hub (--hub, with a "
+    "producer's --credential-file) for the nodes of --profile: a task file as `blockx "
+    "submit --file` takes it, one task in a .json file, one per line in a .jsonl file. "
+    "The whole file is checked first (a bad line is named, and then nothing is queued); a "
+    "task's task_id names it at the hub, so the same file sent again queues nothing new. "
+    "Prints a JSON line per task (task_id and status, or the error). With --wait, prints "
+    "one task's result as `blockx submit --watch` does, or a JSON line per task of a "
+    ".jsonl file as each ends, a progress bar and a summary; the exit status is 1 if any "
+    "did not succeed. The per-task flags apply to each task.",
+)
+
+
 def _add_submit(sub: Any) -> None:
+    # The flags of every command that reaches a hub: the command line has loaded them.
+    from blockx.autoworker.command import add_hub_flags  # noqa: PLC0415
+
     submit = sub.add_parser(
         "submit",
         help="queue a task and print it as JSON, or the tasks of a file",
-        description=textwrap.fill(
-            "Queue one task, described by the flags, and print it as JSON; or, with --file, "
-            "the tasks of a JSON-lines file, one submission per line as the producers' API "
-            "takes it (handler, handler_version, payload_version, payload, and optional "
-            "keys). The whole file is checked first: if a line is bad, each bad line is named "
-            "on stderr and nothing is queued. Then the tasks are queued in transactions of "
-            f"{MAX_BATCH_TASKS}, printing a JSON line per task (its line, task_id and status, "
-            "or the error); the exit status is 1 if any was refused.",
-            width=78,
-        ),
+        description="\n\n".join(textwrap.fill(text, width=78) for text in _SUBMIT_PARAGRAPHS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     submit.add_argument("--queue", required=True)
     submit.add_argument("--file", metavar="TASKS.jsonl", help="the tasks, one per line")
+    submit.add_argument(
+        "--task-file",
+        metavar="TASK.json",
+        help="worker nodes' tasks: a JSON task file, or one task per line in a .jsonl file",
+    )
+    add_hub_flags(submit, "a producer's", required=False)
+    submit.add_argument(
+        "--profile",
+        choices=PROFILES,
+        help="with --task-file: the worker nodes' profile (default block)",
+    )
+    submit.add_argument(
+        "--wait", action="store_true", help="with --task-file: print the tasks' results"
+    )
     submit.add_argument("--handler")
     submit.add_argument("--handler-version")
     submit.add_argument("--payload-version")
@@ -209,7 +248,9 @@ def _add_submit(sub: Any) -> None:
     submit.add_argument("--max-attempts", type=int, metavar="N")
     submit.add_argument("--deadline-ms", type=int, metavar="MS", help="the task's total deadline")
     submit.add_argument("--attempt-timeout-ms", type=int, metavar="MS")
-    submit.add_argument("--task-id", metavar="ID", help="default: a new id")
+    submit.add_argument(
+        "--task-id", metavar="ID", help="default: a new id (with --task-file: the file's)"
+    )
     submit.add_argument("--priority", type=int, metavar="0-9", help="higher goes first (default 5)")
     when = submit.add_mutually_exclusive_group()
     when.add_argument("--run-at-ms", type=int, metavar="MS", help="offered no sooner (epoch ms)")
@@ -297,6 +338,9 @@ def _create_credential(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    if args.task_file is not None:
+        return submit_task_file(args)
+    refuse_task_file_flags(args)
     if args.file is not None:
         return _submit_file(args)
     for flag in ("handler", "handler_version", "payload_version", "payload"):
@@ -315,25 +359,14 @@ def _submit(args: argparse.Namespace) -> int:
         "handler_version": args.handler_version,
         "payload_version": args.payload_version,
         "payload": RawJson(args.payload),
-        "idempotency": "IDEMPOTENT" if args.idempotent else "NON_IDEMPOTENT",
+        **submission_fields(args),
     }
-    for key, value in (
-        ("max_attempts", args.max_attempts),
-        ("total_deadline_ms", args.deadline_ms),
-        ("attempt_timeout_ms", args.attempt_timeout_ms),
-        ("task_id", args.task_id),
-        ("priority", args.priority),
-        ("run_at_ms", args.run_at_ms),
-        ("delay_ms", args.delay_ms),
-        ("concurrency_key", args.concurrency_key),
-    ):
-        if value is not None:
-            document[key] = value
     try:
         submission = submission_from_json(dumps(document), args.queue)
     except InvalidSubmission as error:
-        flag = _SUBMIT_FLAGS.get(error.field, "--" + error.field.replace("_", "-"))
-        raise FlagError(field=flag, value=error.value, allowed=error.allowed) from None
+        raise FlagError(
+            field=flag_of(error.field), value=error.value, allowed=error.allowed
+        ) from None
     outcome = submit(_store(args), submission, _now_ms())
     if isinstance(outcome, SubmitRefusal):
         flag = "--" + outcome.field.replace("_", "-")
@@ -405,9 +438,6 @@ _ONE_TASK_FLAGS: Final = (
 )
 """The flags that describe the one task of `submit` without `--file`."""
 SHOWN_BAD_LINES: Final = 20
-
-_SUBMIT_FLAGS = {"total_deadline_ms": "--deadline-ms", "idempotency": "--idempotent"}
-"""The flag of each submission key whose flag is not the key spelled as a flag."""
 
 
 def _show_task(args: argparse.Namespace) -> int:

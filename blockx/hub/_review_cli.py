@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -60,11 +59,10 @@ def add_task_commands(task: Any) -> None:
 
 
 def _hub_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hub", required=True, metavar="URL", help="the hub, e.g. http://h:8090")
-    parser.add_argument(
-        "--credential-file", required=True, metavar="FILE", help="holds an admin credential"
-    )
-    parser.add_argument("--ca-file", metavar="PEM", help="for https: the CAs to trust")
+    # The flags every command that reaches a hub takes: the command line has loaded them.
+    from blockx.autoworker.command import add_hub_flags  # noqa: PLC0415
+
+    add_hub_flags(parser, "an admin")
 
 
 def _request_id_flag(parser: argparse.ArgumentParser) -> None:
@@ -141,19 +139,9 @@ def _json(text: str, flag: str) -> RawJson:
 def _ask(args: argparse.Namespace, method: str, target: str, body: Any) -> int:
     """Send the request with the credential of `--credential-file`; print the answer."""
     # Only these commands reach a hub over HTTP: the client is not loaded for the others.
-    from blockx.autoworker import HubClient  # noqa: PLC0415
+    from blockx.autoworker.command import hub_client, hub_errors  # noqa: PLC0415
 
-    try:
-        token = Path(args.credential_file).read_text().strip()
-    except OSError as error:
-        raise FlagError(
-            field="--credential-file", value=args.credential_file, allowed=str(error)
-        ) from None
-    client = HubClient(url=args.hub, credential=token, ca_file=args.ca_file or "")
-    try:
+    client = hub_client(args)
+    with hub_errors(args):
         print(trio.run(client.request_text, method, target, body))
-    except (OSError, trio.BrokenResourceError) as error:
-        raise FlagError(
-            field="--hub", value=args.hub, allowed=f"cannot reach the hub: {error}"
-        ) from None
     return 0

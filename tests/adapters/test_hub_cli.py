@@ -360,7 +360,10 @@ def test_a_file_with_a_bad_line_queues_nothing_and_names_each_bad_line(
             "blockx: error: --details 'nope'",
         ),
         (["list", "--queue", "q", "--credential-file", "/no/such/file"], "blockx: error: --cred"),
-        (["list", "--queue", "q", "--hub", "ftp://h"], "blockx: error: url='ftp://h' is invalid"),
+        (
+            ["list", "--queue", "q", "--hub", "ftp://h"],
+            "blockx: error: --hub 'ftp://h': the hub's address, e.g. http://127.0.0.1:8090",
+        ),
         (["list", "--queue", "q"], "blockx: error: --hub 'http://127.0.0.1:9': cannot reach"),
     ],
 )

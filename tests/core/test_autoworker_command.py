@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from blockx.autoworker import Capability
-from blockx.autoworker.command import _client, _options
+from blockx.autoworker.command import _options, hub_client
 from blockx.cli import _parser
 from blockx.settings import FlagError
 
@@ -65,7 +65,7 @@ def test_a_ca_file_the_client_cannot_use_names_the_flag(
         "--ca-file", missing, "json:dumps", hub=hub, credential=str(tmp_path / "worker.credential")
     )
     with pytest.raises(FlagError) as raised:
-        _client(args)
+        hub_client(args)
     assert (raised.value.field, raised.value.value, raised.value.allowed) == (
         "--ca-file",
         missing,

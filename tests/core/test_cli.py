@@ -29,6 +29,7 @@ from blockx.client import (
     WorkerUnreachable,
     parse_worker_address,
     readable,
+    task_lines,
     task_outputs,
     task_spec,
     task_spec_from_json,
@@ -828,6 +829,18 @@ def test_task_specs_from_lines_gives_ids_to_lines_without_one() -> None:
     tasks = task_specs_from_lines(lines, new_task_id=lambda: next(new_ids))
     assert [task.task_id for task in tasks] == ["new-1", "x"]
     assert tasks[1] == task_spec("x", builder="static")
+
+
+def test_task_lines_keep_each_lines_object_as_written() -> None:
+    lines = [
+        b"",
+        b'{"builder": "static", "payload": {"n": 1.10}}',
+        b'{"task_id": "x", "builder": "static"}',
+    ]
+    first, second = task_lines(lines, new_task_id=lambda: "new-1")
+    assert (first.number, first.spec.task_id) == (2, "new-1")
+    assert first.document == {"builder": "static", "payload": {"n": 1.1}}  # no id added
+    assert (second.number, second.document["task_id"]) == (3, "x")
 
 
 def test_outcome_lines_of_a_batch() -> None:

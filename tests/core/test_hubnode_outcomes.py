@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from blockx.calls import FailureCode
@@ -51,3 +54,19 @@ def test_a_failure_whose_effect_is_unknown_is_reported_unknown(code: FailureCode
 
 def test_a_failure_without_a_code_is_unknown() -> None:
     assert attempt_outcome(ended(TaskState.FAILED), DOCUMENT) == Unknown(code="NO_FAILURE_CODE")
+
+
+def test_the_fleet_page_shows_the_table_as_the_code_has_it() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()
+
+    def codes_of(row_start: str) -> set[str]:
+        [row] = [line for line in page.splitlines() if line.startswith(row_start)]
+        cell = row.split("|")[1]
+        return set(re.findall(r"`([A-Z_]+)`", cell))
+
+    assert codes_of("| FAILED, a failure of the task itself") == {
+        *(code.value for code in DETERMINISTIC),
+        "INVALID_TASK",
+    }
+    assert codes_of("| FAILED, a failure of the node") == {code.value for code in NODE}
+    assert codes_of("| FAILED, an effect that is unknown") == {code.value for code in UNCERTAIN}

@@ -35,6 +35,7 @@ import msgpack  # type: ignore[import-untyped]  # ships no type information
 import trio
 import trio_websocket
 
+from blockx.errors import StartupError
 from blockx.hub import _ops
 from blockx.hub._api import TaskWatch
 from blockx.hub._auth import authenticate
@@ -316,7 +317,7 @@ class Hub:
         async with trio.open_nursery() as actors:
             await actors.start(self.run_actors)
             async with trio.open_nursery() as connections:
-                listeners = await trio.open_tcp_listeners(port, host=host)
+                listeners = await _listen(host, port)
                 bound = int(listeners[0].socket.getsockname()[1])
                 accepting = trio.CancelScope()
                 connections.start_soon(self._accept, serve, listeners, connections, accepting)
@@ -895,6 +896,15 @@ class Hub:
         """Make the next sweep happen no later than `due_ms` (a deadline was just given out)."""
         if self._sweep_by is not None:
             self._sweep_by.deadline = min(self._sweep_by.deadline, self._clock.trio_time(due_ms))
+
+
+async def _listen(host: str, port: int) -> list[trio.SocketListener]:
+    """The hub's listeners; a port that cannot be had ends the start in one line."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as error:
+        reason = (error.strerror or str(error)).lower()
+        raise StartupError(f"cannot listen on {host or '*'}:{port}: {reason}") from None
 
 
 def _schemes(config: HubConfig) -> str:

@@ -5,6 +5,9 @@ process manager signalling the whole group) counts once."""
 from __future__ import annotations
 
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import trio
@@ -91,3 +94,23 @@ async def test_the_same_signal_twice_at_once_is_one_request(tmp_path: Path) -> N
         assert sum("draining the hub" in line for line in hub.log) == 1, hub.log
         assert any("drain timeout passed" in line for line in hub.log), hub.log
         assert not any("exiting at once" in line for line in hub.log), hub.log
+
+
+def test_a_busy_port_stops_the_hub_at_once_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        command = [sys.executable, "-m", "blockx", "hub", "--db", str(tmp_path / "hub.db")]
+        done = subprocess.run(
+            [*command, "--listen", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1:] == [
+        f"blockx: cannot listen on 127.0.0.1:{port}: address already in use"
+    ]
+    assert "Traceback" not in done.stderr

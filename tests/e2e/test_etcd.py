@@ -320,6 +320,36 @@ async def test_placement_spreads_tasks_by_free_slots(tmp_path: Path) -> None:
             assert "none of the 2 registered workers has a free slot" in str(caught.value)
 
 
+async def test_a_placement_is_heard_back_though_its_task_ended_before_the_worker_looked(
+    tmp_path: Path,
+) -> None:
+    quick = pb.TaskSpec(
+        task_id="quick",
+        function_call=pb.FunctionCallConfig(type="call_list"),
+        payload=json.dumps({"calls": [{"function": "demo.add", "args": [1, 2]}]}).encode(),
+    )
+    with trio.fail_after(FAIL_AFTER_S):
+        async with (
+            etcd_server(tmp_path / "etcd") as etcd,
+            serve_process("--slots", "1", "--executors", "1", env=worker_env(etcd)) as worker,
+            PlacementClient.connect(etcd.endpoint, PREFIX) as placement,
+        ):
+            address = f"127.0.0.1:{worker.port}"
+            await placement.wait_for(lambda workers: len(workers) == 1)
+            _, result = await placement.run_task(quick)
+            assert result.state == pb.TaskState.SUCCEEDED, result.message
+
+            # Idle again, as before the placement, yet a heartbeat is put: the placement
+            # no longer counts against the worker's one slot, and the next one goes there.
+            idle_again = await placement.wait_for(
+                lambda workers: (workers[0].slots_granted, workers[0].free_slots) == (1, 1)
+            )
+            assert idle_again[0].address == address
+            assert placement.directory.free_slots(address) == 1
+            placed = await placement.place(sleeper("next"))
+            assert placed.worker_addr == address
+
+
 async def test_placement_routes_around_a_draining_worker(tmp_path: Path) -> None:
     with trio.fail_after(FAIL_AFTER_S):
         async with (

@@ -541,6 +541,7 @@ def _registrar(config: WorkerConfig, probe: ActorProbe) -> Registrar | None:
         key=etcd.registry_prefix + probe.identity.worker_addr,
         lease_ttl_ms=etcd.lease_ttl_ms,
         heartbeat_interval_ms=etcd.heartbeat_interval_ms,
+        heartbeat_refresh_ms=etcd.heartbeat_refresh_ms,
         heartbeat=heartbeat,
     )
 

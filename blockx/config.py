@@ -289,7 +289,14 @@ class EtcdSection:
     heartbeat_interval_ms: int = setting(
         200, "heartbeatIntervalMs", "WORKER_HEARTBEAT_INTERVAL", DURATION_MS, positive=True
     )
-    """How often the heartbeat is republished; 2000 is the usual production value."""
+    """How often the heartbeat is read and, if it changed, put again: the most its key lags
+    behind the worker. 2000 is the usual production value."""
+    heartbeat_refresh_ms: int = setting(
+        10_000, "heartbeatRefreshMs", "WORKER_HEARTBEAT_REFRESH", DURATION_MS, positive=True
+    )
+    """How often an unchanged heartbeat is put again anyway; at least `heartbeat_interval_ms`.
+    Every put is an etcd revision that each watcher of the fleet receives, so an idle worker
+    puts only this often; that it is alive is its lease's to say, not the puts'."""
 
     @property
     def enabled(self) -> bool:
@@ -493,16 +500,15 @@ class WorkerConfig:
             value=self.shadow.sample_rate,
             allowed="must be between 0 and 1",
         )
-        for field, value in (
-            ("hubQueue", self.hub.queue),
-            ("hubCredentialFile", self.hub.credential_file),
-        ):
-            check(
-                bool(value) or not self.hub.enabled,
-                field=field,
-                value=value,
-                allowed=f"must be set with hubUrl ({self.hub.url})",
-            )
+        self._check_hub()
+        interval_ms = self.etcd.heartbeat_interval_ms
+        check(
+            self.etcd.heartbeat_refresh_ms >= interval_ms,
+            field="heartbeatRefreshMs",
+            value=self.etcd.heartbeat_refresh_ms,
+            allowed=f"must be >= heartbeatIntervalMs ({interval_ms}): an unchanged heartbeat "
+            "cannot be put again more often than the heartbeat is read",
+        )
         check_choice(self.grpc.loop, GRPC_LOOPS, field="grpcLoop")
         check_choice(self.observability.log_format, LOG_FORMATS, field="logFormat")
         check(
@@ -511,6 +517,18 @@ class WorkerConfig:
             value=self.function_code.dir,
             allowed="must name a directory when functionCode.redisUrl is empty",
         )
+
+    def _check_hub(self) -> None:
+        for field, value in (
+            ("hubQueue", self.hub.queue),
+            ("hubCredentialFile", self.hub.credential_file),
+        ):
+            ConfigError.check(
+                bool(value) or not self.hub.enabled,
+                field=field,
+                value=value,
+                allowed=f"must be set with hubUrl ({self.hub.url})",
+            )
 
     # --- conversions -----------------------------------------------------------------------
 

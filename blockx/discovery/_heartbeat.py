@@ -49,6 +49,11 @@ class WorkerHeartbeat:
     draining: bool
     version: str
     started_at_ms: int = attrs.field(validator=_non_negative)
+    slots_granted: int = attrs.field(default=0, validator=_non_negative)
+    """Slot reservations granted since the worker started. The registrar puts a heartbeat
+    only when it changed, and a coordinator counts its placements against a worker until
+    the worker's next put: this makes every placement a change, even one whose task ended
+    before the registrar looked. 0 from a worker that does not publish it."""
 
     def to_json(self) -> bytes:
         """The etcd value: compact JSON with the keys of `JSON_KEYS`."""
@@ -72,6 +77,8 @@ class WorkerHeartbeat:
         values: dict[str, object] = {}
         for key, name, kind in _FIELDS:
             if key not in document:
+                if key in _OPTIONAL_KEYS:
+                    continue
                 raise MalformedHeartbeat(field=key, value=None, allowed="is required")
             value = document[key]
             if kind is int:
@@ -100,9 +107,12 @@ _FIELDS: tuple[tuple[str, str, type], ...] = (
     ("draining", "draining", bool),
     ("version", "version", str),
     ("startedAtMs", "started_at_ms", int),
+    ("slotsGranted", "slots_granted", int),
 )
 JSON_KEYS = tuple(key for key, _, _ in _FIELDS)
 """The keys of a heartbeat's JSON object, in the order they are written."""
+_OPTIONAL_KEYS = frozenset({"slotsGranted"})
+"""Keys a worker of an earlier version does not write: their field keeps its default."""
 _NAMES = {str: "string", bool: "boolean"}
 
 
@@ -126,4 +136,5 @@ def heartbeat_of(
         draining=capacity.draining,
         version=identity.version,
         started_at_ms=identity.started_at_ms,
+        slots_granted=capacity.slots_granted,
     )

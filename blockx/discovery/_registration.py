@@ -5,9 +5,19 @@ Theory of operation:
 * Once the worker is ready the registrar grants a lease (`etcdLeaseTtlMs`,
   rounded up to whole seconds; etcd may raise it) and puts
   `registryPrefix + workerAddr` = the heartbeat JSON, attached to the lease.
-  It then republishes the heartbeat every `heartbeatIntervalMs`, always with
-  the lease (a put without it would detach the key), and renews the lease
-  over one LeaseKeepAlive stream at a third of its TTL.
+  It renews the lease over one LeaseKeepAlive stream at a third of its TTL:
+  the lease, not the heartbeat, is what says the worker is alive.
+* Every `heartbeatIntervalMs` it reads the heartbeat again and puts it only
+  if its JSON differs from the last put of this lease's session, or
+  `heartbeatRefreshMs` has passed since that put. Every put is a new etcd
+  revision, which every watcher of the fleet receives: a fleet that rewrote
+  unchanged keys five times a second would cost etcd and its watchers in
+  proportion to its size, not to its changes. So the interval bounds how
+  stale the key may be (a change is put at the next look, and changes in
+  between are coalesced into one put), and an idle worker puts once per
+  refresh. Puts are always made with the lease (a put without it would
+  detach the key); a new session (a new lease, or after an outage) puts at
+  once whatever was put before.
 * A renewal answering TTL 0, or a put answering "lease not found", means the
   lease expired: a new one is granted and the key put again at once.
 * etcd unreachable: the worker keeps serving. The first failure of an outage
@@ -30,6 +40,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 import trio
 
@@ -38,7 +50,7 @@ from blockx.discovery._etcd import (
     EtcdClient,
     EtcdError,
     EtcdUnavailable,
-    KeepAlive,
+    Lease,
     LeaseNotFound,
     parse_endpoint,
 )
@@ -58,6 +70,26 @@ class _LeaseExpired(Exception):
     """The lease is gone: grant a new one and put the key again."""
 
 
+class LeaseRenewer(Protocol):
+    """One keep-alive stream (`blockx.discovery.KeepAlive`)."""
+
+    async def renew(self, lease_id: int) -> int: ...
+
+
+class RegistrarEtcd(Protocol):
+    """The calls of `EtcdClient` a registrar makes: a stand-in needs only these."""
+
+    async def put(self, key: str, value: bytes, *, lease_id: int = 0) -> int: ...
+
+    async def delete(self, key: str) -> int: ...
+
+    async def grant_lease(self, ttl_s: int) -> Lease: ...
+
+    async def revoke_lease(self, lease_id: int) -> None: ...
+
+    def keep_alive(self) -> AbstractAsyncContextManager[LeaseRenewer]: ...
+
+
 class Registrar:
     """Keeps `key` registered in etcd with the worker's heartbeat. Start `run` in a nursery."""
 
@@ -68,17 +100,24 @@ class Registrar:
         key: str,
         lease_ttl_ms: int,
         heartbeat_interval_ms: int,
+        heartbeat_refresh_ms: int,
         heartbeat: Callable[[], Awaitable[WorkerHeartbeat]],
         call_timeout_s: float = CALL_TIMEOUT_S,
+        connect: Callable[[], AbstractAsyncContextManager[RegistrarEtcd]] | None = None,
     ) -> None:
+        """`connect` opens the etcd client (default: `EtcdClient.connect(endpoints)`);
+        tests pass a stand-in to run the registrar on a virtual clock."""
         for endpoint in endpoints:
             parse_endpoint(endpoint)  # refuse a bad endpoint at start, not at the first call
         self.key = key
         self._endpoints = tuple(endpoints)
         self._lease_ttl_s = max(1, math.ceil(lease_ttl_ms / 1000))
         self._interval_s = max(MIN_INTERVAL_S, heartbeat_interval_ms / 1000)
+        self._refresh_s = max(self._interval_s, heartbeat_refresh_ms / 1000)
         self._heartbeat = heartbeat
         self._call_timeout_s = call_timeout_s
+        self._connect = connect or self._connect_etcd
+        self._puts = 0
         self._lease_id: int | None = None
         self._retry_s = RETRY_MIN_S
         self._in_outage = False
@@ -94,6 +133,11 @@ class Registrar:
         """The lease the key is attached to; None before registering and after deregistering."""
         return self._lease_id
 
+    @property
+    def puts(self) -> int:
+        """Heartbeats put in etcd so far (each one a new etcd revision)."""
+        return self._puts
+
     async def run(
         self,
         ready: trio.Event | None = None,
@@ -107,9 +151,7 @@ class Registrar:
         self._started = True
         task_status.started()
         try:
-            async with EtcdClient.connect(
-                self._endpoints, call_timeout_s=self._call_timeout_s
-            ) as client:
+            async with self._connect() as client:
                 with self._registering:
                     if ready is not None:
                         await ready.wait()
@@ -131,7 +173,10 @@ class Registrar:
 
     # --- registering -----------------------------------------------------------------------
 
-    async def _register_forever(self, client: EtcdClient) -> None:
+    def _connect_etcd(self) -> AbstractAsyncContextManager[RegistrarEtcd]:
+        return EtcdClient.connect(self._endpoints, call_timeout_s=self._call_timeout_s)
+
+    async def _register_forever(self, client: RegistrarEtcd) -> None:
         while True:
             self._session_registered = False
             try:
@@ -148,7 +193,7 @@ class Registrar:
             await trio.sleep(self._retry_s)
             self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
 
-    async def _session(self, client: EtcdClient) -> None:
+    async def _session(self, client: RegistrarEtcd) -> None:
         """Register, then heartbeat and renew until something fails (never returns)."""
         async with client.keep_alive() as keep_alive:
             ttl_s = 0
@@ -161,29 +206,37 @@ class Registrar:
                 lease = await client.grant_lease(self._lease_ttl_s)
                 self._lease_id, ttl_s = lease.lease_id, lease.ttl_s
             lease_id = self._lease_id
-            await self._publish(client, lease_id)
+            last_put = await self._read_heartbeat()
+            await self._put(client, lease_id, last_put)
+            refresh_at = trio.current_time() + self._refresh_s
             self._note_registered(lease_id, ttl_s)
             renew_every_s = max(MIN_INTERVAL_S, ttl_s / 3)
             next_renew = trio.current_time() + renew_every_s
-            next_put = trio.current_time() + self._interval_s
+            next_look = trio.current_time() + self._interval_s
             while True:
-                await trio.sleep_until(min(next_renew, next_put))
+                await trio.sleep_until(min(next_renew, next_look))
                 if trio.current_time() >= next_renew:
                     if await self._renew(keep_alive, lease_id) <= 0:
                         raise _LeaseExpired()
                     next_renew = trio.current_time() + renew_every_s
-                if trio.current_time() >= next_put:
-                    await self._publish(client, lease_id)
-                    next_put = trio.current_time() + self._interval_s
+                if trio.current_time() >= next_look:
+                    value = await self._read_heartbeat()
+                    if value != last_put or trio.current_time() >= refresh_at:
+                        await self._put(client, lease_id, value)
+                        last_put, refresh_at = value, trio.current_time() + self._refresh_s
+                    next_look = trio.current_time() + self._interval_s
 
-    async def _publish(self, client: EtcdClient, lease_id: int) -> None:
+    async def _read_heartbeat(self) -> bytes:
+        return (await self._heartbeat()).to_json()
+
+    async def _put(self, client: RegistrarEtcd, lease_id: int, value: bytes) -> None:
         try:
-            heartbeat = await self._heartbeat()
-            await client.put(self.key, heartbeat.to_json(), lease_id=lease_id)
+            await client.put(self.key, value, lease_id=lease_id)
         except LeaseNotFound as error:
             raise _LeaseExpired() from error
+        self._puts += 1
 
-    async def _renew(self, keep_alive: KeepAlive, lease_id: int) -> int:
+    async def _renew(self, keep_alive: LeaseRenewer, lease_id: int) -> int:
         with trio.move_on_after(self._call_timeout_s):
             return await keep_alive.renew(lease_id)
         raise EtcdUnavailable(
@@ -217,7 +270,7 @@ class Registrar:
 
     # --- deregistering ---------------------------------------------------------------------
 
-    async def _release(self, client: EtcdClient) -> None:
+    async def _release(self, client: RegistrarEtcd) -> None:
         lease_id, self._lease_id = self._lease_id, None
         if lease_id is None:
             return

@@ -237,6 +237,7 @@ class SlotMachine:
         self._retained: dict[str, _Retained] = {}
         self._ready = False
         self._draining = False
+        self._slots_granted = 0
         self._last_ticket = 0
         # Min-heap of (due_ms, ticket, timer); entries whose ticket is no longer
         # current are skipped and dropped lazily.
@@ -295,6 +296,7 @@ class SlotMachine:
             active_tasks=self.active_task_count(),
             draining=self._draining,
             ready=self._ready,
+            slots_granted=self._slots_granted,
         )
 
     def get_result(self, task_id: str) -> TaskSnapshot:
@@ -500,6 +502,7 @@ class SlotMachine:
         index = heapq.heappop(self._free)
         slot = self._slots[index]
         self._move_slot(slot, SlotState.ALLOCATED)
+        self._slots_granted += 1
         slot.task_id = task_id
         slot.lease_expires_at_ms = now_ms + ttl_ms
         slot.lease_ticket = self._arm(TimerKind.SLOT_LEASE, slot.slot_id, now_ms + ttl_ms)

@@ -248,6 +248,9 @@ class Heartbeat:
     draining: bool
     ready: bool
     """An executor is healthy: the worker admits work (unless draining)."""
+    slots_granted: int
+    """Reservations granted since the table was made: every reservation changes it, even
+    one whose task has ended again before anyone looked at the capacity."""
 
 
 @attrs.frozen(kw_only=True, order=False)

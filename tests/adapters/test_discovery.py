@@ -10,6 +10,7 @@ import json
 import random
 from collections.abc import Callable
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -81,6 +82,7 @@ heartbeats = st.builds(
     draining=st.booleans(),
     version=st.text(),
     started_at_ms=COUNT,
+    slots_granted=COUNT,
 )
 
 
@@ -106,6 +108,7 @@ def test_the_json_has_the_documented_camel_case_keys_in_order() -> None:
             "draining",
             "version",
             "startedAtMs",
+            "slotsGranted",
         )
     )
     assert document == {
@@ -119,7 +122,15 @@ def test_the_json_has_the_documented_camel_case_keys_in_order() -> None:
         "draining": False,
         "version": "0.1.0",
         "startedAtMs": 1_700_000_000_000,
+        "slotsGranted": 0,
     }
+
+
+def test_a_heartbeat_without_the_keys_an_earlier_worker_did_not_write_reads_as_zero() -> None:
+    document = json.loads(attrs.evolve(beat("a:1", free=1), slots_granted=5).to_json())
+    del document["slotsGranted"]
+
+    assert WorkerHeartbeat.from_json(json.dumps(document).encode()) == beat("a:1", free=1)
 
 
 def test_unknown_keys_from_a_newer_worker_are_ignored() -> None:
@@ -179,6 +190,7 @@ def test_the_heartbeat_is_derived_from_the_slot_table_and_the_healthy_executors(
         active_tasks=3,
         draining=True,
         ready=True,
+        slots_granted=17,
     )
     views = [
         ExecutorView(
@@ -210,6 +222,7 @@ def test_the_heartbeat_is_derived_from_the_slot_table_and_the_healthy_executors(
         draining=True,
         version="1.2.3",
         started_at_ms=1_000,
+        slots_granted=17,
     )
 
 

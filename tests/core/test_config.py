@@ -68,6 +68,7 @@ DOCUMENTED_DEFAULTS = [
     ("streamBuild.enabled", False),
     ("streamBuild.pendingCalls", 128),
     ("heartbeatIntervalMs", 200),
+    ("heartbeatRefreshMs", 10_000),
     ("drainTimeoutMs", 30_000),
     ("gcCollectIntervalMs", 60_000),
     ("phaseIoTimeoutMs", 10_000),
@@ -194,6 +195,7 @@ ENV_CASES = [
     ("SCAN_SLOTS", "2", "admission.scanSlots", 2),
     ("STREAM_BUILD_ENABLED", "true", "streamBuild.enabled", True),
     ("WORKER_HEARTBEAT_INTERVAL", "2s", "heartbeatIntervalMs", 2_000),
+    ("WORKER_HEARTBEAT_REFRESH", "1m", "heartbeatRefreshMs", 60_000),
     ("DRAIN_TIMEOUT_MS", "100", "drainTimeoutMs", 100),
     ("GC_COLLECT_INTERVAL_MS", "5000", "gcCollectIntervalMs", 5_000),
     ("PHASE_IO_TIMEOUT_MS", "100", "phaseIoTimeoutMs", 100),
@@ -466,6 +468,7 @@ POSITIVE_SETTINGS = [
     "functionCode.refreshMs",
     "etcdLeaseTtlMs",
     "heartbeatIntervalMs",
+    "heartbeatRefreshMs",
     "grpcKeepaliveTimeMs",
     "grpcKeepaliveTimeoutMs",
     "grpcMaxMessageBytes",
@@ -483,6 +486,20 @@ def test_each_setting_that_must_be_positive_refuses_zero(path: str) -> None:
 def test_zero_heartbeat_duration_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^heartbeatIntervalMs = 0 \(from env WORKER_HEART"):
         load_config(env={"WORKER_HEARTBEAT_INTERVAL": "0s"})
+
+
+def test_the_heartbeat_refresh_may_not_be_shorter_than_the_interval() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(env={"WORKER_HEARTBEAT_INTERVAL": "2s", "WORKER_HEARTBEAT_REFRESH": "1s"})
+    assert error_text(excinfo) == (
+        "heartbeatRefreshMs = 1000 (from env WORKER_HEARTBEAT_REFRESH): must be >= "
+        "heartbeatIntervalMs (2000): an unchanged heartbeat cannot be put again more often "
+        "than the heartbeat is read"
+    )
+    config = load_config(
+        env={}, overrides={"heartbeatIntervalMs": 2_000, "heartbeatRefreshMs": 2_000}
+    )
+    assert config.etcd.heartbeat_refresh_ms == config.etcd.heartbeat_interval_ms == 2_000
 
 
 def test_stall_timeout_must_exceed_the_executor_heartbeat() -> None:

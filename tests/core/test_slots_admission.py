@@ -80,6 +80,7 @@ def test_slots_are_numbered_from_zero_and_start_free(machine: SlotMachine) -> No
         active_tasks=0,
         draining=False,
         ready=True,
+        slots_granted=0,
     )
 
 
@@ -200,6 +201,7 @@ def test_free_capacity_and_heartbeat_count_allocated_and_running_slots(
         active_tasks=2,
         draining=False,
         ready=True,
+        slots_granted=3,
     )
 
     fail_builder(machine, "t3", now_ms=400)
@@ -214,7 +216,23 @@ def test_free_capacity_and_heartbeat_count_allocated_and_running_slots(
         active_tasks=1,
         draining=False,
         ready=True,
+        slots_granted=3,
     )
+
+
+def test_a_reservation_changes_the_heartbeat_even_once_its_task_has_ended(
+    make_machine: MachineFactory,
+) -> None:
+    machine = make_machine(task_slots=1)
+    before = machine.heartbeat(0)
+    start_task(machine, "t1", now_ms=100)
+    fail_builder(machine, "t1", now_ms=200)
+    after = machine.heartbeat(0)
+
+    # The same capacity as before, but a heartbeat that differs: a coordinator that
+    # placed t1 hears from the worker again.
+    assert attrs.evolve(after, slots_granted=before.slots_granted) == before
+    assert (before.slots_granted, after.slots_granted) == (0, 1)
 
 
 # ------------------------------------------------------------ idempotency
@@ -558,6 +576,7 @@ def test_inline_submit_reserves_with_the_default_ttl_and_prepares_activation(
         active_tasks=1,
         draining=False,
         ready=True,
+        slots_granted=1,
     )
 
 

@@ -143,6 +143,7 @@ def test_activation_prepared_runs_the_slot_and_starts_the_builder(machine: SlotM
         active_tasks=1,
         draining=False,
         ready=True,
+        slots_granted=1,
     )
 
 
@@ -817,6 +818,7 @@ def test_drain_deadline_ends_every_live_task(make_machine: MachineFactory) -> No
         active_tasks=0,
         draining=True,
         ready=True,
+        slots_granted=3,
     )
     with pytest.raises(NotFound):
         machine.get_result("t1")

@@ -1,4 +1,5 @@
-"""Registration and placement against a real etcd and real `blockx serve` processes.
+"""Registration and placement against a real etcd and real `blockx serve` processes (and
+one `Registrar` in the test's own process, whose heartbeat the test changes).
 
 Each test starts its own etcd (loopback, a temporary data dir, free ports,
 fast raft timing) and its workers. What a worker wrote is read back with the
@@ -16,13 +17,14 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio_asyncio
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import NoWorkerAvailable, PlacementClient, WorkerClient
-from blockx.discovery import EtcdClient, KeyEventKind, WorkerHeartbeat
+from blockx.discovery import EtcdClient, KeyEventKind, Registrar, WorkerHeartbeat
 from tests.e2e.etcd_server import EtcdServer, etcd_server
 from tests.e2e.serve_process import REPO, ServeProcess, serve_process
 
@@ -91,6 +93,76 @@ async def key_deleted(etcd: EtcdClient, key: str) -> None:
         async for events in batches:
             if any(e.key == key and e.kind is KeyEventKind.DELETE for e in events):
                 return
+
+
+@attrs.define
+class Heartbeats:
+    """A heartbeat a test changes, counting the registrar's reads of it."""
+
+    free_slots: int = 2
+    reads: int = 0
+    _awaited: tuple[int, trio.Event] | None = None
+
+    async def read(self) -> WorkerHeartbeat:
+        self.reads += 1
+        if self._awaited is not None and self.reads >= self._awaited[0]:
+            self._awaited[1].set()
+        return WorkerHeartbeat(
+            address="127.0.0.1:1",
+            deployment="block",
+            slots_total=2,
+            reserved_slots=2 - self.free_slots,
+            running_tasks=0,
+            free_slots=self.free_slots,
+            executors_healthy=1,
+            draining=False,
+            version="0",
+            started_at_ms=1,
+        )
+
+    async def more_reads(self, count: int) -> None:
+        """Until the registrar has read the heartbeat `count` more times (so it has finished
+        with every read before those: it reads, then puts or not, then waits)."""
+        read = trio.Event()
+        self._awaited = (self.reads + count, read)
+        await read.wait()
+
+
+async def test_a_registrar_puts_the_heartbeat_when_it_changes_and_only_then(
+    tmp_path: Path,
+) -> None:
+    heartbeats = Heartbeats()
+    key = PREFIX + "127.0.0.1:1"
+    with trio.fail_after(FAIL_AFTER_S):
+        async with (
+            etcd_server(tmp_path / "etcd") as etcd,
+            etcd_client(etcd) as client,
+            trio.open_nursery() as nursery,
+        ):
+            registrar = Registrar(
+                endpoints=[etcd.endpoint],
+                key=key,
+                lease_ttl_ms=10_000,
+                heartbeat_interval_ms=10,
+                heartbeat_refresh_ms=3_600_000,  # never, in this test
+                heartbeat=heartbeats.read,
+            )
+            await nursery.start(registrar.run)
+            await heartbeat_at(client, key)
+            registered = await client.get_prefix(key)
+
+            await heartbeats.more_reads(20)  # twenty looks at an unchanged heartbeat
+            assert (await client.get_prefix(key)).entries == registered.entries  # not put again
+            assert registrar.puts == 1
+
+            heartbeats.free_slots = 1
+            changed = await heartbeat_at(client, key, written_after=registered.revision)
+            assert (changed.free_slots, changed.reserved_slots) == (1, 1)
+            await heartbeats.more_reads(20)
+            assert registrar.puts == 2
+
+            await registrar.deregister()
+            await key_deleted(client, key)
 
 
 async def test_a_ready_worker_registers_its_heartbeat_under_a_lease(tmp_path: Path) -> None:
@@ -246,6 +318,36 @@ async def test_placement_spreads_tasks_by_free_slots(tmp_path: Path) -> None:
             with pytest.raises(NoWorkerAvailable) as caught:
                 await placement.place(sleeper("t5"))
             assert "none of the 2 registered workers has a free slot" in str(caught.value)
+
+
+async def test_a_placement_is_heard_back_though_its_task_ended_before_the_worker_looked(
+    tmp_path: Path,
+) -> None:
+    quick = pb.TaskSpec(
+        task_id="quick",
+        function_call=pb.FunctionCallConfig(type="call_list"),
+        payload=json.dumps({"calls": [{"function": "demo.add", "args": [1, 2]}]}).encode(),
+    )
+    with trio.fail_after(FAIL_AFTER_S):
+        async with (
+            etcd_server(tmp_path / "etcd") as etcd,
+            serve_process("--slots", "1", "--executors", "1", env=worker_env(etcd)) as worker,
+            PlacementClient.connect(etcd.endpoint, PREFIX) as placement,
+        ):
+            address = f"127.0.0.1:{worker.port}"
+            await placement.wait_for(lambda workers: len(workers) == 1)
+            _, result = await placement.run_task(quick)
+            assert result.state == pb.TaskState.SUCCEEDED, result.message
+
+            # Idle again, as before the placement, yet a heartbeat is put: the placement
+            # no longer counts against the worker's one slot, and the next one goes there.
+            idle_again = await placement.wait_for(
+                lambda workers: (workers[0].slots_granted, workers[0].free_slots) == (1, 1)
+            )
+            assert idle_again[0].address == address
+            assert placement.directory.free_slots(address) == 1
+            placed = await placement.place(sleeper("next"))
+            assert placed.worker_addr == address
 
 
 async def test_placement_routes_around_a_draining_worker(tmp_path: Path) -> None:

@@ -91,6 +91,8 @@ class SlotTable(RuleBasedStateMachine):
         )
         self.machine = SlotMachine(self.config)
         self.model = SlotModel(self.config)
+        self.granted_seen = 0
+        self.live_seen: set[str] = set()
 
     # ----------------------------------------------------------------- driving
 
@@ -512,6 +514,15 @@ class SlotTable(RuleBasedStateMachine):
         assert heartbeat.free_slots == len(views) - allocated - running
         assert heartbeat.draining == self.model.draining
         assert heartbeat.active_tasks == sum(t.submitted for t in self.model.live.values())
+
+    @invariant()
+    def every_reservation_changes_the_heartbeat(self) -> None:
+        """A reservation counts even if its task ended within the step: coordinators rely
+        on a changed heartbeat to hear from a worker they placed on."""
+        granted = self.machine.heartbeat(self.now).slots_granted
+        new_live = set(self.model.live) - self.live_seen
+        assert granted >= self.granted_seen + len(new_live)
+        self.granted_seen, self.live_seen = granted, set(self.model.live)
 
     @invariant()
     def agrees_with_model(self) -> None:

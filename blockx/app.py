@@ -39,7 +39,7 @@ import socket
 import ssl
 import time
 from collections.abc import Mapping
-from pathlib import Path
+from typing import Final
 
 import attrs
 import trio
@@ -59,7 +59,7 @@ from blockx.actors import (
     run_actors,
 )
 from blockx.api import GrpcFrontEnd, WorkerService, bind_listener
-from blockx.autoworker import HubClient
+from blockx.autoworker import HubClient, hub_client_of
 from blockx.client import ClientSettings, ShadowForwarder
 from blockx.config import WorkerConfig, load_config
 from blockx.discovery import Registrar, WorkerHeartbeat, heartbeat_of
@@ -217,24 +217,13 @@ def _hub_client(config: WorkerConfig) -> HubClient | None:
     if not hub.enabled:
         return None
     try:
-        credential = Path(hub.credential_file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(
-            field="hubCredentialFile",
-            value=hub.credential_file,
-            allowed=f"a readable file holding the node's credential ({error})",
-        ) from None
-    ConfigError.check(
-        bool(credential),
-        field="hubCredentialFile",
-        value=hub.credential_file,
-        allowed="a file holding the node's credential; it is empty",
-    )
-    try:
-        return HubClient(url=hub.url, credential=credential, ca_file=hub.ca_file)
+        return hub_client_of(hub.url, hub.credential_file, ca_file=hub.ca_file)
     except InvalidValue as error:
-        field = "hubCaFile" if error.field == "ca_file" else "hubUrl"
+        field = _SETTING_OF.get(error.field, "hubUrl")
         raise ConfigError(field=field, value=error.value, allowed=error.allowed) from None
+
+
+_SETTING_OF: Final = {"credential_file": "hubCredentialFile", "ca_file": "hubCaFile"}
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ from blockx.autoworker._client import (
     HubCertificateRejected,
     HubClient,
     HubRequestFailed,
+    hub_client_of,
     node_task_submission,
     task_submission,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "WorkerShutdownTimeout",
     "WorkerStats",
     "handles",
+    "hub_client_of",
     "node_task_submission",
     "task_submission",
 ]

@@ -21,6 +21,7 @@ import json
 import ssl
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -355,6 +356,28 @@ class HubClient:
         """Close the connections kept for later requests."""
         while self._idle:
             await self._idle.pop()[1].aclose()
+
+
+def hub_client_of(
+    url: str, credential_file: str, *, ca_file: str = "", keep_alive: bool = False
+) -> HubClient:
+    """The client of the hub at `url`, with the credential `credential_file` holds (a
+    command's, a node's). `InvalidValue` whose field is "url", "credential_file" or
+    "ca_file" says what is wrong, for the caller to name its own flag or setting."""
+    try:
+        credential = Path(credential_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidValue(
+            field="credential_file", value=credential_file, allowed=f"a readable file ({error})"
+        ) from None
+    InvalidValue.check(
+        bool(credential),
+        field="credential_file",
+        value=credential_file,
+        allowed="a file holding a credential; it is empty",
+    )
+    # The URL's error, or the CA file's (not for an http URL: unread), name their field.
+    return HubClient(url=url, credential=credential, ca_file=ca_file, keep_alive=keep_alive)
 
 
 def task_submission(capability: Capability, payload: Any, **fields: Any) -> dict[str, Any]:

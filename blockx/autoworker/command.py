@@ -29,13 +29,12 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
 import trio
 
-from blockx.autoworker._client import HubClient, HubRequestFailed
+from blockx.autoworker._client import HubClient, HubRequestFailed, hub_client_of
 from blockx.autoworker._handlers import (
     CAPABILITY_ATTRIBUTE,
     DEFAULT_CAPACITY,
@@ -158,26 +157,15 @@ def hub_client(args: argparse.Namespace, *, keep_alive: bool = False) -> HubClie
     for flag, value in (("--hub", args.hub), ("--credential-file", args.credential_file)):
         FlagError.check(value is not None, field=flag, value=value, allowed="is required")
     try:
-        credential = Path(args.credential_file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise FlagError(
-            field="--credential-file",
-            value=args.credential_file,
-            allowed=f"a readable file ({error})",
-        ) from None
-    FlagError.check(
-        bool(credential),
-        field="--credential-file",
-        value=args.credential_file,
-        allowed="a file holding a credential; it is empty",
-    )
-    try:
-        return HubClient(
-            url=args.hub, credential=credential, ca_file=args.ca_file or "", keep_alive=keep_alive
+        return hub_client_of(
+            args.hub, args.credential_file, ca_file=args.ca_file or "", keep_alive=keep_alive
         )
-    except InvalidValue as error:  # the URL's, or the CA file's (not for an http URL, unread)
-        flag = "--ca-file" if error.field == "ca_file" else "--hub"
+    except InvalidValue as error:
+        flag = _FLAG_OF.get(error.field, "--hub")
         raise FlagError(field=flag, value=error.value, allowed=error.allowed) from None
+
+
+_FLAG_OF: Final = {"credential_file": "--credential-file", "ca_file": "--ca-file"}
 
 
 @contextlib.contextmanager

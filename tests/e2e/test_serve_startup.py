@@ -156,3 +156,30 @@ async def test_the_first_signal_stops_a_worker_still_waiting_for_its_code(tmp_pa
     assert any("worker stopped during start-up" in line for line in lines), lines
     assert not any("exiting at once" in line for line in lines), lines
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_hub_the_node_cannot_use_stops_the_start_in_one_line_naming_its_setting(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "node.token"
+    token.write_text("")
+    cases = [
+        (["--hub-credential-file", str(tmp_path / "missing")], "hubCredentialFile = "),
+        (["--hub-credential-file", str(token)], "hubCredentialFile = "),
+        (["--hub-queue", ""], "hubQueue = ''"),
+    ]
+    for flags, named in cases:
+        base = ["--hub", "http://127.0.0.1:9", "--hub-queue", "q"]
+        base += ["--hub-credential-file", str(token)]
+        done = run_serve(
+            "--listen",
+            "127.0.0.1:0",
+            "--functions",
+            str(EXAMPLES),
+            *base,
+            *flags,
+            env=serve_env(tmp_path),
+        )
+        assert done.returncode == 1, flags
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"blockx: error: {named}"), line

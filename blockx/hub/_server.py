@@ -258,6 +258,7 @@ class Hub:
     ) -> None:
         self.config = config
         self._store = store
+        self._use_thread = use_thread
         watch = TaskWatch()
         self.metrics = HubMetrics()
         self.committer = Committer(
@@ -870,15 +871,24 @@ class Hub:
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """PostgreSQL: have the dispatcher look as soon as a commit of any hub (or command)
-        of the database queued a task, or when its delay ends, not at its next poll. A lost
-        connection is made again after a poll's time; meanwhile the poll offers what was
-        queued."""
-        task_status.started()
+        of the database queued a task, or when its delay ends, not at its next poll. Started
+        once it listens (or failed to): a commit before then is not heard, so a hub that
+        served workers sooner would leave what it queued to the poll. A lost connection is
+        made again after a poll's time; meanwhile the poll offers what was queued."""
+        starting = True
         while True:
             try:
-                listener = await trio.to_thread.run_sync(QueuedListener, self._store.url)
+                if self._use_thread:
+                    listener = await trio.to_thread.run_sync(QueuedListener, self._store.url)
+                else:  # the database on the Trio thread, as the committer has it
+                    listener = QueuedListener(self._store.url)
             except StoreError as error:
                 logger.warning("hub: cannot listen for queued tasks: %s", error)
+                listener = None
+            if starting:
+                task_status.started()
+                starting = False
+            if listener is None:
                 await trio.sleep(self.config.poll_ms / 1000)
                 continue
             try:

@@ -69,11 +69,12 @@ async def _pump(stream: trio.abc.ReceiveStream, hub: HubProcess, ready: trio.Eve
 
 @asynccontextmanager
 async def hub_process(
-    db: str, env: dict[str, str] | None = None, tls: Pki | None = None
+    db: str, env: dict[str, str] | None = None, tls: Pki | None = None, port: int = 0
 ) -> AsyncIterator[HubProcess]:
-    """A hub on `db` and a free loopback port, serving HTTPS and WSS with `tls`'s
+    """A hub on `db` and loopback `port` (0: a free one; a hub started again takes the port
+    of the one it replaces, so that its workers find it), serving HTTPS and WSS with `tls`'s
     certificate if given; yields once it listens, kills it on exit."""
-    port = free_port()
+    port = port or free_port()
     command = [sys.executable, "-m", "blockx", "hub", "--listen", f"127.0.0.1:{port}", "--db", db]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("HUB_")}
     environment.update(env or {})

@@ -25,3 +25,9 @@ async def wait_exited(pid: int) -> None:
         await trio.lowlevel.wait_readable(fd)
     finally:
         os.close(fd)
+
+
+def parent_of(pid: int) -> int:
+    """The pid of `pid`'s parent, from /proc (`pid` must run)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])

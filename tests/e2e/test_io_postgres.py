@@ -49,9 +49,32 @@ async def test_an_unreachable_postgres_is_a_clear_scope_error() -> None:
     assert raised.value.message.startswith(f"cannot connect to postgres {url!r}: ")
 
 
-async def upsert_into(url: str, values: list[dict[str, object]], *, create: bool) -> PluginResult:
-    config = {"database": url, "table": "results", "key": ["id"], "create": create}
+async def upsert_into(
+    url: str, values: list[dict[str, object]], *, create: bool, table: str = "results"
+) -> PluginResult:
+    config = {"database": url, "table": table, "key": ["id"], "create": create}
     return await run_plugin(TableUpsertsPlugin(), config, values)
+
+
+async def test_tasks_creating_one_postgres_table_at_once_all_write(tmp_path: Path) -> None:
+    async with postgres_server(tmp_path) as server:
+        results: list[int] = []
+
+        async def one_task(n: int) -> None:
+            row: dict[str, object] = {"id": n, "n": n}
+            written = await upsert_into(server.url, [row], create=True, table="raced")
+            results.append(written.records_written)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(12):
+                nursery.start_soon(one_task, n)
+
+        def count() -> int:
+            with psycopg.connect(server.url) as check:
+                return int(check.execute("select count(*) from raced").fetchone()[0])
+
+        assert results == [1] * 12
+        assert await trio.to_thread.run_sync(count) == 12
 
 
 async def test_table_upserts_into_postgres_writes_each_key_once_and_all_or_nothing(

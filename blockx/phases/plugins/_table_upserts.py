@@ -279,6 +279,11 @@ def _upsert(connection: Any, target: _Target, outputs: Sequence[bytes]) -> int:
     written = 0
     try:
         if target.create:
+            if target.dialect.backend == "postgres":
+                # Concurrent CREATE TABLE IF NOT EXISTS of one table can both pass the
+                # check and one fail on the catalogue: tasks creating it take turns.
+                lock = f"SELECT pg_advisory_xact_lock(hashtext({target.dialect.placeholder}))"
+                connection.execute(lock, (f"blockx.table_upserts.{target.table}",))
             sql = f"CREATE TABLE IF NOT EXISTS {table} ({_columns_sql(target, first[1])})"
             connection.execute(sql)
         columns = _table_columns(connection, target)

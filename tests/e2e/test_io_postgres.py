@@ -71,7 +71,8 @@ async def test_tasks_creating_one_postgres_table_at_once_all_write(tmp_path: Pat
 
         def count() -> int:
             with psycopg.connect(server.url) as check:
-                return int(check.execute("select count(*) from raced").fetchone()[0])
+                [(rows,)] = check.execute("select count(*) from raced").fetchall()
+                return int(rows)
 
         assert results == [1] * 12
         assert await trio.to_thread.run_sync(count) == 12

@@ -32,8 +32,11 @@ Rules:
    their lease was lost, and results not confirmed across a reconnect. Offers
    are kept up to `2 * capacity` known attempts; others are left to lapse.
    When the slots are shared (`CapacityChanged`: a worker node's own tasks take
-   some), only the slots available count: starts stop while none is free, and
-   the capacity declared follows at once.
+   some), only the slots available count: starts stop while none is free at
+   once, and the capacity declared follows `SHARED_DECLARE_MS` after the first
+   change it has not told yet. A change undone by then is never declared: a
+   node's own short tasks take and free a slot each, and each declaration costs
+   the hub a heartbeat and a claim.
 6. Drain: no new starts; what runs is renewed and its result confirmed. The
    machine is `drained()` once the hub acknowledged the drain and nothing is left.
 """
@@ -82,6 +85,8 @@ MAX_HEARTBEAT_MS: Final = 5_000
 SETTLED_REMEMBERED: Final = 10_000
 """How many settled attempt ids are remembered, so a repeated offer never runs one twice."""
 MIN_RENEW_MS: Final = 20
+SHARED_DECLARE_MS: Final = 50
+"""How long a change of the shared slots waits before it is declared (rule 5)."""
 
 
 class Phase(enum.Enum):
@@ -337,6 +342,9 @@ class WorkerCore:
         """The session TTL the hub last gave: it answers within it, or the line is dead."""
         self._heartbeat_due_ms: int | None = None
         self._declared = -1
+        self._declare_due_ms: int | None = None
+        """When the shared slots changed, while the session is open: when the capacity
+        to declare then is (rule 5)."""
         self._draining = False
         self._drain_id = ""
         self._drain_acked = False
@@ -404,6 +412,8 @@ class WorkerCore:
         dues: list[int] = []
         if self._heartbeat_due_ms is not None:
             dues.append(self._heartbeat_due_ms)
+        if self._declare_due_ms is not None:
+            dues.append(self._declare_due_ms)
         for attempt in self._attempts.values():
             if attempt.phase is Phase.OFFERED:
                 dues.append(attempt.offer.offer_deadline_ms)
@@ -434,14 +444,16 @@ class WorkerCore:
                 self._on_time(now_ms, commands)
             case DrainRequested(now_ms=now_ms):
                 self._on_drain(now_ms, commands)
-            case CapacityChanged(available=available):
+            case CapacityChanged(now_ms=now_ms, available=available):
                 if not 0 <= available <= self.capacity:
                     raise Misuse(what=f"{available} slots available of {self.capacity}")
                 self._available = available
+                if self._link is Link.OPEN and self._declare_due_ms is None:
+                    self._declare_due_ms = now_ms + SHARED_DECLARE_MS
             case _:
                 assert_never(event)
         self._start_what_fits(event.now_ms, commands)
-        self._declare(commands)
+        self._declare(event.now_ms, commands)
         return CoreStep(commands=tuple(commands.made))
 
     # ------------------------------------------------------------------ connection
@@ -473,6 +485,7 @@ class WorkerCore:
             return
         self._link = Link.DOWN
         self._heartbeat_due_ms = None
+        self._declare_due_ms = None
         for message in self._pending.values():
             if isinstance(message, Finish):
                 self._stale_results.add(message.attempt_id)
@@ -519,13 +532,17 @@ class WorkerCore:
         self.session_ttl_ms = ttl_ms
         self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
 
-    def _declare(self, commands: _Commands) -> None:
-        """A heartbeat at once when the capacity to declare changed (rule 5)."""
+    def _declare(self, now_ms: int, commands: _Commands) -> None:
+        """A heartbeat when the capacity to declare changed: at once, or once a change of
+        the shared slots has waited `SHARED_DECLARE_MS` (rule 5)."""
         if self._link is not Link.OPEN:
             return
         capacity = self.declared_capacity()
-        if capacity != self._declared:
+        if capacity == self._declared:
+            self._declare_due_ms = None  # undone in time: nothing to tell
+        elif self._declare_due_ms is None or self._declare_due_ms <= now_ms:
             self._declared = capacity
+            self._declare_due_ms = None
             commands.send(Heartbeat(capacity=capacity))
 
     # ------------------------------------------------------------------ messages
@@ -768,6 +785,7 @@ class WorkerCore:
             self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
             if self._link is Link.OPEN:  # resuming takes one round trip: the next one is due
                 self._declared = self.declared_capacity()
+                self._declare_due_ms = None
                 commands.send(Heartbeat(capacity=self._declared))
 
     def _on_drain(self, now_ms: int, commands: _Commands) -> None:
@@ -875,9 +893,14 @@ class WorkerCore:
         assert self._heartbeat_every_ms == every_ms, (
             f"heartbeats every {self._heartbeat_every_ms} ms, session TTL {ttl_ms} ms"
         )
-        assert self._link is not Link.OPEN or self._declared == self.declared_capacity(), (
-            f"the hub holds capacity {self._declared}, not {self.declared_capacity()}"
+        assert self._link is Link.OPEN or self._declare_due_ms is None, (
+            f"{link} with a declaration due at {self._declare_due_ms}"
         )
+        assert (
+            self._link is not Link.OPEN
+            or self._declared == self.declared_capacity()
+            or self._declare_due_ms is not None
+        ), f"the hub holds capacity {self._declared}, not {self.declared_capacity()}"
         assert self.counters.reconnects == max(0, self._links - 1), "reconnects miscounted"
 
     def _check_drain(self) -> None:

@@ -34,6 +34,10 @@ After a warm-up of 100 tasks each way (as the latency phase runs them):
   submit -> the moment a count of the queue's SUCCEEDED tasks in the database,
   read every 10 ms, has grown by all of them. hub_fed_ratio: the hub's rate
   over the direct one. Each round's rates go to stderr.
+* hub_commits_per_task_latency, hub_commits_per_task_rate: the transactions the
+  hub committed over the latency phase (both ways' tasks: the direct ones move
+  the nodes' free slots, which they tell the hub) and over the hub's rounds, per
+  hub task (its `blockx_hub_commit_duration_seconds_count`).
 * hub_cpu_ms_per_task, node_cpu_ms_per_task_hub_fed, node_cpu_ms_per_task_direct,
   producer_cpu_ms_per_task_hub_fed, producer_cpu_ms_per_task_direct: the CPU the
   hub, the two nodes (their executors included) and this process used over each
@@ -154,6 +158,18 @@ class Fleet:
     hub_pid: int
     nodes: list[Node]
     clients: list[WorkerClient]
+
+
+def hub_commits(fleet: Fleet) -> float:
+    """Transactions the hub committed so far (its `blockx_hub_commit_duration_seconds`)."""
+    with urllib.request.urlopen(f"{fleet.hub.url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "blockx_hub_commit_duration_seconds_count"
+    )
 
 
 def finished_counts(node: Node) -> dict[str, float]:
@@ -395,7 +411,10 @@ async def measure(args: argparse.Namespace, fleet: Fleet) -> dict[str, float]:
     nodes = fleet.nodes
     groups = {"hub": [fleet.hub_pid], "nodes": [pid for node in nodes for pid in node.pids]}
     await latencies(fleet, WARM_UP_TASKS, "warm")
+    commits = await trio.to_thread.run_sync(hub_commits, fleet)
     direct_ms, hub_ms = await latencies(fleet, args.latency_tasks, "latency")
+    latency_commits = await trio.to_thread.run_sync(hub_commits, fleet) - commits
+    rate_commits = 0.0
     seconds = {"direct": 0.0, "hub": 0.0}
     cpu: dict[str, dict[str, float]] = {"direct": {}, "hub": {}}
     sampled = {"hub": fleet.hub_pid, "node0": nodes[0].process.pid}
@@ -404,8 +423,10 @@ async def measure(args: argparse.Namespace, fleet: Fleet) -> dict[str, float]:
             direct_s, used = await with_cpu(direct_rate(fleet.clients, count, f"rate{n}"), groups)
         seconds["direct"] += direct_s
         cpu["direct"] = added(cpu["direct"], used)
+        commits = await trio.to_thread.run_sync(hub_commits, fleet)
         with profiled(args.profile, f"hub_fed{n}", sampled):
             hub_s, used = await with_cpu(hub_rate(fleet, count, args.batch), groups)
+        rate_commits += await trio.to_thread.run_sync(hub_commits, fleet) - commits
         seconds["hub"] += hub_s
         cpu["hub"] = added(cpu["hub"], used)
         print(
@@ -431,6 +452,8 @@ async def measure(args: argparse.Namespace, fleet: Fleet) -> dict[str, float]:
         "node_cpu_ms_per_task_direct": cpu["direct"]["nodes"] * ms_per_task,
         "producer_cpu_ms_per_task_hub_fed": cpu["hub"]["producer"] * ms_per_task,
         "producer_cpu_ms_per_task_direct": cpu["direct"]["producer"] * ms_per_task,
+        "hub_commits_per_task_latency": latency_commits / args.latency_tasks,
+        "hub_commits_per_task_rate": rate_commits / args.tasks,
         "sent": sent,
     }
 

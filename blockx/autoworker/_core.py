@@ -330,6 +330,11 @@ class WorkerCore:
         """Of `capacity`, the slots not taken by anything else (`CapacityChanged`)."""
         self.counters = Counters()
         self._attempts: dict[str, _Attempt] = {}
+        self._in_phase: collections.Counter[Phase] = collections.Counter()
+        """How many of `_attempts` are in each phase, kept at every change (`_know`,
+        `_move`, `_forget`): the rules count them after every event, and a pass over
+        every attempt each time cost a worker holding a hundred of them more than the
+        rest of the event."""
         self._pending: dict[str, ControlMessage] = {}
         """Control messages sent (or to send) and not answered, by message id, in order."""
         self._ids = itertools.count(1)
@@ -369,17 +374,17 @@ class WorkerCore:
     @property
     def running(self) -> int:
         """Handlers started and not returned."""
-        return sum(1 for a in self._attempts.values() if a.phase in (Phase.RUNNING, Phase.LOST))
+        return self._in_phase[Phase.RUNNING] + self._in_phase[Phase.LOST]
 
     @property
     def held(self) -> int:
         """Handler slots taken (rule 5): from a start sent until the handler returns."""
-        return sum(1 for a in self._attempts.values() if a.holds_slot)
+        return sum(self._in_phase[phase] for phase in _HOLDS_SLOT)
 
     @property
     def unconfirmed(self) -> int:
         """Results sent and not yet answered."""
-        return sum(1 for a in self._attempts.values() if a.phase is Phase.FINISHING)
+        return self._in_phase[Phase.FINISHING]
 
     @property
     def known(self) -> int:
@@ -404,7 +409,7 @@ class WorkerCore:
         """What the hub is told it may hold of this worker (see rule 5)."""
         if self._draining:
             return 0
-        zombies = sum(1 for a in self._attempts.values() if a.phase is Phase.LOST)
+        zombies = self._in_phase[Phase.LOST]
         return max(0, self._available - zombies - len(self._stale_results))
 
     def next_deadline_ms(self) -> int | None:
@@ -460,6 +465,21 @@ class WorkerCore:
 
     def _next_id(self) -> str:
         return f"m{next(self._ids)}"
+
+    # ------------------------------------------------------------------ attempts
+
+    def _know(self, attempt: _Attempt) -> None:
+        self._attempts[attempt.attempt_id] = attempt
+        self._in_phase[attempt.phase] += 1
+
+    def _move(self, attempt: _Attempt, phase: Phase) -> None:
+        self._in_phase[attempt.phase] -= 1
+        self._in_phase[phase] += 1
+        attempt.phase = phase
+
+    def _forget(self, attempt: _Attempt) -> None:
+        del self._attempts[attempt.attempt_id]
+        self._in_phase[attempt.phase] -= 1
 
     def _on_connected(self, now_ms: int, commands: _Commands) -> None:
         if self._link is not Link.DOWN:
@@ -577,7 +597,7 @@ class WorkerCore:
         if len(self._attempts) >= 2 * self.capacity:
             commands.notice("offer_ignored", offer, "full")
             return
-        self._attempts[offer.attempt_id] = _Attempt(offer=offer)
+        self._know(_Attempt(offer=offer))
 
     def _on_resumed(self, now_ms: int, message: Resumed, commands: _Commands) -> None:
         if self._link is not Link.RESUMING or message.reply_to != self._resume_id:
@@ -617,9 +637,9 @@ class WorkerCore:
     def _grant(self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: _Commands) -> None:
         """A granted start: the handler runs, unless the lease is over already."""
         if deadline_ms <= now_ms:
-            del self._attempts[attempt.attempt_id]  # never ran; the hub ends it as expired
+            self._forget(attempt)  # never ran; the hub ends it as expired
             return
-        attempt.phase = Phase.RUNNING
+        self._move(attempt, Phase.RUNNING)
         attempt.lease_deadline_ms = deadline_ms
         attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
         self.counters.started += 1
@@ -645,7 +665,7 @@ class WorkerCore:
         match request:
             case Start():
                 if attempt.phase is Phase.STARTING:
-                    del self._attempts[attempt.attempt_id]  # never ran: nothing to report
+                    self._forget(attempt)  # never ran: nothing to report
                     commands.notice("start_refused", attempt.offer, message.code.value)
             case Renew():
                 if message.code is not RefusalCode.NOT_STARTED:
@@ -683,7 +703,7 @@ class WorkerCore:
         self._drain_acked = True
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED:
-                del self._attempts[attempt.attempt_id]  # left to lapse: never started
+                self._forget(attempt)  # left to lapse: never started
         commands.notice("drain_acknowledged")
 
     # ------------------------------------------------------------------ handlers
@@ -705,7 +725,7 @@ class WorkerCore:
         commands.notice("returned", attempt.offer, f"{kind}/{code}" if code else kind)
 
     def _finish(self, attempt: _Attempt, outcome: Outcome, commands: _Commands) -> None:
-        attempt.phase = Phase.FINISHING
+        self._move(attempt, Phase.FINISHING)
         attempt.renew_due_ms = None
         for message_id, message in list(self._pending.items()):
             if isinstance(message, Renew | Finish) and message.attempt_id == attempt.attempt_id:
@@ -720,7 +740,7 @@ class WorkerCore:
 
     def _settle(self, attempt: _Attempt) -> None:
         """The attempt is over for good: forget it, but not that it ran."""
-        del self._attempts[attempt.attempt_id]
+        self._forget(attempt)
         self._stale_results.discard(attempt.attempt_id)
         self._settled[attempt.attempt_id] = None
         if len(self._settled) > SETTLED_REMEMBERED:
@@ -730,29 +750,30 @@ class WorkerCore:
         """The attempt's lease is gone: stop its handler, or forget it if none runs."""
         match attempt.phase:
             case Phase.RUNNING:
-                attempt.phase = Phase.LOST
+                self._move(attempt, Phase.LOST)
                 attempt.renew_due_ms = None
                 commands.cancel_handler(attempt.attempt_id)
                 commands.notice("lease_lost", attempt.offer)
             case Phase.OFFERED | Phase.STARTING:
-                del self._attempts[attempt.attempt_id]
+                self._forget(attempt)
             case Phase.LOST | Phase.FINISHING:
                 pass
 
     def _start_what_fits(self, now_ms: int, commands: _Commands) -> None:
-        """Start the oldest offers still open, as far as free slots go (one pass: this runs
-        after every event)."""
+        """Start the oldest offers still open, as far as free slots go (this runs after every
+        event: it looks for the offers only when one may start)."""
         if self._draining or self._link is not Link.OPEN:
             return
-        room = self._available
-        waiting: list[_Attempt] = []
-        for attempt in self._attempts.values():
-            if attempt.phase in _HOLDS_SLOT:
-                room -= 1
-            elif attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms:
-                waiting.append(attempt)
-        for attempt in waiting[: max(room, 0)]:
-            attempt.phase = Phase.STARTING
+        room = self._available - self.held
+        if room <= 0 or not self._in_phase[Phase.OFFERED]:
+            return
+        waiting = [
+            attempt
+            for attempt in self._attempts.values()
+            if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms
+        ]
+        for attempt in waiting[:room]:
+            self._move(attempt, Phase.STARTING)
             start = Start(
                 message_id=self._next_id(),
                 attempt_id=attempt.attempt_id,
@@ -765,7 +786,7 @@ class WorkerCore:
     def _on_time(self, now_ms: int, commands: _Commands) -> None:
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms <= now_ms:
-                del self._attempts[attempt.attempt_id]
+                self._forget(attempt)
             elif attempt.phase is Phase.RUNNING:
                 if attempt.lease_deadline_ms <= now_ms:
                     self._lose(attempt, commands)
@@ -794,7 +815,7 @@ class WorkerCore:
         self._draining = True
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED:
-                del self._attempts[attempt.attempt_id]
+                self._forget(attempt)
         if self._link is Link.OPEN:
             self._drain_id = self._next_id()
             self._send(Drain(message_id=self._drain_id), commands)
@@ -828,6 +849,8 @@ class WorkerCore:
                 assert attempt.renew_due_ms is None, f"{attempt_id} {phase} with a renew due"
         known = len(self._attempts)
         assert known <= 2 * self.capacity, f"{known} attempts known, capacity {self.capacity}"
+        in_phase = collections.Counter(attempt.phase for attempt in self._attempts.values())
+        assert self._in_phase == in_phase, f"counted {self._in_phase} by phase, hold {in_phase}"
         held = sum(1 for attempt in self._attempts.values() if attempt.holds_slot)
         assert held <= self.capacity, f"{held} slots held, capacity {self.capacity}"
         settled_known = sorted(self._attempts.keys() & self._settled.keys())

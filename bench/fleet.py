@@ -1,13 +1,22 @@
 """Two worker nodes fed by a hub beside the same two nodes sent the same tasks directly.
 
-    uv run python -m bench.fleet [--tasks 10000] [--latency-tasks 300] [--rounds 3]
-                                 [--slots 32] [--executors 1] [--batch 1000]
+    uv run python -m bench.fleet [--tasks 10000] [--latency-tasks 300] [--rounds 5]
+                                 [--slots 128] [--executors 1] [--batch 1000]
                                  [--profile DIR] [--quick] [--keep]
 
 One run starts a `python -m blockx hub` process on a fresh SQLite file in a
 temporary directory and two worker nodes (`python -m blockx serve`,
 examples/functions, SLOTS slots and EXECUTORS executors each) that also take
 the tasks of the hub's queue (`--hub`, `--hub-queue`, `--hub-credential-file`).
+A hub task holds its place in a node's capacity from its offer to its recorded
+end, the hub's commits and round trips included, while a direct stream's node
+holds what it cannot start yet itself: the hub-fed way needs more slots in
+flight to keep the nodes busy, and 128 (as bench/serve.py's node has) let the
+hub group a round's commits in batches about twice as large as 32 did. The
+nodes do not pin their event-loop threads to one CPU (`pinLoopThreads`, on by
+default, is made for one worker on a machine): each would pin them to the CPU
+it starts on, and whether two nodes land on one CPU or on two is chance, on
+which the direct rate depended (about 1,000 against 1,800 tasks/s on 2 cores).
 Every task is the same one-call task, `demo.add(1, 2)` through the
 `call_list` builder with the `result` plugin, so its value comes back with its
 result: to the hub, written as a task file writes it (capability
@@ -34,6 +43,11 @@ After a warm-up of 100 tasks each way (as the latency phase runs them):
   submit -> the moment a count of the queue's SUCCEEDED tasks in the database,
   read every 10 ms, has grown by all of them. hub_fed_ratio: the hub's rate
   over the direct one. Each round's rates go to stderr.
+* sqlite_commit_p50_ms (baseline): right after the latency phase, LATENCY_TASKS
+  rows committed one per transaction to a SQLite file beside the hub's, with its
+  settings (WAL, synchronous=FULL): what one durable step costs on this disk
+  now. A hub task waits for three in a row (its submission with its offer, its
+  start, its finish), a direct one for none.
 * hub_commits_per_task_latency, hub_commits_per_task_rate: the transactions the
   hub committed over the latency phase (both ways' tasks: the direct ones move
   the nodes' free slots, which they tell the hub) and over the hub's rounds, per
@@ -79,6 +93,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import autoworker
 from bench.autoworker import (
     QUEUE,
+    commit_latencies,
     cpu_seconds,
     free_port,
     open_hub,
@@ -143,6 +158,7 @@ async def open_node(
         "LOG_FORMAT": "text",
         "METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
         "ETCD_ENDPOINTS": "none",
+        "WORKER_PIN_LOOP_THREADS": "false",  # see the module
     }
     process = await open_logged(command, env, READY, directory / f"node{n}.log")
     return Node(process, f"127.0.0.1:{port}", f"127.0.0.1:{metrics_port}")
@@ -414,6 +430,8 @@ async def measure(args: argparse.Namespace, fleet: Fleet) -> dict[str, float]:
     commits = await trio.to_thread.run_sync(hub_commits, fleet)
     direct_ms, hub_ms = await latencies(fleet, args.latency_tasks, "latency")
     latency_commits = await trio.to_thread.run_sync(hub_commits, fleet) - commits
+    floor = fleet.db.parent / "floor.sqlite3"
+    commit_ms = await trio.to_thread.run_sync(commit_latencies, floor, args.latency_tasks)
     rate_commits = 0.0
     seconds = {"direct": 0.0, "hub": 0.0}
     cpu: dict[str, dict[str, float]] = {"direct": {}, "hub": {}}
@@ -452,6 +470,7 @@ async def measure(args: argparse.Namespace, fleet: Fleet) -> dict[str, float]:
         "node_cpu_ms_per_task_direct": cpu["direct"]["nodes"] * ms_per_task,
         "producer_cpu_ms_per_task_hub_fed": cpu["hub"]["producer"] * ms_per_task,
         "producer_cpu_ms_per_task_direct": cpu["direct"]["producer"] * ms_per_task,
+        "sqlite_commit_p50_ms": statistics.median(commit_ms),
         "hub_commits_per_task_latency": latency_commits / args.latency_tasks,
         "hub_commits_per_task_rate": rate_commits / args.tasks,
         "sent": sent,
@@ -471,9 +490,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks of each rate phase")
     parser.add_argument("--latency-tasks", type=int, default=300, help="tasks timed one at a time")
-    parser.add_argument("--slots", type=int, default=32, help="each node's task slots")
+    parser.add_argument("--slots", type=int, default=128, help="each node's task slots")
     parser.add_argument("--executors", type=int, default=1, help="each node's executors")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rate rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rate rounds")
     parser.add_argument("--batch", type=int, default=1_000, help="hub submissions per request")
     parser.add_argument(
         "--profile", type=Path, metavar="DIR", help="py-spy stacks of the hub and a node"

@@ -1,6 +1,6 @@
 """Two worker nodes fed by a hub beside the same two nodes sent the same tasks directly.
 
-    uv run python -m bench.fleet [--tasks 10000] [--latency-tasks 300] [--rounds 5]
+    uv run python -m bench.fleet [--tasks 20000] [--latency-tasks 300] [--rounds 5]
                                  [--slots 128] [--executors 1] [--batch 1000]
                                  [--profile DIR] [--quick] [--keep]
 
@@ -488,7 +488,7 @@ def shares(count: int, rounds: int) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", type=int, default=10_000, help="tasks of each rate phase")
+    parser.add_argument("--tasks", type=int, default=20_000, help="tasks of each rate phase")
     parser.add_argument("--latency-tasks", type=int, default=300, help="tasks timed one at a time")
     parser.add_argument("--slots", type=int, default=128, help="each node's task slots")
     parser.add_argument("--executors", type=int, default=1, help="each node's executors")

@@ -32,8 +32,11 @@ Rules:
    their lease was lost, and results not confirmed across a reconnect. Offers
    are kept up to `2 * capacity` known attempts; others are left to lapse.
    When the slots are shared (`CapacityChanged`: a worker node's own tasks take
-   some), only the slots available count: starts stop while none is free, and
-   the capacity declared follows at once.
+   some), only the slots available count: starts stop while none is free at
+   once, and the capacity declared follows `SHARED_DECLARE_MS` after the first
+   change it has not told yet. A change undone by then is never declared: a
+   node's own short tasks take and free a slot each, and each declaration costs
+   the hub a heartbeat and a claim.
 6. Drain: no new starts; what runs is renewed and its result confirmed. The
    machine is `drained()` once the hub acknowledged the drain and nothing is left.
 """
@@ -82,6 +85,8 @@ MAX_HEARTBEAT_MS: Final = 5_000
 SETTLED_REMEMBERED: Final = 10_000
 """How many settled attempt ids are remembered, so a repeated offer never runs one twice."""
 MIN_RENEW_MS: Final = 20
+SHARED_DECLARE_MS: Final = 50
+"""How long a change of the shared slots waits before it is declared (rule 5)."""
 
 
 class Phase(enum.Enum):
@@ -325,6 +330,11 @@ class WorkerCore:
         """Of `capacity`, the slots not taken by anything else (`CapacityChanged`)."""
         self.counters = Counters()
         self._attempts: dict[str, _Attempt] = {}
+        self._in_phase: collections.Counter[Phase] = collections.Counter()
+        """How many of `_attempts` are in each phase, kept at every change (`_know`,
+        `_move`, `_forget`): the rules count them after every event, and a pass over
+        every attempt each time cost a worker holding a hundred of them more than the
+        rest of the event."""
         self._pending: dict[str, ControlMessage] = {}
         """Control messages sent (or to send) and not answered, by message id, in order."""
         self._ids = itertools.count(1)
@@ -337,6 +347,9 @@ class WorkerCore:
         """The session TTL the hub last gave: it answers within it, or the line is dead."""
         self._heartbeat_due_ms: int | None = None
         self._declared = -1
+        self._declare_due_ms: int | None = None
+        """When the shared slots changed, while the session is open: when the capacity
+        to declare then is (rule 5)."""
         self._draining = False
         self._drain_id = ""
         self._drain_acked = False
@@ -361,17 +374,17 @@ class WorkerCore:
     @property
     def running(self) -> int:
         """Handlers started and not returned."""
-        return sum(1 for a in self._attempts.values() if a.phase in (Phase.RUNNING, Phase.LOST))
+        return self._in_phase[Phase.RUNNING] + self._in_phase[Phase.LOST]
 
     @property
     def held(self) -> int:
         """Handler slots taken (rule 5): from a start sent until the handler returns."""
-        return sum(1 for a in self._attempts.values() if a.holds_slot)
+        return sum(self._in_phase[phase] for phase in _HOLDS_SLOT)
 
     @property
     def unconfirmed(self) -> int:
         """Results sent and not yet answered."""
-        return sum(1 for a in self._attempts.values() if a.phase is Phase.FINISHING)
+        return self._in_phase[Phase.FINISHING]
 
     @property
     def known(self) -> int:
@@ -396,7 +409,7 @@ class WorkerCore:
         """What the hub is told it may hold of this worker (see rule 5)."""
         if self._draining:
             return 0
-        zombies = sum(1 for a in self._attempts.values() if a.phase is Phase.LOST)
+        zombies = self._in_phase[Phase.LOST]
         return max(0, self._available - zombies - len(self._stale_results))
 
     def next_deadline_ms(self) -> int | None:
@@ -404,6 +417,8 @@ class WorkerCore:
         dues: list[int] = []
         if self._heartbeat_due_ms is not None:
             dues.append(self._heartbeat_due_ms)
+        if self._declare_due_ms is not None:
+            dues.append(self._declare_due_ms)
         for attempt in self._attempts.values():
             if attempt.phase is Phase.OFFERED:
                 dues.append(attempt.offer.offer_deadline_ms)
@@ -434,20 +449,37 @@ class WorkerCore:
                 self._on_time(now_ms, commands)
             case DrainRequested(now_ms=now_ms):
                 self._on_drain(now_ms, commands)
-            case CapacityChanged(available=available):
+            case CapacityChanged(now_ms=now_ms, available=available):
                 if not 0 <= available <= self.capacity:
                     raise Misuse(what=f"{available} slots available of {self.capacity}")
                 self._available = available
+                if self._link is Link.OPEN and self._declare_due_ms is None:
+                    self._declare_due_ms = now_ms + SHARED_DECLARE_MS
             case _:
                 assert_never(event)
         self._start_what_fits(event.now_ms, commands)
-        self._declare(commands)
+        self._declare(event.now_ms, commands)
         return CoreStep(commands=tuple(commands.made))
 
     # ------------------------------------------------------------------ connection
 
     def _next_id(self) -> str:
         return f"m{next(self._ids)}"
+
+    # ------------------------------------------------------------------ attempts
+
+    def _know(self, attempt: _Attempt) -> None:
+        self._attempts[attempt.attempt_id] = attempt
+        self._in_phase[attempt.phase] += 1
+
+    def _move(self, attempt: _Attempt, phase: Phase) -> None:
+        self._in_phase[attempt.phase] -= 1
+        self._in_phase[phase] += 1
+        attempt.phase = phase
+
+    def _forget(self, attempt: _Attempt) -> None:
+        del self._attempts[attempt.attempt_id]
+        self._in_phase[attempt.phase] -= 1
 
     def _on_connected(self, now_ms: int, commands: _Commands) -> None:
         if self._link is not Link.DOWN:
@@ -473,6 +505,7 @@ class WorkerCore:
             return
         self._link = Link.DOWN
         self._heartbeat_due_ms = None
+        self._declare_due_ms = None
         for message in self._pending.values():
             if isinstance(message, Finish):
                 self._stale_results.add(message.attempt_id)
@@ -519,13 +552,17 @@ class WorkerCore:
         self.session_ttl_ms = ttl_ms
         self._heartbeat_every_ms = max(1, min(ttl_ms // 3, MAX_HEARTBEAT_MS))
 
-    def _declare(self, commands: _Commands) -> None:
-        """A heartbeat at once when the capacity to declare changed (rule 5)."""
+    def _declare(self, now_ms: int, commands: _Commands) -> None:
+        """A heartbeat when the capacity to declare changed: at once, or once a change of
+        the shared slots has waited `SHARED_DECLARE_MS` (rule 5)."""
         if self._link is not Link.OPEN:
             return
         capacity = self.declared_capacity()
-        if capacity != self._declared:
+        if capacity == self._declared:
+            self._declare_due_ms = None  # undone in time: nothing to tell
+        elif self._declare_due_ms is None or self._declare_due_ms <= now_ms:
             self._declared = capacity
+            self._declare_due_ms = None
             commands.send(Heartbeat(capacity=capacity))
 
     # ------------------------------------------------------------------ messages
@@ -560,7 +597,7 @@ class WorkerCore:
         if len(self._attempts) >= 2 * self.capacity:
             commands.notice("offer_ignored", offer, "full")
             return
-        self._attempts[offer.attempt_id] = _Attempt(offer=offer)
+        self._know(_Attempt(offer=offer))
 
     def _on_resumed(self, now_ms: int, message: Resumed, commands: _Commands) -> None:
         if self._link is not Link.RESUMING or message.reply_to != self._resume_id:
@@ -600,9 +637,9 @@ class WorkerCore:
     def _grant(self, now_ms: int, attempt: _Attempt, deadline_ms: int, commands: _Commands) -> None:
         """A granted start: the handler runs, unless the lease is over already."""
         if deadline_ms <= now_ms:
-            del self._attempts[attempt.attempt_id]  # never ran; the hub ends it as expired
+            self._forget(attempt)  # never ran; the hub ends it as expired
             return
-        attempt.phase = Phase.RUNNING
+        self._move(attempt, Phase.RUNNING)
         attempt.lease_deadline_ms = deadline_ms
         attempt.renew_due_ms = _renew_due(now_ms, deadline_ms)
         self.counters.started += 1
@@ -628,7 +665,7 @@ class WorkerCore:
         match request:
             case Start():
                 if attempt.phase is Phase.STARTING:
-                    del self._attempts[attempt.attempt_id]  # never ran: nothing to report
+                    self._forget(attempt)  # never ran: nothing to report
                     commands.notice("start_refused", attempt.offer, message.code.value)
             case Renew():
                 if message.code is not RefusalCode.NOT_STARTED:
@@ -666,7 +703,7 @@ class WorkerCore:
         self._drain_acked = True
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED:
-                del self._attempts[attempt.attempt_id]  # left to lapse: never started
+                self._forget(attempt)  # left to lapse: never started
         commands.notice("drain_acknowledged")
 
     # ------------------------------------------------------------------ handlers
@@ -688,7 +725,7 @@ class WorkerCore:
         commands.notice("returned", attempt.offer, f"{kind}/{code}" if code else kind)
 
     def _finish(self, attempt: _Attempt, outcome: Outcome, commands: _Commands) -> None:
-        attempt.phase = Phase.FINISHING
+        self._move(attempt, Phase.FINISHING)
         attempt.renew_due_ms = None
         for message_id, message in list(self._pending.items()):
             if isinstance(message, Renew | Finish) and message.attempt_id == attempt.attempt_id:
@@ -703,7 +740,7 @@ class WorkerCore:
 
     def _settle(self, attempt: _Attempt) -> None:
         """The attempt is over for good: forget it, but not that it ran."""
-        del self._attempts[attempt.attempt_id]
+        self._forget(attempt)
         self._stale_results.discard(attempt.attempt_id)
         self._settled[attempt.attempt_id] = None
         if len(self._settled) > SETTLED_REMEMBERED:
@@ -713,29 +750,30 @@ class WorkerCore:
         """The attempt's lease is gone: stop its handler, or forget it if none runs."""
         match attempt.phase:
             case Phase.RUNNING:
-                attempt.phase = Phase.LOST
+                self._move(attempt, Phase.LOST)
                 attempt.renew_due_ms = None
                 commands.cancel_handler(attempt.attempt_id)
                 commands.notice("lease_lost", attempt.offer)
             case Phase.OFFERED | Phase.STARTING:
-                del self._attempts[attempt.attempt_id]
+                self._forget(attempt)
             case Phase.LOST | Phase.FINISHING:
                 pass
 
     def _start_what_fits(self, now_ms: int, commands: _Commands) -> None:
-        """Start the oldest offers still open, as far as free slots go (one pass: this runs
-        after every event)."""
+        """Start the oldest offers still open, as far as free slots go (this runs after every
+        event: it looks for the offers only when one may start)."""
         if self._draining or self._link is not Link.OPEN:
             return
-        room = self._available
-        waiting: list[_Attempt] = []
-        for attempt in self._attempts.values():
-            if attempt.phase in _HOLDS_SLOT:
-                room -= 1
-            elif attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms:
-                waiting.append(attempt)
-        for attempt in waiting[: max(room, 0)]:
-            attempt.phase = Phase.STARTING
+        room = self._available - self.held
+        if room <= 0 or not self._in_phase[Phase.OFFERED]:
+            return
+        waiting = [
+            attempt
+            for attempt in self._attempts.values()
+            if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms > now_ms
+        ]
+        for attempt in waiting[:room]:
+            self._move(attempt, Phase.STARTING)
             start = Start(
                 message_id=self._next_id(),
                 attempt_id=attempt.attempt_id,
@@ -748,7 +786,7 @@ class WorkerCore:
     def _on_time(self, now_ms: int, commands: _Commands) -> None:
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED and attempt.offer.offer_deadline_ms <= now_ms:
-                del self._attempts[attempt.attempt_id]
+                self._forget(attempt)
             elif attempt.phase is Phase.RUNNING:
                 if attempt.lease_deadline_ms <= now_ms:
                     self._lose(attempt, commands)
@@ -768,6 +806,7 @@ class WorkerCore:
             self._heartbeat_due_ms = now_ms + self._heartbeat_every_ms
             if self._link is Link.OPEN:  # resuming takes one round trip: the next one is due
                 self._declared = self.declared_capacity()
+                self._declare_due_ms = None
                 commands.send(Heartbeat(capacity=self._declared))
 
     def _on_drain(self, now_ms: int, commands: _Commands) -> None:
@@ -776,7 +815,7 @@ class WorkerCore:
         self._draining = True
         for attempt in list(self._attempts.values()):
             if attempt.phase is Phase.OFFERED:
-                del self._attempts[attempt.attempt_id]
+                self._forget(attempt)
         if self._link is Link.OPEN:
             self._drain_id = self._next_id()
             self._send(Drain(message_id=self._drain_id), commands)
@@ -810,6 +849,8 @@ class WorkerCore:
                 assert attempt.renew_due_ms is None, f"{attempt_id} {phase} with a renew due"
         known = len(self._attempts)
         assert known <= 2 * self.capacity, f"{known} attempts known, capacity {self.capacity}"
+        in_phase = collections.Counter(attempt.phase for attempt in self._attempts.values())
+        assert self._in_phase == in_phase, f"counted {self._in_phase} by phase, hold {in_phase}"
         held = sum(1 for attempt in self._attempts.values() if attempt.holds_slot)
         assert held <= self.capacity, f"{held} slots held, capacity {self.capacity}"
         settled_known = sorted(self._attempts.keys() & self._settled.keys())
@@ -875,9 +916,14 @@ class WorkerCore:
         assert self._heartbeat_every_ms == every_ms, (
             f"heartbeats every {self._heartbeat_every_ms} ms, session TTL {ttl_ms} ms"
         )
-        assert self._link is not Link.OPEN or self._declared == self.declared_capacity(), (
-            f"the hub holds capacity {self._declared}, not {self.declared_capacity()}"
+        assert self._link is Link.OPEN or self._declare_due_ms is None, (
+            f"{link} with a declaration due at {self._declare_due_ms}"
         )
+        assert (
+            self._link is not Link.OPEN
+            or self._declared == self.declared_capacity()
+            or self._declare_due_ms is not None
+        ), f"the hub holds capacity {self._declared}, not {self.declared_capacity()}"
         assert self.counters.reconnects == max(0, self._links - 1), "reconnects miscounted"
 
     def _check_drain(self) -> None:

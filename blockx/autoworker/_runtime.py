@@ -392,9 +392,17 @@ class Worker:
         """The time and the stimulus id of an event: the one place they are given."""
         return self._now(), self._stimuli.stamp(kind)
 
-    def _apply(self, event: Event) -> None:
+    def _apply(self, event: Event, *, settle: bool = True) -> None:
+        """Hand `event` to the core and carry out what it says; with `settle`, then set the
+        timer and see whether the drain is over (`_settle`)."""
         for command in self._core.handle(event).commands:
             self._execute(command)
+        if settle:
+            self._settle()
+
+    def _settle(self) -> None:
+        """The timer follows the core's next deadline; a drained core needs no hub. Once per
+        step of the runtime: the deadline is a pass over every attempt the core knows."""
         deadline = self._core.next_deadline_ms()
         assert self._clock is not None
         self._timer.deadline = math.inf if deadline is None else self._clock.trio_time(deadline)
@@ -684,15 +692,17 @@ class Worker:
                 frame = await socket.get_message()
             if waiting.cancelled_caught:
                 raise _Closed(f"nothing from the hub for {silence_ms} ms")
-            for message in decode(frame):
-                if isinstance(message, Error):
-                    _raise_error(message)
-                if isinstance(message, Welcome | Hello):
-                    raise ProtocolError(reason=f"unexpected {type(message).__name__}")
-                now_ms, stimulus_id = self._stamp("received")
-                self._apply(
-                    Received(now_ms=now_ms, stimulus_id=stimulus_id, message=message)  # type: ignore[arg-type]
-                )
+            try:
+                for message in decode(frame):
+                    if isinstance(message, Error):
+                        _raise_error(message)
+                    if isinstance(message, Welcome | Hello):
+                        raise ProtocolError(reason=f"unexpected {type(message).__name__}")
+                    now_ms, stimulus_id = self._stamp("received")
+                    received = Received(now_ms=now_ms, stimulus_id=stimulus_id, message=message)  # type: ignore[arg-type]
+                    self._apply(received, settle=False)
+            finally:
+                self._settle()  # once for the frame: nothing waits in between
 
     async def _write(self, socket: trio_websocket.WebSocketConnection) -> None:
         """Sends what the outbox holds, all of it in one frame each time."""

@@ -37,7 +37,6 @@ from typing import Any, Final
 
 import trio
 
-from blockx._proto.blockx.worker import v1 as pb
 from blockx.actors import (
     CancelTask,
     FedTasks,
@@ -47,7 +46,7 @@ from blockx.actors import (
     SlotTableMessage,
     Subscribe,
 )
-from blockx.api import result_bytes, spec_from_message
+from blockx.api import spec_from_message
 from blockx.autoworker import (
     MAX_CAPACITY,
     HubClient,
@@ -61,7 +60,8 @@ from blockx.autoworker import (
     WorkerRunError,
 )
 from blockx.calls import FailureCode
-from blockx.client import InvalidTaskSpec, readable, task_spec_from_json
+from blockx.client import InvalidTaskSpec, task_spec_from_json
+from blockx.hubnode._document import result_document
 from blockx.hubnode._outcomes import attempt_outcome
 from blockx.hubwire import Failed, Succeeded, node_task_capability
 from blockx.process.clock import EpochClock
@@ -218,7 +218,7 @@ def _reported(snapshot: TaskSnapshot) -> Any:
     failure raised."""
     result = snapshot.result
     assert result is not None  # a terminal snapshot holds its result
-    document = json.dumps(readable(pb.TaskResult().parse(result_bytes(result))))
+    document = result_document(result)
     outcome = attempt_outcome(result, document)
     match outcome:
         case Succeeded():

@@ -9,6 +9,7 @@ import pytest
 from blockx.autoworker._core import (
     MAX_HEARTBEAT_MS,
     MIN_RENEW_MS,
+    SHARED_DECLARE_MS,
     CancelHandler,
     CapacityChanged,
     Command,
@@ -106,22 +107,45 @@ def test_a_session_opens_with_the_capacity_and_offers_start_up_to_it(
     assert machine.phase_of("a3") is Phase.OFFERED
 
 
-def test_shared_slots_bound_the_starts_and_the_capacity_declared(
+def test_shared_slots_bound_the_starts_at_once_and_the_capacity_declared_soon_after(
     make_worker_core: WorkerCoreFactory,
 ) -> None:
     machine = make_worker_core(capacity=3)
     opened(machine)
     started(machine, 1)
-    taken = machine.handle(CapacityChanged(now_ms=1, stimulus_id="taken", available=1))
-    assert sent(taken) == [Heartbeat(capacity=1)]  # the one running still counts
+    assert sent(machine.handle(CapacityChanged(now_ms=1, stimulus_id="taken", available=1))) == []
     assert sent(machine.handle(received(offer(2), now_ms=2))) == []  # no slot left to start in
     assert machine.phase_of("a2") is Phase.OFFERED
-    freed = machine.handle(CapacityChanged(now_ms=3, stimulus_id="freed", available=3))
-    assert [type(m) for m in sent(freed)] == [Start, Heartbeat]
+    assert machine.next_deadline_ms() == 1 + SHARED_DECLARE_MS
+    due = machine.handle(time_passed(now_ms=1 + SHARED_DECLARE_MS))
+    assert sent(due) == [Heartbeat(capacity=1)]  # the one running still counts
+    freed = machine.handle(CapacityChanged(now_ms=100, stimulus_id="freed", available=3))
+    assert [type(m) for m in sent(freed)] == [Start]
     assert machine.held == 2
-    assert sent(freed)[1] == Heartbeat(capacity=3)
+    assert sent(machine.handle(time_passed(now_ms=100 + SHARED_DECLARE_MS))) == [
+        Heartbeat(capacity=3)
+    ]
     with pytest.raises(Misuse, match="4 slots available of 3"):
-        machine.handle(CapacityChanged(now_ms=4, stimulus_id="wrong", available=4))
+        machine.handle(CapacityChanged(now_ms=200, stimulus_id="wrong", available=4))
+
+
+def test_a_change_of_the_shared_slots_undone_in_time_is_never_declared(
+    make_worker_core: WorkerCoreFactory,
+) -> None:
+    machine = make_worker_core(capacity=3)
+    opened(machine)
+    for n, available in enumerate((2, 1, 3)):  # a node's own tasks take two slots, then end
+        event = CapacityChanged(now_ms=10 * n, stimulus_id=f"slots-{n}", available=available)
+        assert sent(machine.handle(event)) == []
+    assert machine.next_deadline_ms() == MAX_HEARTBEAT_MS  # nothing left to declare
+    assert sent(machine.handle(time_passed(now_ms=SHARED_DECLARE_MS))) == []
+    machine.handle(CapacityChanged(now_ms=60, stimulus_id="taken", available=2))
+    dropped = machine.handle(disconnected(now_ms=70))
+    assert not of_type(dropped, Send)
+    assert machine.next_deadline_ms() is None  # the next session opens with what is left
+    [opening] = sent(machine.handle(connected(now_ms=80)))
+    assert isinstance(opening, OpenSession)
+    assert opening.capacity == 2
 
 
 def test_a_handler_runs_only_once_its_start_is_granted_and_only_once(

@@ -1,0 +1,47 @@
+"""A node's task result as the JSON document its hub attempt reports, made in the C runtime.
+
+The document is the result as `blockx.client.readable` shows a `TaskResult`
+(what `blockx submit --watch` prints): protobuf JSON, with the outputs the
+`result` plugin kept shown as JSON values. `readable` goes through
+betterproto2's `to_dict`, which reads the message classes' type hints again
+on every call: about 0.3 ms of the node's loop for each task, the largest
+cost of a hub task on the node. The same document is made here by the
+official runtime's C implementation (upb, as the gRPC replies are; see
+`blockx.api._convert`) in a tenth of that; tests/core/test_hubnode_document.py
+holds it equal to `readable`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from google.protobuf import json_format, message_factory  # type: ignore[import-untyped]
+
+from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
+from blockx.api import result_bytes
+from blockx.slots import TaskResult
+
+_TASK_RESULT: Final[Any] = message_factory.GetMessageClass(
+    default_google_proto_descriptor_pool.FindMessageTypeByName("blockx.worker.v1.TaskResult")
+)
+_OUTPUTS_JSON: Final = "outputsJson"
+
+
+def result_document(result: TaskResult) -> str:
+    """`result` as the JSON text of `readable(pb.TaskResult)`: its outputs, when they are a
+    JSON array, as `outputs` in the place of `outputsJson`; else the text as it came."""
+    document: dict[str, Any] = json_format.MessageToDict(
+        _TASK_RESULT.FromString(result_bytes(result))
+    )
+    if _OUTPUTS_JSON in document:
+        try:
+            outputs = json.loads(document[_OUTPUTS_JSON])
+        except (ValueError, RecursionError):
+            outputs = None
+        if isinstance(outputs, list):
+            document = dict(
+                ("outputs", outputs) if key == _OUTPUTS_JSON else (key, value)
+                for key, value in document.items()
+            )
+    return json.dumps(document)

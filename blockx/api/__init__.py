@@ -11,7 +11,7 @@ from blockx.api._convert import (
     STATUS_MESSAGE_CHARS,
     STATUS_OF,
     grpc_error,
-    result_bytes,
+    result_message,
     spec_from_message,
 )
 from blockx.api._server import SERVICE_NAME, GrpcFrontEnd, RpcObserver, bind_listener
@@ -27,6 +27,6 @@ __all__ = [
     "WorkerService",
     "bind_listener",
     "grpc_error",
-    "result_bytes",
+    "result_message",
     "spec_from_message",
 ]

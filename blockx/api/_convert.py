@@ -206,11 +206,11 @@ def spec_from_message(task: Any) -> TaskSpec:
     return spec_from_wire(_TaskSpec.FromString(bytes(task)))
 
 
-def result_bytes(result: TaskResult) -> bytes:
-    """`result` as the API's `TaskResult` message."""
+def result_message(result: TaskResult) -> Any:
+    """`result` as the API's `TaskResult` message, in the C runtime."""
     out = _TaskResult()
     _fill_result(out, result)
-    return bytes(out.SerializeToString())
+    return out
 
 
 def _fill(out: Any, snapshot: TaskSnapshot) -> Any:

@@ -16,24 +16,18 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from google.protobuf import json_format, message_factory  # type: ignore[import-untyped]
+from google.protobuf import json_format  # type: ignore[import-untyped]
 
-from blockx._proto.google_proto_descriptor_pool import default_google_proto_descriptor_pool
-from blockx.api import result_bytes
+from blockx.api import result_message
 from blockx.slots import TaskResult
 
-_TASK_RESULT: Final[Any] = message_factory.GetMessageClass(
-    default_google_proto_descriptor_pool.FindMessageTypeByName("blockx.worker.v1.TaskResult")
-)
 _OUTPUTS_JSON: Final = "outputsJson"
 
 
 def result_document(result: TaskResult) -> str:
     """`result` as the JSON text of `readable(pb.TaskResult)`: its outputs, when they are a
     JSON array, as `outputs` in the place of `outputsJson`; else the text as it came."""
-    document: dict[str, Any] = json_format.MessageToDict(
-        _TASK_RESULT.FromString(result_bytes(result))
-    )
+    document: dict[str, Any] = json_format.MessageToDict(result_message(result))
     if _OUTPUTS_JSON in document:
         try:
             outputs = json.loads(document[_OUTPUTS_JSON])

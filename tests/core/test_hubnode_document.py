@@ -11,7 +11,7 @@ import json
 import pytest
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.api import result_bytes
+from blockx.api import result_message
 from blockx.calls import CallStats, FailureCode
 from blockx.client import readable
 from blockx.hubnode._document import result_document
@@ -95,5 +95,7 @@ RESULTS = {
 
 @pytest.mark.parametrize("result", RESULTS.values(), ids=RESULTS.keys())
 def test_the_document_is_the_readable_result(result: TaskResult) -> None:
-    expected = json.dumps(readable(pb.TaskResult().parse(result_bytes(result))))
+    expected = json.dumps(
+        readable(pb.TaskResult().parse(result_message(result).SerializeToString()))
+    )
     assert result_document(result) == expected

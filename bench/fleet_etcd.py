@@ -44,10 +44,7 @@ Prints each figure as `RESULT name=<figure> value=<number>`; asserts nothing tim
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -57,6 +54,7 @@ import attrs
 import trio
 import trio_asyncio
 
+from bench.autoworker import run_in_a_directory
 from blockx.config import default_config
 from blockx.discovery import EtcdClient, Registrar, WorkerHeartbeat
 from tests.e2e.etcd_server import etcd_server
@@ -231,10 +229,10 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     result("etcd_puts_per_s", sum(window.puts) / window.seconds, 1)
     result("etcd_revisions_per_s", window.revisions / window.seconds, 1)
     if baseline is not None:
-        every_look = baseline.per_s(range(args.workers))
-        result("etcd_puts_per_s_every_look_worker", every_look)
+        every_look_rate = baseline.per_s(range(args.workers))
+        result("etcd_puts_per_s_every_look_worker", every_look_rate)
         result("etcd_revisions_per_s_every_look", baseline.revisions / baseline.seconds, 1)
-        result("etcd_puts_idle_to_every_look", window.per_s(idle) / every_look)
+        result("etcd_puts_idle_to_every_look", window.per_s(idle) / every_look_rate)
 
 
 def main() -> None:
@@ -255,15 +253,7 @@ def main() -> None:
         "--baseline-seconds", type=float, default=10.0, help="the every-look baseline; 0: none"
     )
     parser.add_argument("--keep", action="store_true", help="keep the directory (etcd's log)")
-    args = parser.parse_args()
-    directory = Path(tempfile.mkdtemp(prefix="blockx-bench-fleet-etcd-"))
-    try:
-        trio.run(run, args, directory)
-    finally:
-        if args.keep:
-            print(f"# kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory)
+    run_in_a_directory(run, parser.parse_args(), "blockx-bench-fleet-etcd-")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,6 @@ plus `CONFIRM_MS` for the last results to be confirmed.
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Any, Final
 
 import trio
@@ -67,8 +65,6 @@ from blockx.hubwire import Failed, Succeeded, node_task_capability
 from blockx.process.clock import EpochClock
 from blockx.slots import InvalidArgument, TaskSnapshot, WorkerError
 
-logger = logging.getLogger("blockx.hubnode")
-
 CONFIRM_MS: Final = 10_000
 """How long, after the node's drain timeout, the hub session waits for the last results
 to be confirmed."""
@@ -76,6 +72,7 @@ CANCEL_WAIT_S: Final = 5.0
 """How long a handler whose lease ended waits for the slot table to end its task."""
 INVALID_TASK: Final = "INVALID_TASK"
 NODE_REFUSED: Final = "NODE_REFUSED"
+TASK_FORGOTTEN: Final = "TASK_FORGOTTEN"
 
 
 class HubFeed:
@@ -149,7 +146,7 @@ class HubFeed:
     async def _run(self, execution: WorkerExecution) -> Any:
         """Run the attempt's task in the slot table; its result, or raise its failure."""
         task_id = f"{execution.task_id}#{execution.epoch}"
-        spec = _spec_of(execution.payload_text, task_id)
+        spec = _spec_of(execution.payload, task_id)
         fed = self._fed
         fed.expect(task_id)
         try:
@@ -161,7 +158,7 @@ class HubFeed:
         finally:
             fed.give_up(task_id)
         if isinstance(ended, WorkerError):  # forgotten before its end: never for a fed task
-            raise OutcomeUnknown(NODE_REFUSED)
+            raise OutcomeUnknown(TASK_FORGOTTEN)
         return _reported(ended)
 
     async def _submit(self, spec: Any, task_id: str) -> TaskSnapshot | WorkerError:
@@ -194,15 +191,13 @@ class HubFeed:
             raise
 
 
-def _spec_of(payload_text: str, task_id: str) -> Any:
-    """The node's task of a hub payload, or a FAILED `INVALID_TASK` naming what is wrong."""
+def _spec_of(payload: Any, task_id: str) -> Any:
+    """The node's task of a hub payload (decoded: the runtime reports one that is not JSON),
+    or a FAILED `INVALID_TASK` naming what is wrong."""
     try:
-        document = json.loads(payload_text)
-        return spec_from_message(task_spec_from_json(document, task_id=task_id))
+        return spec_from_message(task_spec_from_json(payload, task_id=task_id))
     except (InvalidTaskSpec, InvalidArgument) as error:
         details = {"field": error.field, "reason": error.describe()}
-    except (ValueError, RecursionError) as error:
-        details = {"field": "payload", "reason": f"not JSON: {error}"}
     raise WorkerFailure(INVALID_TASK, details)
 
 

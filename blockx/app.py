@@ -151,6 +151,7 @@ async def serve(
     profile.check(config)
     clock = EpochClock()
     checked = _check_start(config, source)
+    members: _Members | None = None
     with contextlib.ExitStack() as held:  # sockets, the CPU pin: released however it ends
         listener, metrics_socket = _bind_all(config, held)
         identity = _identity(config, profile, clock, listener)
@@ -191,13 +192,14 @@ async def serve(
                     await _drain(config, actors, front_end, members)
                 await _stop_serving(actors, front_end)  # task actors and executors have ended
             system.cancel_scope.cancel()
-    _stopped(started, checked)
+    _stopped(started, members)
 
 
-def _stopped(started: trio.Event, checked: _Checked) -> None:
+def _stopped(started: trio.Event, members: _Members | None) -> None:
+    """Log the end; raise what stopped the worker, if its hub session did."""
     logger.info("worker stopped" if started.is_set() else "worker stopped during start-up")
-    if checked.failures:
-        raise checked.failures[0]
+    if members is not None and members.feed is not None and members.feed.failure is not None:
+        raise members.feed.failure
 
 
 async def _abandon_start_on(
@@ -259,20 +261,17 @@ def _join(
         drain_timeout_ms=config.drain_timeout_ms,
         clock=actors.probe.clock,
     )
-    system.start_soon(_feed_from_hub, config, feed, stop, checked.failures)
+    system.start_soon(_feed_from_hub, config, feed, stop)
     return _Members(registrar, feed)
 
 
-async def _feed_from_hub(
-    config: WorkerConfig, feed: HubFeed, stop: trio.Event, failures: list[BlockxError]
-) -> None:
+async def _feed_from_hub(config: WorkerConfig, feed: HubFeed, stop: trio.Event) -> None:
     """The hub session, until the drain ends it; a failure that retrying cannot heal (the
     hub refused the credential, ...) stops the node, which then exits with it."""
     logger.info("taking tasks of queue %s from hub %s", config.hub.queue, config.hub.url)
     await feed.run()
     if feed.failure is not None:
         logger.error("hub session ended: %s", feed.failure)
-        failures.append(feed.failure)
         stop.set()
 
 
@@ -308,8 +307,6 @@ class _Checked:
     """The gRPC port's TLS context; None for plain text."""
     token: str | None
     hub: HubClient | None
-    failures: list[BlockxError] = attrs.Factory(list)
-    """What stopped the worker once it ran (its hub session's failure): raised at the end."""
 
 
 def _check_start(config: WorkerConfig, given: FunctionSource | None) -> _Checked:

@@ -57,7 +57,13 @@ from blockx.client import (
     task_spec,
     task_spec_from_json,
 )
-from blockx.client.console import BATCH_SUFFIXES, failure_line, follow_batch, read_batch
+from blockx.client.console import (
+    BATCH_SUFFIXES,
+    failure_line,
+    follow_batch,
+    read_batch,
+    read_task_file,
+)
 from blockx.config import CONFIG_FILE_ENV, WorkerConfig, default_config, load_config
 from blockx.discovery import WorkerHeartbeat
 from blockx.errors import BlockxError, StartupError
@@ -731,15 +737,7 @@ def _refuse_builder_flags(args: argparse.Namespace) -> None:
 
 
 def _task_from_file(path: str, task_id: str | None) -> pb.TaskSpec:
-    try:
-        with open(path, encoding="utf-8") as file:
-            document = json.load(file)
-    except OSError as error:
-        allowed = f"cannot be read ({error.strerror or error})"
-        raise FlagError(field="--file", value=path, allowed=allowed) from error
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        allowed = f"is not valid JSON ({error})"
-        raise FlagError(field="--file", value=path, allowed=allowed) from error
+    document = read_task_file(path, "--file")
     if task_id is None and not (isinstance(document, dict) and "task_id" in document):
         task_id = uuid.uuid4().hex
     try:

@@ -1,5 +1,5 @@
-"""What the command lines print of the tasks they submit: a batch file's bad lines, and
-a batch's tasks as each ends, with a progress bar and a summary.
+"""What the command lines read and print of the tasks they submit: a task file, a batch
+file's bad lines, and a batch's tasks as each ends, with a progress bar and a summary.
 
 `blockx submit --file TASKS.jsonl` (tasks sent to a worker) and `blockx hub
 submit --task-file TASKS.jsonl` (the same tasks sent to worker nodes through the
@@ -29,6 +29,20 @@ SHOWN_BAD_LINES = 20
 """How many bad lines of a batch are shown before the count of the rest."""
 
 Ended = TypeVar("Ended")
+
+
+def read_task_file(path: str, flag: str) -> Any:
+    """The JSON value of the one-task file at `path`: else a `FlagError` naming `flag` and
+    why it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except OSError as error:
+        allowed = f"cannot be read ({error.strerror or error})"
+        raise FlagError(field=flag, value=path, allowed=allowed) from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        allowed = f"is not valid JSON ({error})"
+        raise FlagError(field=flag, value=path, allowed=allowed) from error
 
 
 def read_batch(

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -125,16 +124,10 @@ def _one_task(args: argparse.Namespace) -> dict[str, Any]:
     """The task of a JSON task file, checked as a node will read it and as the hub will
     take it."""
     from blockx.client import InvalidTaskSpec  # noqa: PLC0415
+    from blockx.client.console import read_task_file  # noqa: PLC0415
 
     path = args.task_file
-    try:
-        document = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        allowed = f"cannot be read ({error.strerror or error})"
-        raise FlagError(field="--task-file", value=path, allowed=allowed) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        allowed = f"is not valid JSON ({error})"
-        raise FlagError(field="--task-file", value=path, allowed=allowed) from None
+    document = read_task_file(path, "--task-file")
     try:
         _check(args, document)
     except InvalidTaskSpec as error:

@@ -36,7 +36,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Final, TypeVar, cast
 
 import attrs
@@ -404,6 +404,15 @@ def help_lines(cls: type[Any]) -> list[str]:
     path_width = max(len(row[0]) for row in rows)
     env_width = max(len(row[1]) for row in rows)
     return [f"  {path:<{path_width}}  {env:<{env_width}}  {default}" for path, env, default in rows]
+
+
+def refuse_flags(args: object, names: Iterable[str], allowed: str) -> None:
+    """`FlagError` (saying `allowed`) for the first of the flags `names` (their argparse
+    names, `task_id` for `--task-id`) that was given in `args`: not None, not False."""
+    for name in names:
+        value = getattr(args, name)
+        if value not in (None, False):
+            raise FlagError(field="--" + name.replace("_", "-"), value=value, allowed=allowed)
 
 
 def flag_overrides(args: object, flags: Mapping[str, str]) -> dict[str, object]:

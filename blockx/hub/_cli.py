@@ -68,7 +68,7 @@ from blockx.hub._store import Store
 from blockx.hubwire import MAX_BATCH_TASKS, InvalidJson, RawJson, dumps, parse_json
 from blockx.process.lifecycle import lone_errors
 from blockx.process.signals import watch_signals
-from blockx.settings import FlagError, flag_overrides, help_text
+from blockx.settings import FlagError, flag_overrides, help_text, refuse_flags
 
 logger = logging.getLogger("blockx.hub")
 
@@ -376,13 +376,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _submit_file(args: argparse.Namespace) -> int:
-    for flag in _ONE_TASK_FLAGS:
-        if getattr(args, flag) not in (None, False):
-            raise FlagError(
-                field="--" + flag.replace("_", "-"),
-                value=getattr(args, flag),
-                allowed="not with --file: each line describes its task",
-            )
+    refuse_flags(args, _ONE_TASK_FLAGS, "not with --file: each line describes its task")
     numbered = _task_lines(args.file)
     submissions, bad = [], []
     for number, line in numbered:

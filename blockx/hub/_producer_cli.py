@@ -31,7 +31,7 @@ import trio
 
 from blockx.hub._api import InvalidSubmission, submission_from_json
 from blockx.hubwire import dumps
-from blockx.settings import FlagError
+from blockx.settings import FlagError, refuse_flags
 
 if TYPE_CHECKING:
     from blockx.autoworker import HubClient
@@ -83,13 +83,9 @@ def submission_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 def refuse_task_file_flags(args: argparse.Namespace) -> None:
     """`FlagError` for a flag given without `--task-file` that only it takes."""
-    for name in ONLY_WITH_TASK_FILE:
-        if getattr(args, name) not in (None, False):
-            raise FlagError(
-                field="--" + name.replace("_", "-"),
-                value=getattr(args, name),
-                allowed="only with --task-file (a worker node's tasks, through a hub)",
-            )
+    refuse_flags(
+        args, ONLY_WITH_TASK_FILE, "only with --task-file (a worker node's tasks, through a hub)"
+    )
 
 
 def submit_task_file(args: argparse.Namespace) -> int:
@@ -99,13 +95,11 @@ def submit_task_file(args: argparse.Namespace) -> int:
     from blockx.autoworker.command import hub_client, hub_errors  # noqa: PLC0415
     from blockx.client.console import BATCH_SUFFIXES  # noqa: PLC0415
 
-    for name in NOT_WITH_TASK_FILE:
-        if getattr(args, name) is not None:
-            raise FlagError(
-                field="--" + name.replace("_", "-"),
-                value=getattr(args, name),
-                allowed="not with --task-file: the file gives the task, and the hub takes it",
-            )
+    refuse_flags(
+        args,
+        NOT_WITH_TASK_FILE,
+        "not with --task-file: the file gives the task, and the hub takes it",
+    )
     many = args.task_file.endswith(BATCH_SUFFIXES)
     if many and args.task_id is not None:
         raise FlagError(

@@ -18,7 +18,7 @@ from blockx.client._errors import (
     WorkerUnreachable,
 )
 from blockx.client._outcomes import TaskOutcome
-from blockx.client._outputs import InvalidOutputs, readable, task_outputs
+from blockx.client._outputs import InvalidOutputs, outputs_shown, readable, task_outputs
 from blockx.client._placement import (
     DEFAULT_REGISTRY_PREFIX,
     NoWorkerAvailable,
@@ -63,6 +63,7 @@ __all__ = [
     "WorkerCallError",
     "WorkerClient",
     "WorkerUnreachable",
+    "outputs_shown",
     "parse_worker_address",
     "readable",
     "shadow_target",

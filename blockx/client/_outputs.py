@@ -43,6 +43,9 @@ def task_outputs(result: pb.TaskResult) -> list[Any] | None:
     return outputs
 
 
+_OUTPUTS_JSON = "outputsJson"
+
+
 def readable(message: Any) -> dict[str, Any]:
     """`message` as JSON, with the outputs a task result kept shown as JSON values.
 
@@ -51,21 +54,28 @@ def readable(message: Any) -> dict[str, Any]:
     """
     document: dict[str, Any] = message.to_dict()
     if isinstance(message, pb.TaskResult):
-        return _outputs_shown(message, document)
+        return outputs_shown(document)
     result = getattr(message, "result", None)
     if isinstance(result, pb.TaskResult) and "result" in document:
-        document["result"] = _outputs_shown(result, document["result"])
+        document["result"] = outputs_shown(document["result"])
     return document
 
 
-def _outputs_shown(result: pb.TaskResult, document: dict[str, Any]) -> dict[str, Any]:
-    try:
-        outputs = task_outputs(result)
-    except InvalidOutputs:
+def outputs_shown(document: dict[str, Any]) -> dict[str, Any]:
+    """A `TaskResult` as protobuf JSON (`document`), with its `outputsJson` text shown as
+    `outputs`, its JSON values, in the same place; as it came if that text is not a JSON
+    array."""
+    text = document.get(_OUTPUTS_JSON)
+    if text is None:
         return document
-    if outputs is None:
+    try:
+        outputs = json.loads(text)
+    except (ValueError, RecursionError):
+        return document
+    if not isinstance(outputs, list):
         return document
     return dict(
-        ("outputs", outputs) if key == "outputsJson" else (key, value)
+        ("outputs", outputs) if key == _OUTPUTS_JSON else (key, value)
         for key, value in document.items()
     )
+

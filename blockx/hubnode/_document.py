@@ -14,28 +14,15 @@ holds it equal to `readable`'s.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from blockx.api import result_message
+from blockx.client import outputs_shown
 from blockx.slots import TaskResult
-
-_OUTPUTS_JSON: Final = "outputsJson"
 
 
 def result_document(result: TaskResult) -> str:
     """`result` as the JSON text of `readable(pb.TaskResult)`: its outputs, when they are a
     JSON array, as `outputs` in the place of `outputsJson`; else the text as it came."""
-    document: dict[str, Any] = json_format.MessageToDict(result_message(result))
-    if _OUTPUTS_JSON in document:
-        try:
-            outputs = json.loads(document[_OUTPUTS_JSON])
-        except (ValueError, RecursionError):
-            outputs = None
-        if isinstance(outputs, list):
-            document = dict(
-                ("outputs", outputs) if key == _OUTPUTS_JSON else (key, value)
-                for key, value in document.items()
-            )
-    return json.dumps(document)
+    return json.dumps(outputs_shown(json_format.MessageToDict(result_message(result))))

@@ -78,4 +78,3 @@ def outputs_shown(document: dict[str, Any]) -> dict[str, Any]:
         ("outputs", outputs) if key == _OUTPUTS_JSON else (key, value)
         for key, value in document.items()
     )
-

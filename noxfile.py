@@ -73,6 +73,18 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session
+def screenshots(session: nox.Session) -> None:
+    """Regenerate the pages' screenshots the docs show (docs/images/*.png): the browser
+    tests of the worker's status page and the hub's dashboard take them as they run."""
+    sync(session, "test")
+    session.run(
+        "pytest", "-p", "no:randomly", "tests/e2e/test_status_page.py",
+        "tests/e2e/test_hub_dashboard.py", *session.posargs,
+        env={"BLOCKX_TEST_ARTIFACTS": "docs/images"},
+    )  # fmt: skip
+
+
+@nox.session
 def protos(session: nox.Session) -> None:
     """Fail on drift between protos/ and blockx/_proto/; `-- --write` regenerates."""
     sync(session, "protos")

@@ -2,7 +2,7 @@
 
     uv run python bench/autoworker.py [--tasks 5000] [--latency-tasks 200] [--clients 32]
                                       [--workers 2] [--capacity 8] [--hub-env NAME=VALUE ...]
-                                      [--profile-hub FILE] [--keep]
+                                      [--profile-hub FILE] [--dashboard] [--keep]
 
 One run starts a `python -m blockx hub` process on a fresh SQLite file in a
 temporary directory (the default store: WAL, synchronous=FULL) and WORKERS
@@ -35,6 +35,20 @@ warm-up of 200 tasks:
   auto_latency_to_commit_ratio: its p50 over sqlite_commit_p50_ms.
   auto_latency_polled_p50_ms: as many more, read by plain GETs back to back.
 
+With `--dashboard`, then: the cost of an open dashboard. The producers run
+TASKS tasks through the workers DASHBOARD_ROUNDS times without and as many
+times with the hub's dashboard open, alternately (off, on, off, on...):
+dashboard_off_tasks_per_s and dashboard_on_tasks_per_s are the medians of
+their rounds' auto_tasks_per_s, dashboard_throughput_ratio the second over the
+first (target >= 0.95). "Open" is what the overview page does in a browser,
+as the hub sees it: one admin signed in (`POST /ui/sign-in`), the page and
+the hour's series read (`GET /ui/overview`, `GET /v1/stats`), and its live
+stream followed (`GET /v1/events`, a tick a second, each read to its end);
+dashboard_ticks counts the ticks read, which must be at least one per
+second of the open rounds. (A real Chromium on this 2-core machine would
+also take CPU from the hub to draw: that is the browser's cost, not the
+hub's.)
+
 At the end the hub's `/metrics` is scraped: its submissions, successful
 finishes and task counts of the queue must agree with the database
 (`metrics_agree` is 1), or the run fails.
@@ -59,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -89,6 +104,8 @@ DONE_POLL_S: Final = 0.01
 WAIT_MS: Final = 10_000
 START_TIMEOUT_S: Final = 30.0
 PHASE_TIMEOUT_S: Final = 600.0
+DASHBOARD_ROUNDS: Final = 3
+SESSION_COOKIE: Final = "blockx_hub_session"
 
 
 def result(name: str, value: float, digits: int = 0) -> None:
@@ -315,6 +332,102 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+# ------------------------------------------------------------------------ the dashboard
+
+
+async def http(
+    url: str, method: str, path: str, *, cookie: str = "", body: bytes = b""
+) -> tuple[int, dict[str, str], trio.SocketStream, bytes]:
+    """Send one request to the hub at `url`; its status, headers (the last of each name),
+    the open connection and what was read past the head (the start of the body)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    head = [f"{method} {path} HTTP/1.1", f"host: {host}:{port}", "connection: close"]
+    head += [f"cookie: {cookie}"] if cookie else []
+    if body:
+        head += ["content-type: application/x-www-form-urlencoded"]
+        head += [f"content-length: {len(body)}"]
+    await stream.send_all(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = await stream.receive_some()
+        if not chunk:
+            raise SystemExit(f"{method} {path}: the hub closed the connection")
+        received += chunk
+    text, _, rest = received.partition(b"\r\n\r\n")
+    status_line, *lines = text.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers, stream, rest
+
+
+async def read_all(url: str, path: str, cookie: str) -> bytes:
+    """The body of `GET path` (the hub closes the connection after it)."""
+    status, _, stream, body = await http(url, "GET", path, cookie=cookie)
+    async with stream:
+        while chunk := await stream.receive_some():
+            body += chunk
+    if status != 200:
+        raise SystemExit(f"GET {path}: {status} {body[:200]!r}")
+    return body
+
+
+async def sign_in(url: str, token: str) -> str:
+    """Sign an admin in to the dashboard; the cookie to send."""
+    form = urllib.parse.urlencode({"credential": token}).encode()
+    status, headers, stream, _ = await http(url, "POST", "/ui/sign-in", body=form)
+    await stream.aclose()
+    cookie = headers.get("set-cookie", "").split(";", 1)[0]
+    if status != 303 or not cookie.startswith(f"{SESSION_COOKIE}="):
+        raise SystemExit(f"signing in to the dashboard: {status} {headers}")
+    return cookie
+
+
+async def open_dashboard(url: str, cookie: str, ticks: list[int]) -> None:
+    """What an open overview page asks of the hub, until cancelled: the page, the hour's
+    series, then the live stream, each tick read to its end (counted in `ticks`)."""
+    await read_all(url, "/ui/overview", cookie)
+    json.loads(await read_all(url, "/v1/stats", cookie))
+    status, _, stream, buffer = await http(url, "GET", "/v1/events", cookie=cookie)
+    if status != 200:
+        raise SystemExit(f"GET /v1/events: {status}")
+    async with stream:
+        while True:
+            while b"\n\n" in buffer:
+                event, _, buffer = buffer.partition(b"\n\n")
+                data = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+                json.loads(b"".join(data))
+                ticks[0] += 1
+            if not (chunk := await stream.receive_some()):
+                raise SystemExit("the hub ended the dashboard's event stream")
+            buffer += chunk
+
+
+async def dashboard_rounds(
+    client: HubClient, url: str, admin_token: str, args: argparse.Namespace
+) -> tuple[list[float], list[float], int, float]:
+    """Tasks/s of DASHBOARD_ROUNDS rounds without and as many with a dashboard open,
+    alternately; the ticks the open ones read, and the seconds they lasted."""
+    off: list[float] = []
+    on: list[float] = []
+    ticks = [0]
+    open_s = 0.0
+    for _ in range(DASHBOARD_ROUNDS):
+        off.append(args.tasks / await through_workers(client, args.tasks, args.clients))
+        async with trio.open_nursery() as nursery:
+            before = ticks[0]
+            nursery.start_soon(open_dashboard, url, await sign_in(url, admin_token), ticks)
+            while ticks[0] == before:  # the page is open, its stream ticking, before timing
+                await trio.sleep(0.01)
+            seconds = await through_workers(client, args.tasks, args.clients)
+            nursery.cancel_scope.cancel()
+        on.append(args.tasks / seconds)
+        open_s += seconds
+    return off, on, ticks[0], open_s
+
+
 # ------------------------------------------------------------------------ the run
 
 
@@ -325,6 +438,15 @@ def prepare(db: Path | str) -> str:
         for queue_id in (QUEUE, IDLE_QUEUE):
             create_queue(store, queue_id, 0)
         return create_credential(store, ANY_QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
+    finally:
+        store.close()
+
+
+def admin_credential(db: Path) -> str:
+    """An admin's credential in the database at `db`, to sign in to the dashboard."""
+    store = Store(str(db))
+    try:
+        return create_credential(store, ANY_QUEUE, frozenset({Right.ADMIN}), 0)
     finally:
         store.close()
 
@@ -382,6 +504,7 @@ def counts(db: Path) -> dict[str, int]:
 async def run(args: argparse.Namespace, directory: Path) -> None:
     db = directory / "hub.sqlite3"
     token = prepare(db)
+    admin_token = admin_credential(db)
     env = dict(pair.split("=", 1) for pair in args.hub_env)
     url, hub = await open_hub(db, directory, env=env)
     workers = [
@@ -405,6 +528,9 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
             task_ms = await task_latencies(client, args.latency_tasks, WAIT_MS)
             polled_ms = await task_latencies(client, args.latency_tasks, 0)
             metrics = await trio.to_thread.run_sync(scrape, url)
+            dashboard = (
+                await dashboard_rounds(client, url, admin_token, args) if args.dashboard else None
+            )
     finally:
         await client.aclose()
         for process in workers:
@@ -413,7 +539,8 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     for n in range(args.workers):
         lines = (directory / f"worker{n}.log").read_text().splitlines()
         print(f"# worker {n}: {lines[-1] if lines else '(no output)'}", file=sys.stderr)
-    check_database(db, WARM_UP_TASKS + args.tasks + 2 * args.latency_tasks, metrics)
+    rounds = 2 * DASHBOARD_ROUNDS * args.tasks if dashboard else 0
+    check_database(db, WARM_UP_TASKS + args.tasks + 2 * args.latency_tasks + rounds, metrics)
     auto_per_s = args.tasks / seconds
     result("hub_submits_fresh_per_s", fresh_per_s)
     result("hub_submits_per_s", submits_per_s)
@@ -431,6 +558,18 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
     )
     result("auto_latency_polled_p50_ms", statistics.median(polled_ms), 2)
     result("metrics_agree", 1)
+    if dashboard is not None:
+        report_dashboard(*dashboard)
+
+
+def report_dashboard(off: list[float], on: list[float], ticks: int, open_s: float) -> None:
+    print(f"# rounds without: {[round(r) for r in off]}, with: {[round(r) for r in on]}")
+    if ticks < open_s:
+        raise SystemExit(f"the open dashboard read {ticks} ticks in {open_s:.1f} s")
+    result("dashboard_off_tasks_per_s", statistics.median(off))
+    result("dashboard_on_tasks_per_s", statistics.median(on))
+    result("dashboard_throughput_ratio", statistics.median(on) / statistics.median(off), 3)
+    result("dashboard_ticks", ticks)
 
 
 def main() -> None:
@@ -448,6 +587,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--plain", action="store_true", help="the handler is a plain def (run in a thread)"
+    )
+    parser.add_argument(
+        "--dashboard", action="store_true", help="also measure the cost of an open dashboard"
     )
     parser.add_argument("--keep", action="store_true", help="keep the directory (logs, database)")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)

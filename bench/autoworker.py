@@ -527,10 +527,10 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
             commit_ms = commit_latencies(directory / "floor.sqlite3", args.latency_tasks)
             task_ms = await task_latencies(client, args.latency_tasks, WAIT_MS)
             polled_ms = await task_latencies(client, args.latency_tasks, 0)
-            metrics = await trio.to_thread.run_sync(scrape, url)
             dashboard = (
                 await dashboard_rounds(client, url, admin_token, args) if args.dashboard else None
             )
+            metrics = await trio.to_thread.run_sync(scrape, url)
     finally:
         await client.aclose()
         for process in workers:

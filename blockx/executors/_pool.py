@@ -625,8 +625,8 @@ class ExecutorPoolManager:
                 executor.calls_served += len(results)
                 # Taken off here, before the results go on: the task they end must never
                 # be seen ended while its call still shows running (the next heartbeat
-                # would tell only up to an interval later). An executor answers a call's
-                # results after every heartbeat that named it (see the child).
+                # would tell only up to an interval later). An executor sends a call's
+                # results after every heartbeat that names it (see the child).
                 if any(result.call_id == executor.running_call_id for result in results):
                     executor.running_call_id = None
                     if executor.state is ExecutorState.BUSY:

@@ -163,7 +163,7 @@ async def serve(
                 system.start_soon(_abandon_start_on, stop, started, starting)
                 inboxes = Inboxes()
                 code = await _load_code(system, config, checked, inboxes, clock)
-                metrics = WorkerMetrics() if metrics_socket is not None else None
+                metrics = WorkerMetrics(identity.started_at_ms) if metrics_socket else None
                 parts = ActorParts(
                     config=config,
                     profile=profile,

@@ -23,9 +23,10 @@ class ExecutorState(enum.Enum):
     STARTING = "STARTING"
     """Spawned; has not said an accepted Hello yet."""
     READY = "READY"
-    """Connected and idle (its last heartbeat reported no running call)."""
+    """Connected and idle (its last heartbeat reported no running call, or the call it
+    reported has been answered since)."""
     BUSY = "BUSY"
-    """Connected and running a call (per its last heartbeat)."""
+    """Connected and running a call (per its last heartbeat, until that call's answer)."""
     LOST = "LOST"
     """Heartbeats stopped, or it never connected, or it broke the protocol."""
     WEDGED = "WEDGED"
@@ -79,7 +80,13 @@ PoolEvent: TypeAlias = ExecutorUp | ExecutorDown | ExecutorMessage
 
 @attrs.frozen(kw_only=True)
 class ExecutorView:
-    """One executor as `ExecutorPoolManager.snapshot()` reports it."""
+    """One executor as `ExecutorPoolManager.snapshot()` reports it.
+
+    `running_call_id` is the call its last heartbeat reported running, until that call's
+    results arrive (they clear it before anyone else sees them). While a call waits on a
+    subcall that runs on the same executor, the subcall is the one reported; once it is
+    answered, nothing shows running until the next heartbeat names the caller again.
+    """
 
     executor_id: str
     state: ExecutorState

@@ -623,6 +623,14 @@ class ExecutorPoolManager:
                     executor.state = ExecutorState.BUSY if busy else ExecutorState.READY
             case CallResults(results=results):
                 executor.calls_served += len(results)
+                # Taken off here, before the results go on: the task they end must never
+                # be seen ended while its call still shows running (the next heartbeat
+                # would tell only up to an interval later). An executor sends a call's
+                # results after every heartbeat that names it (see the child).
+                if any(result.call_id == executor.running_call_id for result in results):
+                    executor.running_call_id = None
+                    if executor.state is ExecutorState.BUSY:
+                        executor.state = ExecutorState.READY
             case CodeRequest() | Subcall():
                 pass
             case _:

@@ -162,10 +162,21 @@ class _Connection:
     def send(self, *messages: Message) -> None:
         data = encode_frames(messages)
         with self._write_lock:
-            try:
-                self._sock.sendall(data)
-            except OSError:
-                _exit(EXIT_CONNECTION_LOST)
+            self._send_locked(data)
+
+    def send_made(self, make: Callable[[], Message]) -> None:
+        """Send the message `make` returns, made while the write lock is held: what it
+        reads cannot change before the frame is out, so no frame written after the reading
+        goes before it. (The write lock is taken first, the executor's lock inside it;
+        nothing holds the executor's lock while it writes.)"""
+        with self._write_lock:
+            self._send_locked(encode_frames((make(),)))
+
+    def _send_locked(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError:
+            _exit(EXIT_CONNECTION_LOST)
 
     def receive_some(self, *, before_welcome: bool = False) -> bytes:
         """The next bytes from the worker; never empty (end of file exits)."""
@@ -603,17 +614,23 @@ class Executor:
         raise CodeUnavailable(module=module, epoch=epoch, reason=reply.error)
 
     def _send_heartbeat(self, now: float) -> None:
-        with self._cond:
-            running = self._running[-1][0] if self._running else None
-            age_s = 0.0 if self._idle else now - self._progress_at
-        self._connection.send(
-            Heartbeat(
+        rss = rss_bytes()
+
+        def beat() -> Heartbeat:
+            with self._cond:
+                running = self._running[-1][0] if self._running else None
+                age_s = 0.0 if self._idle else now - self._progress_at
+            return Heartbeat(
                 running_call_id=running,
                 loop_progress_age_ms=max(0, int(age_s * 1000)),
-                rss_bytes=rss_bytes(),
+                rss_bytes=rss,
                 calls_served=self._calls_served,
             )
-        )
+
+        # Made under the write lock: a call that ends meanwhile sends its results after
+        # this beat, so the worker never gets a beat naming a call it has had the answer
+        # of (it takes the running call off when the answer comes).
+        self._connection.send_made(beat)
 
 
 def _ignore_signal(signum: int, frame: object) -> None:

@@ -3,7 +3,8 @@
 Owns a per-worker `CollectorRegistry` (never prometheus-client's global one:
 several workers in one test process must not share series). Counters and
 histograms are fed by hooks: `task_finished` sees every terminal result,
-`rpc_finished` every gRPC call. Gauges that mirror state (slots, live tasks,
+`rpc_finished` every gRPC call; `task_finished` also feeds the status page's
+per-second `history`. Gauges that mirror state (slots, live tasks,
 executors, watch streams, drain) are not stored at all: each scrape renders
 them from a fresh `WorkerSnapshot` (`render`), which a `WorkerProbe` reads
 from the actors that own the state, so they are never stale and need no
@@ -31,6 +32,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from blockx.executors import ExecutorState, ExecutorView
 from blockx.identity import WorkerIdentity
+from blockx.observability.history import TaskHistory
 from blockx.slots import (
     RUN_PHASES,
     Heartbeat,
@@ -38,6 +40,7 @@ from blockx.slots import (
     SlotView,
     TaskResult,
     TaskSnapshot,
+    TaskState,
 )
 
 logger = logging.getLogger("blockx.memory")
@@ -83,12 +86,13 @@ class WorkerProbe(Protocol):
 class WorkerMetrics:
     """The metrics of one worker: its registry, its hooks and its state collector.
 
-    Make one per worker, hand `task_finished` to the slot table's
-    `on_finished` and `rpc_finished` to the gRPC front end; `render` a scrape
-    with a snapshot of the worker for the gauges.
+    Make one per worker (`started_at_ms`: when it started, where its history
+    begins), hand `task_finished` to the slot table's `on_finished` and
+    `rpc_finished` to the gRPC front end; `render` a scrape with a snapshot of
+    the worker for the gauges.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, started_at_ms: int) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
@@ -140,6 +144,8 @@ class WorkerMetrics:
         self.recent: collections.deque[TaskResult] = collections.deque(maxlen=RECENT_RESULTS)
         """The newest terminal results, oldest first."""
         self.finished_by_state: collections.Counter[str] = collections.Counter()
+        self.history = TaskHistory(started_at_ms)
+        """Finished tasks per second, for the status page's charts."""
         self._state = _StateCollector()
         registry.register(self._state)
 
@@ -176,6 +182,12 @@ class WorkerMetrics:
         self.calls.labels(outcome="succeeded").inc(stats.calls_succeeded)
         self.calls.labels(outcome="failed").inc(stats.calls_failed)
         self.call_retries.inc(stats.calls_retried)
+        self.history.record(
+            result.finished_at_ms,
+            succeeded=result.state is TaskState.SUCCEEDED,
+            total_ms=timings.total_ms,
+            calls=stats.calls_total,
+        )
 
     def rpc_finished(self, path: str, code: str, duration_s: float) -> None:
         """The gRPC front end's hook: one call to `path` ("/package.Service/Method") ended."""

@@ -2,9 +2,13 @@
 
 HTTP/1.1 is parsed by httptools and served on Trio, one request per connection
 (every response says `Connection: close`): a scraper or a browser needs no
-more. `/ws` hands the connection, with the bytes already read replayed, to
-trio-websocket, which pushes a JSON snapshot of the worker every
-`PUSH_INTERVAL_S`, or sooner when slots, tasks or executors change.
+more. The page's stylesheet and chart code are the files `blockx.web` shares
+with the hub, served under `/assets/`. `/ws` hands the connection, with the
+bytes already read replayed, to trio-websocket, which pushes a JSON snapshot of
+the worker every `PUSH_INTERVAL_S`, or sooner when slots, tasks or executors
+change. A socket's first snapshot carries the whole task history (`HISTORY_S`
+seconds, a few KB); each later one only the seconds closed since the one
+before (usually one, or none).
 
 Must never let one client's bad request, slowness or disconnect reach the
 worker: every connection's errors end at its handler. Must never change
@@ -37,8 +41,10 @@ from blockx.net.http import (
     respond,
     serve_guarded,
 )
+from blockx.observability.history import HISTORY_S, STEP_MS, HistoryWindow
 from blockx.observability.metrics import WorkerMetrics, WorkerProbe, WorkerSnapshot
 from blockx.slots import TaskResult
+from blockx.web import CACHE_CONTROL, asset
 
 logger = logging.getLogger("blockx.status")
 
@@ -104,6 +110,10 @@ class StatusServer:
             await respond(stream, 200, body, content_type, head=head)
         elif path in ("/", "/index.html"):
             await respond(stream, 200, PAGE, "text/html; charset=utf-8", head=head)
+        elif (shared := asset(path)) is not None:
+            body, content_type = shared
+            cache = [("cache-control", CACHE_CONTROL)]
+            await respond(stream, 200, body, content_type, head=head, extra=cache)
         else:
             await respond(stream, 404, f"not found: {path}\n", head=head)
 
@@ -140,22 +150,28 @@ class StatusServer:
         last_key: str | None = None
         last_sent_s = float("-inf")
         sequence = 0
+        history_sent_ms: int | None = None  # where the history sent so far ends
         while True:
-            message = snapshot_json(await self.probe.snapshot(), self.metrics)
+            snapshot = await self.probe.snapshot()
+            message = snapshot_json(snapshot, self.metrics, history_since_ms=history_sent_ms)
             key = _change_key(message)
             if key != last_key or trio.current_time() - last_sent_s >= PUSH_INTERVAL_S:
                 sequence += 1
                 message["sequence"] = sequence
                 await socket.send_message(json.dumps(message, separators=(",", ":")))
                 last_key, last_sent_s = key, trio.current_time()
+                history_sent_ms = message["history"]["end_ms"]
             await trio.sleep(POLL_INTERVAL_S)
 
 
 # ------------------------------------------------------------------ snapshot JSON
 
 
-def snapshot_json(snapshot: WorkerSnapshot, metrics: WorkerMetrics) -> dict[str, Any]:
-    """What one WebSocket message carries: the worker's state as plain JSON values."""
+def snapshot_json(
+    snapshot: WorkerSnapshot, metrics: WorkerMetrics, *, history_since_ms: int | None = None
+) -> dict[str, Any]:
+    """What one WebSocket message carries: the worker's state as plain JSON values, and
+    its task history: all of it, or (`history_since_ms`) the seconds from there on."""
     identity = snapshot.identity
     return {
         "sequence": 0,
@@ -185,6 +201,10 @@ def snapshot_json(snapshot: WorkerSnapshot, metrics: WorkerMetrics) -> dict[str,
         ],
         "recent": [_recent(result) for result in reversed(metrics.recent)],
         "executors": [_executor(view) for view in snapshot.executors],
+        "history": _history(
+            metrics.history.window(snapshot.at_ms, since_ms=history_since_ms),
+            full=history_since_ms is None,
+        ),
     }
 
 
@@ -216,6 +236,22 @@ def _recent(result: TaskResult) -> dict[str, Any]:
     }
 
 
+def _history(window: HistoryWindow, *, full: bool) -> dict[str, Any]:
+    """`full`: the whole window, which replaces what the page has; else points to add."""
+    return {
+        "full": full,
+        "window_s": HISTORY_S,
+        "step_ms": STEP_MS,
+        "start_ms": window.start_ms,
+        "end_ms": window.end_ms,
+        "succeeded": window.succeeded,
+        "failed": window.failed,
+        "calls": window.calls,
+        "p50_ms": window.p50_ms,
+        "p99_ms": window.p99_ms,
+    }
+
+
 def _executor(view: ExecutorView) -> dict[str, Any]:
     return {
         "executor_id": view.executor_id,
@@ -229,7 +265,8 @@ def _executor(view: ExecutorView) -> dict[str, Any]:
 
 
 def _change_key(message: dict[str, Any]) -> str:
-    """The message without what drifts all the time (clock, RSS): a change here is news."""
+    """The message without what drifts all the time (clock, RSS, the history's newest
+    points, which go with the next snapshot sent): a change here is news."""
     totals = {
         name: figure for name, figure in message["totals"].items() if not name.endswith("_bytes")
     }
@@ -237,5 +274,5 @@ def _change_key(message: dict[str, Any]) -> str:
         {name: field for name, field in view.items() if name != "rss_bytes"}
         for view in message["executors"]
     ]
-    lasting = {**message, "at_ms": 0, "totals": totals, "executors": executors}
+    lasting = {**message, "at_ms": 0, "totals": totals, "executors": executors, "history": None}
     return json.dumps(lasting)

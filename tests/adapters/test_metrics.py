@@ -7,8 +7,10 @@ own parser, so names, labels and values are checked as a scraper sees them.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,8 +24,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.observability.history import HISTORY_S
 from blockx.observability.status_page import PUSH_INTERVAL_S
-from tests.adapters.worker_harness import Harness, call_list_task, running_worker, worker_config
+from blockx.web import CACHE_CONTROL, asset
+from tests.adapters.worker_harness import (
+    Harness,
+    call_list_task,
+    running_worker,
+    virtual_clock_config,
+    worker_config,
+)
 
 SERVICE = "blockx.worker.v1.WorkerService"
 TIMEOUT_S = 20
@@ -238,18 +248,34 @@ async def test_memory_diagnostics_log_rss_gc_and_live_tasks(
 # ------------------------------------------------------------------- HTTP edges
 
 
-async def test_the_status_page_is_plain_html_with_no_external_assets() -> None:
+async def test_the_status_page_loads_the_shared_assets_which_the_port_serves() -> None:
     with trio.fail_after(TIMEOUT_S):
         async with running_worker() as worker:
-            reply = await http(metrics_port(worker), "/")
+            port = metrics_port(worker)
+            reply = await http(port, "/")
             assert reply.status == 200
             assert reply.headers["content-type"] == "text/html; charset=utf-8"
             page = reply.body.decode()
             assert "<title>blockx worker</title>" in page
             assert "/ws" in page
-            assert "src=" not in page
-            assert "href=" not in page
-            head = await http(metrics_port(worker), "/", method="HEAD")
+            assert re.search(r"\son[a-z]+=", page) is None  # no inline event handlers
+            linked = re.findall(r'(?:src|href)="([^"]+)"', page)
+            assert linked == [
+                "/assets/base.css",
+                "/assets/vendor/uplot/uPlot.min.css",
+                "/assets/vendor/uplot/uPlot.iife.min.js",
+                "/assets/charts.js",
+            ]
+            for path in linked:
+                served = await http(port, path)
+                assert served.status == 200, path
+                expected = asset(path)
+                assert expected is not None
+                assert (served.body, served.headers["content-type"]) == expected
+                assert served.headers["cache-control"] == CACHE_CONTROL
+            assert (await http(port, "/assets/nope.js")).status == 404
+            assert (await http(port, "/assets/../status_page.py")).status == 404
+            head = await http(port, "/", method="HEAD")
             assert (head.status, head.body) == (200, b"")
             assert head.headers["content-length"] == str(len(reply.body))
 
@@ -336,3 +362,49 @@ async def test_the_websocket_pushes_snapshots_that_follow_a_task() -> None:
             )
             assert snapshot["totals"]["tasks_succeeded"] == 1
             assert snapshot["totals"]["worker_rss_bytes"] > 0
+
+
+async def test_the_first_snapshot_has_the_whole_history_and_later_ones_its_new_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_worker(virtual_clock_config()) as worker:
+        port = metrics_port(worker)
+        async with status_socket(port) as socket:
+            first = await next_snapshot(socket)
+            history = first["history"]
+            assert (history["full"], history["window_s"], history["step_ms"]) == (
+                True,
+                HISTORY_S,
+                1000,
+            )
+            assert history["start_ms"] // 1000 == first["worker"]["started_at_ms"] // 1000
+            assert history["end_ms"] <= first["at_ms"]
+            await run_to_end(worker, call_list_task("ok1", ("demo.add", [1, 2])))
+            await run_to_end(
+                worker, call_list_task("ok2", ("demo.add", [1, 2]), ("demo.add", [3, 4]))
+            )
+            await run_to_end(worker, call_list_task("bad", ("demo.fail", [])))
+            # Later snapshots add the seconds closed since the one before, end to end.
+            added: dict[str, list[Any]] = collections.defaultdict(list)
+            end_ms = history["end_ms"]
+            while sum(added["succeeded"]) + sum(added["failed"]) < 3:
+                update = (await next_snapshot(socket))["history"]
+                assert (update["full"], update["start_ms"]) == (False, end_ms)
+                assert len(json.dumps(update)) < 1_000
+                end_ms = update["end_ms"]
+                for series in ("succeeded", "failed", "calls", "p50_ms", "p99_ms"):
+                    added[series] += update[series]
+            assert (sum(added["succeeded"]), sum(added["failed"]), sum(added["calls"])) == (
+                2,
+                1,
+                4,
+            )
+            assert [p50 for p50 in added["p50_ms"] if p50 is not None] != []
+
+        # A page opened later gets every second so far in its first snapshot.
+        async with status_socket(port) as late:
+            opened = await next_snapshot(late)
+            history = opened["history"]
+            assert history["full"] is True
+            assert (sum(history["succeeded"]), sum(history["failed"])) == (2, 1)
+            assert len(json.dumps(opened)) < 20_000

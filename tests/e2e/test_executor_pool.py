@@ -59,7 +59,9 @@ FAST: dict[str, Any] = {
     "grace_ms": 2_000,
 }
 SOURCES = {
-    "demo": "def add(a, b):\n    return a + b\n\n\ndef spin():\n    while True:\n        pass\n",
+    "demo": "import os\nimport time\n\n\ndef add(a, b):\n    return a + b\n\n\n"
+    "def spin():\n    while True:\n        pass\n\n\n"
+    "def wait_for(path):\n    while not os.path.exists(path):\n        time.sleep(0.005)\n",
 }
 HOST_SCRIPT = Path(__file__).with_name("pool_host.py")
 
@@ -196,6 +198,36 @@ async def test_executors_become_ready_and_serve_calls() -> None:
                 while not views["executor-1"].rss_bytes:
                     await trio.sleep(0.02)
                     views = {v.executor_id: v for v in pool.snapshot()}
+
+
+async def test_a_call_no_longer_shows_running_once_its_results_are_in(tmp_path: Path) -> None:
+    # Heartbeats 1 s apart: the one after the results comes long after them, so only the
+    # results can have taken the call off (a stall timeout far off: the call waits).
+    release = tmp_path / "release"
+    config = {
+        "executor_count": 1,
+        "heartbeat_interval_ms": 1_000,
+        "heartbeat_timeout_ms": 5_000,
+        "stall_timeout_ms": 10_000,
+    }
+    with trio.fail_after(20):
+        async with running_pool(**config) as (pool, dispatcher):
+            await all_up(dispatcher, 1)
+            pool.send("executor-0", RunCalls(calls=(call("slow", "demo.wait_for", str(release)),)))
+            with trio.fail_after(5):
+                while (busy := pool.snapshot()[0]).running_call_id != "slow":
+                    await trio.sleep(0.01)
+            assert busy.state is ExecutorState.BUSY
+            release.touch()
+            message = (await dispatcher.expect(ExecutorMessage, "executor-0")).message
+            assert isinstance(message, CallResults)
+            assert message.results[0].call_id == "slow"
+            (view,) = pool.snapshot()
+            assert (view.state, view.running_call_id, view.calls_served) == (
+                ExecutorState.READY,
+                None,
+                1,
+            )
 
 
 async def test_first_healthy_is_set_by_the_first_ready_executor() -> None:

@@ -7,6 +7,18 @@ window.blockxCharts = (() => {
   const palette = ["#39f", "#2a7", "#d44", "#d90", "#a5d", "#888"];
   const height = 170;
   const widthOf = (element) => Math.max(element.clientWidth, 220);
+  // Time ticks of whole seconds and up (in seconds): points come a second or more apart.
+  const timeSteps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400];
+
+  // The y axis as wide as its longest label, so "1500 ms" is not cut.
+  function axisSize(plot, values, axisIndex, cycle) {
+    const axis = plot.axes[axisIndex];
+    if (cycle > 1) return axis._size;
+    const longest = (values || []).reduce((a, b) => (b.length > a.length ? b : a), "");
+    plot.ctx.font = axis.font[0];
+    const text = longest ? plot.ctx.measureText(longest).width / devicePixelRatio : 0;
+    return Math.ceil(axis.ticks.size + axis.gap + text + 4);
+  }
 
   function format(value, unit) {
     if (value === null || value === undefined || Number.isNaN(value)) return "–";
@@ -15,8 +27,9 @@ window.blockxCharts = (() => {
   }
 
   class LiveChart {
-    // element: where to draw; title: above the plot; series: one label each;
-    // unit: appended to values ("/s", " ms"); windowS: how much time is kept.
+    // element: where to draw; title: above the plot; series: one label each (or
+    // { label, stroke } to choose its colour); unit: appended to values ("/s", " ms");
+    // windowS: how much time is kept.
     constructor(element, { title, series, unit = "", windowS = 300 }) {
       this.element = element;
       this.windowS = windowS;
@@ -29,19 +42,19 @@ window.blockxCharts = (() => {
         scales: { x: { time: true } },
         series: [
           {},
-          ...series.map((label, index) => ({
-            label,
-            stroke: palette[index % palette.length],
+          ...series.map((entry, index) => ({
+            label: typeof entry === "string" ? entry : entry.label,
+            stroke: entry.stroke || palette[index % palette.length],
             width: 1.5,
             spanGaps: false,
             value: (plot, value) => format(value, unit),
           })),
         ],
         axes: [
-          { stroke: "#888", grid: { stroke: "rgba(128,128,128,.15)" } },
+          { stroke: "#888", grid: { stroke: "rgba(128,128,128,.15)" }, incrs: timeSteps },
           {
             stroke: "#888",
-            size: 56,
+            size: axisSize,
             grid: { stroke: "rgba(128,128,128,.15)" },
             values: (plot, ticks) => ticks.map((tick) => format(tick, unit)),
           },

@@ -182,10 +182,10 @@ async def serve(
                         config, actors, listener, metrics, shadow, checked=checked
                     )
                     held.callback(front_end.release)
-                    metrics_port = await _start_observing(
-                        system, config, metrics, metrics_socket, actors.probe
+                    observing = (metrics, metrics_socket)
+                    metrics_port, members = await _open(
+                        system, config, actors, front_end, observing, checked=checked, stop=stop
                     )
-                    members = _join(system, config, actors, front_end, checked=checked, stop=stop)
                     started.set()
                     task_status.started(Serving.of(listener, actors, front_end, metrics_port))
                     await stop.wait()
@@ -243,15 +243,22 @@ def _join(
     actors: WorkerActors,
     front_end: GrpcFrontEnd,
     *,
-    checked: _Checked,
+    feed: HubFeed | None,
     stop: trio.Event,
 ) -> _Members:
     """Announce the worker once ready (health, etcd), and start its hub session."""
     registrar = _registrar(config, actors.probe)
     system.start_soon(_announce_ready, actors, front_end, config, registrar, stop)
+    if feed is not None:
+        system.start_soon(_feed_from_hub, config, feed, stop)
+    return _Members(registrar, feed)
+
+
+def _hub_feed(config: WorkerConfig, actors: WorkerActors, checked: _Checked) -> HubFeed | None:
+    """The node's hub session, if it takes tasks from a hub (not started yet)."""
     if checked.hub is None:
-        return _Members(registrar, None)
-    feed = HubFeed(
+        return None
+    return HubFeed(
         client=checked.hub,
         queue_id=config.hub.queue,
         deployment=actors.probe.identity.deployment,
@@ -261,8 +268,6 @@ def _join(
         drain_timeout_ms=config.drain_timeout_ms,
         clock=actors.probe.clock,
     )
-    system.start_soon(_feed_from_hub, config, feed, stop)
-    return _Members(registrar, feed)
 
 
 async def _feed_from_hub(config: WorkerConfig, feed: HubFeed, stop: trio.Event) -> None:
@@ -486,12 +491,34 @@ def _shadow(
         ) from error
 
 
+async def _open(
+    system: trio.Nursery,
+    config: WorkerConfig,
+    actors: WorkerActors,
+    front_end: GrpcFrontEnd,
+    observing: tuple[WorkerMetrics | None, socket.socket | None],
+    *,
+    checked: _Checked,
+    stop: trio.Event,
+) -> tuple[int | None, _Members]:
+    """Open the worker to the world once it serves: the metrics port (its bound port, if
+    configured), then its fleet: ready announced, etcd, the hub session."""
+    feed = _hub_feed(config, actors, checked)
+    metrics, metrics_socket = observing
+    metrics_port = await _start_observing(
+        system, config, metrics, metrics_socket, actors.probe, hub=feed
+    )
+    return metrics_port, _join(system, config, actors, front_end, feed=feed, stop=stop)
+
+
 async def _start_observing(
     system: trio.Nursery,
     config: WorkerConfig,
     metrics: WorkerMetrics | None,
     metrics_socket: socket.socket | None,
     probe: ActorProbe,
+    *,
+    hub: HubFeed | None,
 ) -> int | None:
     """Memory diagnostics, and the metrics port if configured; returns its bound port.
 
@@ -505,7 +532,7 @@ async def _start_observing(
     )
     if metrics is None or metrics_socket is None:
         return None
-    server = StatusServer(metrics=metrics, probe=probe)
+    server = StatusServer(metrics=metrics, probe=probe, hub=None if hub is None else hub.status)
     bound: int = await system.start(server.run, metrics_socket)
     host = observability.metrics_host_port()[0]
     logger.info("metrics on http://%s:%d/metrics, status page on /", host, bound)

@@ -92,6 +92,8 @@ class HubFeed:
         clock: EpochClock | None = None,
     ) -> None:
         """`clock`: the node's (made in the run if None)."""
+        self._url = client.url
+        self._queue_id = queue_id
         self._slot_table = slot_table
         self._free_slots = free_slots
         self._fed = FedTasks()
@@ -125,6 +127,22 @@ class HubFeed:
                     nursery.cancel_scope.cancel()
         finally:
             self.finished.set()
+
+    def status(self) -> dict[str, Any]:
+        """The hub session as the node's status page shows it, in plain JSON values: where
+        it takes tasks from, whether it is connected, and its counts since the start."""
+        stats = self.worker.stats()
+        return {
+            "url": self._url,
+            "queue": self._queue_id,
+            "connected": stats.connected,
+            "capacity": self.capacity,
+            "running": stats.running,
+            "started": stats.started,
+            "reports_confirmed": stats.reports_confirmed,
+            "reconnects": stats.reconnects,
+            "last_error": stats.last_error,
+        }
 
     def stop(self) -> None:
         """Start the drain of the hub session (`run` returns once it is over)."""

@@ -23,6 +23,7 @@ import importlib.resources
 import json
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
@@ -66,6 +67,9 @@ class StatusServer:
 
     metrics: WorkerMetrics
     probe: WorkerProbe
+    hub: Callable[[], dict[str, Any]] | None = None
+    """The node's hub session as plain JSON values, if it takes tasks from a hub: each
+    message carries it as `hub`."""
     _websockets_open: int = attrs.field(default=0, init=False)
 
     async def run(
@@ -154,6 +158,8 @@ class StatusServer:
         while True:
             snapshot = await self.probe.snapshot()
             message = snapshot_json(snapshot, self.metrics, history_since_ms=history_sent_ms)
+            if self.hub is not None:
+                message["hub"] = self.hub()
             key = _change_key(message)
             if key != last_key or trio.current_time() - last_sent_s >= PUSH_INTERVAL_S:
                 sequence += 1

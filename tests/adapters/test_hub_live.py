@@ -25,6 +25,8 @@ from tests.adapters.test_hub_admin import credential_id
 from tests.adapters.test_hub_dashboard import sign_in
 from tests.adapters.test_hub_metrics import scrape, value
 
+TICK_WITHIN_S = 5
+
 
 def bearer(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
@@ -69,8 +71,10 @@ class Events:
         return dict(json.loads(data.removeprefix("data: ")))
 
     async def _event(self) -> Any:
-        while (event := self.connection.next_event()) is h11.NEED_DATA:
-            self.connection.receive_data(bytes(await self.stream.receive_some()))
+        """The next part of the answer: one comes within `TICK_WITHIN_S`, a tick a second."""
+        with trio.fail_after(TICK_WITHIN_S):
+            while (event := self.connection.next_event()) is h11.NEED_DATA:
+                self.connection.receive_data(bytes(await self.stream.receive_some()))
         return event
 
 
@@ -142,13 +146,14 @@ async def test_the_workers_show_a_connected_automatic_workers_session(
         auto = worker(rig, token, options(hold, capacity=3))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(auto.run)
-            while True:
-                reply = await rig.exchange("GET", "/v1/workers", headers=signed.headers())
-                shown = reply.json()
-                attempts = [a for w in shown["workers"] for a in w["attempts"]]
-                if attempts and attempts[0]["status"] == "STARTED":
-                    break
-                await trio.sleep(0.1)
+            with trio.fail_after(10):
+                while True:
+                    reply = await rig.exchange("GET", "/v1/workers", headers=signed.headers())
+                    shown = reply.json()
+                    attempts = [a for w in shown["workers"] for a in w["attempts"]]
+                    if attempts and attempts[0]["status"] == "STARTED":
+                        break
+                    await trio.sleep(0.1)
             await trio.sleep(20)  # heartbeats go on
             later = await rig.http("GET", "/v1/workers", token=admin)
             release.set()
@@ -251,7 +256,8 @@ async def test_the_33rd_stream_is_refused(
             for _ in range(MAX_STREAMS):
                 nursery.start_soon(keep_open)
             await trio.testing.wait_all_tasks_blocked()
-            refused = await rig.exchange("GET", "/v1/events", headers=bearer(admin))
+            with trio.fail_after(TICK_WITHIN_S):  # a stream would not end
+                refused = await rig.exchange("GET", "/v1/events", headers=bearer(admin))
             nursery.cancel_scope.cancel()
         await trio.testing.wait_all_tasks_blocked()
         async with events(rig, bearer(admin)) as again:
@@ -277,9 +283,10 @@ async def test_a_client_that_does_not_read_its_ticks_is_dropped(
         await slow.start(bearer(admin))  # then it reads no more
         async with events(rig, bearer(admin)) as fast:
             ticks = 0
-            while rig.hub.live.ticker.streams == 2:
-                assert await fast.tick() is not None
-                ticks += 1
+            with trio.fail_after(10 * STREAM_BUFFER):
+                while rig.hub.live.ticker.streams == 2:
+                    assert await fast.tick() is not None
+                    ticks += 1
             still = await fast.tick()
         await client_end.aclose()
     assert slow.status == 200
@@ -299,8 +306,9 @@ async def test_the_stream_of_a_revoked_credential_ends(
         async with events(rig, bearer(token)) as revoked, events(rig, bearer(other)) as kept:
             assert await revoked.tick() is not None
             await rig.http("POST", f"/v1/credentials/{credential_id(token)}:revoke", token=other)
-            while await revoked.tick() is not None:
-                pass
+            with trio.fail_after(3):  # ended by the next tick's read
+                while await revoked.tick() is not None:
+                    pass
             assert await kept.tick() is not None
     assert refused.status == 403
     assert revoked.ended

@@ -7,6 +7,7 @@ import math
 import sys
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -82,6 +83,19 @@ def test_counts_and_latencies_land_in_the_bucket_of_their_time() -> None:
     assert set(q) == {*COUNTS, *LATENCIES}
 
 
+def test_the_quantiles_are_those_of_the_nearest_rank() -> None:
+    series = Series(START_MS)
+    for value in [1.0] * 98 + [1000.0] * 2:
+        series.add(START_MS, "q", Kind.ATTEMPT, value)
+    for value in [5.0] * 50 + [50.0] * 50:
+        series.add(START_MS, "q", Kind.QUEUE_WAIT, value)
+    shown = series.snapshot(START_MS)["queues"]["q"]
+    assert bin_of(shown["attempt_p50_ms"][0]) == bin_of(1.0)
+    assert bin_of(shown["attempt_p99_ms"][0]) == bin_of(1000.0)  # the 99th of 100
+    assert bin_of(shown["queue_wait_p50_ms"][0]) == bin_of(5.0)  # the 50th of 100
+    assert bin_of(shown["queue_wait_p99_ms"][0]) == bin_of(50.0)
+
+
 def test_buckets_older_than_the_window_are_dropped() -> None:
     series = Series(START_MS)
     series.add(START_MS, "old", Kind.SUBMISSIONS, 1)
@@ -90,6 +104,7 @@ def test_buckets_older_than_the_window_are_dropped() -> None:
     within = series.snapshot(START_MS + WINDOW_MS)
     assert len(within["t"]) == SLOTS
     assert within["queues"]["old"]["submissions"][0] == 1
+    assert series.snapshot(START_MS + WINDOW_MS + STEP_MS)["queues"] == {}  # none since
     later_ms = START_MS + WINDOW_MS + STEP_MS
     series.add(later_ms, "kept", Kind.SUBMISSIONS, 1)
     shown = series.snapshot(later_ms)
@@ -99,16 +114,19 @@ def test_buckets_older_than_the_window_are_dropped() -> None:
     kept = shown["queues"]["kept"]
     assert kept["submissions"] == [0] * (SLOTS - 1) + [1]
     assert kept["queue_wait_p50_ms"] == [None] * SLOTS
+    assert set(series._queues) == {"kept"}  # the other one's memory is freed
 
 
-def test_a_gap_longer_than_the_window_leaves_nothing_of_before() -> None:
+@pytest.mark.parametrize("steps", [SLOTS, SLOTS + 1, 2 * SLOTS - 1, 5 * SLOTS])
+def test_a_gap_longer_than_the_window_leaves_nothing_of_before(steps: int) -> None:
+    """Whichever slot of the ring the old bucket had (the new one's, the first shown...)."""
     series = Series(START_MS)
     series.add(START_MS, "q", Kind.SUBMISSIONS, 5)
     series.add(START_MS, "q", Kind.ATTEMPT, 3.0)
-    later_ms = START_MS + SLOTS * STEP_MS  # the same slot of the ring
+    later_ms = START_MS + steps * STEP_MS
     series.add(later_ms, "q", Kind.SUBMISSIONS, 1)
     shown = series.snapshot(later_ms)["queues"]["q"]
-    assert sum(shown["submissions"]) == 1
+    assert shown["submissions"] == [0] * (SLOTS - 1) + [1]
     assert shown["attempt_p50_ms"] == [None] * SLOTS
 
 
@@ -145,7 +163,7 @@ def test_a_queue_takes_a_fixed_amount_of_memory() -> None:
 Sample = tuple[int, Kind, float]
 SAMPLES = st.lists(
     st.tuples(
-        st.integers(0, 2 * WINDOW_MS),
+        st.one_of(st.integers(0, 2 * WINDOW_MS), st.integers(0, 3 * STEP_MS)),  # or crowded
         st.sampled_from(Kind),
         st.one_of(
             st.floats(0, 1e10, allow_nan=False),
@@ -159,7 +177,10 @@ SAMPLES = st.lists(
 @given(
     samples=SAMPLES,
     started_ms=st.integers(1_000_000_000_000, 2_000_000_000_000),
-    then_ms=st.integers(0, WINDOW_MS + 2 * STEP_MS),
+    then_ms=st.one_of(
+        st.integers(0, WINDOW_MS + 2 * STEP_MS),
+        st.integers(WINDOW_MS - STEP_MS, WINDOW_MS + 2 * STEP_MS),  # about to leave the window
+    ),
 )
 def test_the_window_shows_exactly_the_samples_recorded_in_it(
     samples: list[Sample], started_ms: int, then_ms: int

@@ -20,7 +20,7 @@ from blockx.hub import Right
 from blockx.hub._live import MAX_STREAMS, STREAM_BUFFER
 from blockx.hubwire import Succeeded
 from tests.adapters.autoworker_rig import SQLITE, options, worker
-from tests.adapters.hub_harness import CAPABILITY, QUEUE, HubRig, running_hub
+from tests.adapters.hub_harness import CAPABILITY, QUEUE, HubEndpoint, running_hub
 from tests.adapters.test_hub_admin import credential_id
 from tests.adapters.test_hub_dashboard import sign_in
 from tests.adapters.test_hub_metrics import scrape, value
@@ -79,8 +79,8 @@ class Events:
 
 
 @asynccontextmanager
-async def events(rig: HubRig, headers: Sequence[tuple[str, str]]) -> AsyncIterator[Events]:
-    async with await rig.open_stream() as stream:
+async def events(hub: HubEndpoint, headers: Sequence[tuple[str, str]]) -> AsyncIterator[Events]:
+    async with await hub.open_stream() as stream:
         reader = Events(stream)
         await reader.start(headers)
         yield reader

@@ -433,7 +433,7 @@ class ProducerApi:
         try:
             status, body = await self._answer(stream, connection, request)
         except StoreError as error:
-            status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
+            status, body = 503, {"error": unreachable(error)}
         text = dumps(body) + "\n"
         return await respond_keeping(
             stream,
@@ -579,6 +579,11 @@ class ProducerApi:
             return 200, {"results": results}
 
         return run
+
+
+def unreachable(error: StoreError) -> str:
+    """What a request is answered (503) when the database cannot be reached."""
+    return f"the hub cannot reach its database: {error.reason}"
 
 
 async def body_text(

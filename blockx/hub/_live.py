@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from blockx.hub._admin_api import AdminAnswer, AdminWork, _as_admin, list_queues
-from blockx.hub._api import _as_producer
+from blockx.hub._api import _as_producer, unreachable
 from blockx.hub._auth import check
 from blockx.hub._browser import Refusal
 from blockx.hub._committer import Committer
@@ -150,7 +150,7 @@ class Live:
             try:
                 status, body = await self._committer.do(may)
             except StoreError as error:
-                status, body = 503, {"error": f"the hub cannot reach its database: {error.reason}"}
+                status, body = 503, {"error": unreachable(error)}
             stream = self.ticker.open(caller) if status == 200 else None
             if stream is not None:
                 await self._stream(wire, stream)

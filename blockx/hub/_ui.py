@@ -29,6 +29,7 @@ from typing import Final
 import attrs
 import trio
 
+from blockx.hub._api import unreachable
 from blockx.hub._auth import check
 from blockx.hub._browser import (
     SAFE_METHODS,
@@ -199,7 +200,7 @@ class Dashboard:
         try:
             credential = await self._committer.do(lambda tx: check(tx, token))
         except StoreError as error:
-            return sign_in_page(503, f"the hub cannot reach its database: {error.reason}")
+            return sign_in_page(503, unreachable(error))
         if credential is None or Right.ADMIN not in credential.rights:
             return sign_in_page(401, NOT_ADMIN)
         session = self._sessions.open(token, self._now_ms())

@@ -33,6 +33,8 @@ WRONG_CSRF: Final = "missing or wrong CSRF token"
 
 @attrs.frozen(kw_only=True)
 class BrowserSession:
+    """One signed-in browser: the id its cookie holds, and what it stands for."""
+
     session_id: str
     token: str
     """The credential signed in with: checked again at every request."""

@@ -105,7 +105,7 @@ def _error(status: int, message: str) -> _Answer:
     return _Answer(status, dumps({"error": message}) + "\n", _JSON)
 
 
-def sign_in_page(status: int, message: str) -> _Answer:
+def _sign_in_page(status: int, message: str) -> _Answer:
     return _Answer(status, _SIGN_IN_PAGE.replace("{{message}}", html.escape(message)), _HTML)
 
 
@@ -169,7 +169,7 @@ class Dashboard:
         if path in (UI_PATH, f"{UI_PATH}/"):
             return _see_other(SIGN_IN_PATH if session is None else HOME_PATH)
         if path == SIGN_IN_PATH:
-            return sign_in_page(200, "")
+            return _sign_in_page(200, "")
         if name in SCRIPTS:
             return _Answer(200, SCRIPTS[name], content_type(name), (("cache-control", "no-cache"),))
         if name in PAGES:
@@ -186,23 +186,25 @@ class Dashboard:
         was wrong otherwise (the same words for any credential that is not an admin's)."""
         origin = header(request, b"origin")
         if origin and origin.lower() != self._origin(request):
-            return sign_in_page(403, "a sign-in from another site's page is refused")
+            return _sign_in_page(403, "a sign-in from another site's page is refused")
         form = header(request, b"content-type").partition(";")[0].strip().lower()
         if form != FORM_TYPE:
-            return sign_in_page(400, f"a sign-in is a form ({FORM_TYPE}), not {form or 'nothing'}")
+            return _sign_in_page(400, f"a sign-in is a form ({FORM_TYPE}), not {form or 'nothing'}")
         try:
             body = await read_body(stream, connection, request, MAX_SIGN_IN_BYTES)
         except BadRequest as error:
-            return sign_in_page(error.status, f"the sign-in form is refused: {error}")
+            return _sign_in_page(error.status, f"the sign-in form is refused: {error}")
         token = credential_field(body)
         if token is None:
-            return sign_in_page(400, "the sign-in form must hold one field credential, URL-encoded")
+            return _sign_in_page(
+                400, "the sign-in form must hold one field credential, URL-encoded"
+            )
         try:
             credential = await self._committer.do(lambda tx: check(tx, token))
         except StoreError as error:
-            return sign_in_page(503, unreachable(error))
+            return _sign_in_page(503, unreachable(error))
         if credential is None or Right.ADMIN not in credential.rights:
-            return sign_in_page(401, NOT_ADMIN)
+            return _sign_in_page(401, NOT_ADMIN)
         session = self._sessions.open(token, self._now_ms())
         return _see_other(HOME_PATH, ("set-cookie", self._cookie(session)))
 

@@ -1,0 +1,2 @@
+// A placeholder: the dashboard's pages replace it.
+"use strict";

@@ -1,0 +1,94 @@
+"use strict";
+// A queue's tasks, oldest first, a page at a time, as the filters select them. The
+// filters are kept in the address, so a reload or a shared link shows the same list.
+(() => {
+  const byId = (id) => document.getElementById(id);
+  const form = byId("filters");
+  const PAGE_SIZE = 50;
+  let pageNumber = 1;
+  let nextCursor = null;
+
+  // A datetime-local field's value as epoch ms ("" when empty), and back.
+  const toMs = (value) => (value ? String(new Date(value).getTime()) : "");
+  function toLocal(ms) {
+    if (!ms) return "";
+    const d = new Date(Number(ms));
+    return new Date(d.getTime() - d.getTimezoneOffset() * 60_000).toISOString().slice(0, 19);
+  }
+
+  // The listing's query from the form (empty filters left out).
+  function query() {
+    const fields = {
+      queue: form.queue.value,
+      state: form.state.value,
+      handler: form.handler.value.trim(),
+      since_ms: toMs(form.since.value),
+      until_ms: toMs(form.until.value),
+    };
+    return new URLSearchParams(Object.entries(fields).filter(([, value]) => value !== ""));
+  }
+
+  function showTasks(tasks) {
+    hub.fillTable(
+      byId("tasks"),
+      tasks.map((task) => [
+        hub.taskLink(task.task_id),
+        [task.state, task.state],
+        `${task.handler} ${task.handler_version}`,
+        hub.time(task.created_at_ms),
+        [`${task.started_attempts} / ${task.max_attempts}`, "num"],
+        hub.time(task.finished_at_ms),
+        task.failure ? task.failure.code : "",
+      ]),
+      "no task matches",
+    );
+  }
+
+  async function load(cursor) {
+    const params = query();
+    params.set("limit", String(PAGE_SIZE));
+    if (cursor) params.set("cursor", cursor);
+    try {
+      const page = await hub.getJson(`/v1/tasks?${params}`);
+      hub.showError("");
+      showTasks(page.tasks);
+      nextCursor = page.next_cursor;
+      byId("next-page").disabled = !nextCursor;
+      byId("first-page").disabled = pageNumber === 1;
+      byId("page-note").textContent = `page ${pageNumber}, ${page.tasks.length} tasks`;
+    } catch (error) {
+      hub.showError(hub.errorText(error));
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    history.replaceState(null, "", `?${query()}`);
+    pageNumber = 1;
+    load(null);
+  });
+  byId("next-page").addEventListener("click", () => {
+    pageNumber += 1;
+    load(nextCursor);
+  });
+  byId("first-page").addEventListener("click", () => {
+    pageNumber = 1;
+    load(null);
+  });
+
+  async function start() {
+    const given = new URLSearchParams(location.search);
+    const queues = await hub.fillQueues(form.queue, given.get("queue"));
+    form.state.value = given.get("state") || "";
+    form.handler.value = given.get("handler") || "";
+    form.since.value = toLocal(given.get("since_ms"));
+    form.until.value = toLocal(given.get("until_ms"));
+    if (queues.length === 0) {
+      hub.fillTable(byId("tasks"), [], "no queue yet");
+      return;
+    }
+    load(null);
+  }
+
+  start().catch((error) => hub.showError(hub.errorText(error)));
+})();

@@ -8,7 +8,9 @@
 and the operators' requests on queues and credentials (`_admin_api`).
 
 Every request carries `Authorization: Bearer <token>` of a credential with
-the producer right on the queue (or admin). A bad request is answered 400
+the producer right on the queue (or admin), or, without that header, the
+cookie of a dashboard session (`_browser`: its token stands in, and what
+changes anything needs its CSRF token too). A bad request is answered 400
 with `{"error": ..., "field": ...}` naming the JSON key that is wrong, or the
 path in the payload (`payload.items[3].price`). Payloads, results and details
 are served as the texts the hub was given (`RawJson`), never decoded and
@@ -30,8 +32,9 @@ import trio
 
 from blockx.errors import InvalidValue
 from blockx.hub import _ops
-from blockx.hub._admin_api import admin_request
+from blockx.hub._admin_api import AdminWork, admin_request
 from blockx.hub._auth import check, credential_ids
+from blockx.hub._browser import BrowserSessions, Refusal
 from blockx.hub._committer import Committer
 from blockx.hub._model import (
     DEFAULT_PRIORITY,
@@ -62,7 +65,7 @@ from blockx.hubwire import (
     object_members,
     parse_json,
 )
-from blockx.net.http import BadRequest, Connection, Request, header, read_body, respond_keeping
+from blockx.net.http import BadRequest, Connection, Request, read_body, respond_keeping
 from blockx.process.clock import EpochClock
 
 MAX_BODY_BYTES: Final = MAX_JSON_BYTES + 64 * 1024
@@ -397,8 +400,13 @@ class ProducerApi:
         on_submit: Callable[[], None],
         watch: TaskWatch,
         recheck_ms: int | None,
+        browsers: BrowserSessions,
+        more_admin: Callable[[bytes, str], AdminWork | None] = lambda method, path: None,
     ) -> None:
         self._committer = committer
+        self._browsers = browsers
+        self._more_admin = more_admin
+        """The admin requests answered from the hub's own state (`_live`)."""
         self._clock = clock
         self._ids = ids
         self._watch = watch
@@ -443,8 +451,13 @@ class ProducerApi:
         """The answer to `request`: its credential is checked in the same transaction as
         the work it asks for (one commit), and a refusal for the credential comes first."""
         target = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
-        token = header(request, b"authorization").removeprefix("Bearer ").strip()
-        admin = admin_request(request.method, target.path, target.query, self._clock.now_ms())
+        now_ms = self._clock.now_ms()
+        token = self._browsers.caller(request, now_ms)
+        if isinstance(token, Refusal):
+            return token.status, {"error": token.error}
+        admin = admin_request(request.method, target.path, target.query, now_ms)
+        if admin is None:
+            admin = self._more_admin(request.method, target.path)
         if admin is not None:
             return await self._committer.do(_as_producer(token, None, admin))
         if (match := _TASK.fullmatch(target.path)) is not None and request.method == b"GET":

@@ -9,7 +9,8 @@ whichever operation made it, and only once it is durable. They count what this
 hub process committed; several hubs sharing a database each count their own.
 The gauges are read at each scrape: tasks by queue and state from the
 database (every hub sharing it shows the same), sessions and capacity from
-this hub's own sessions.
+this hub's own sessions. The same samples feed the dashboard's series of the
+last hour (`series`, a `_series.Series`), so both count the same.
 
 Must never keep a copy of task state, nor read the database but for a scrape.
 """
@@ -30,6 +31,7 @@ from prometheus_client.process_collector import ProcessCollector
 from blockx.hub._auth import check
 from blockx.hub._committer import MAX_BATCH, Committer
 from blockx.hub._model import ANY_QUEUE, AttemptState, Right, Task, TaskState
+from blockx.hub._series import Kind, Series
 from blockx.hub._store import StoreError, Tx
 from blockx.hubwire import dumps
 from blockx.net.http import Connection, Request, header, respond_keeping
@@ -61,6 +63,8 @@ Sample: TypeAlias = tuple[Counter | Histogram, tuple[str, ...], float]
 """A metric, its label values, and what to add (a counter) or observe (a histogram)."""
 TaskCounts: TypeAlias = tuple[list[str], list[tuple[str, str, int]]]
 """Every queue, and (queue, state, count) of every pair that has tasks."""
+Feed: TypeAlias = tuple[str, Kind, float] | None
+"""Where a labelled series' samples go in the `Series` (queue, kind, factor), if anywhere."""
 
 
 @attrs.frozen(kw_only=True)
@@ -73,9 +77,12 @@ class SessionLoad:
 
 
 class HubMetrics:
-    """The metrics of one hub: its registry, the committer's `Tail` and `Meter`, and `serve`."""
+    """The metrics of one hub: its registry, the committer's `Tail` and `Meter`, and `serve`.
+    `now_ms`: the hub's clock, for the `series`."""
 
-    def __init__(self) -> None:
+    def __init__(self, now_ms: Callable[[], int]) -> None:
+        self._now_ms = now_ms
+        self.series = Series(now_ms())
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # process_cpu_seconds_total and friends
         GCCollector(registry=registry)
@@ -127,8 +134,10 @@ class HubMetrics:
             "Transactions that failed with a database error (a failed batch is then tried "
             "one operation at a time: each failure counts).",
         )
-        self._record: dict[tuple[object, tuple[str, ...]], Callable[[float], None]] = {}
-        """Each labelled series' `inc` or `observe`, looked up once."""
+        self._record: dict[
+            tuple[object, tuple[str, ...]], tuple[Callable[[float], None], Feed]
+        ] = {}
+        """Each labelled series' `inc` or `observe`, and its `Feed`, looked up once."""
         self._state = _StateCollector()
         registry.register(self._state)
 
@@ -171,13 +180,34 @@ class HubMetrics:
             found.append((self.reviews, queue, 1))
 
     def committed(self, result: list[Sample]) -> None:
+        if not result:
+            return
+        now_ms = self._now_ms()
         for metric, labels, amount in result:
-            record = self._record.get((metric, labels))
-            if record is None:
-                child = metric.labels(*labels)
-                record = child.inc if isinstance(child, Counter) else child.observe
-                self._record[(metric, labels)] = record
+            found = self._record.get((metric, labels))
+            if found is None:
+                found = self._record[(metric, labels)] = self._recorder(metric, labels)
+            record, feed = found
             record(amount)
+            if feed is not None:
+                queue_id, kind, factor = feed
+                self.series.add(now_ms, queue_id, kind, amount * factor)
+
+    def _recorder(
+        self, metric: Counter | Histogram, labels: tuple[str, ...]
+    ) -> tuple[Callable[[float], None], Feed]:
+        child = metric.labels(*labels)
+        record = child.inc if isinstance(child, Counter) else child.observe
+        feed: Feed = None
+        if metric is self.submissions:
+            feed = (labels[0], Kind.SUBMISSIONS, 1)
+        elif metric is self.finishes:
+            feed = (labels[0], Kind[labels[1]], 1)
+        elif metric is self.queue_wait:
+            feed = (labels[0], Kind.QUEUE_WAIT, 1000)  # seconds to ms
+        elif metric is self.attempt_duration:
+            feed = (labels[0], Kind.ATTEMPT, 1000)
+        return record, feed
 
     # ----------------------------------------------------- the committer's meter
 

@@ -1,9 +1,11 @@
 """The hub server: worker sessions over WebSocket and the producers' HTTP JSON API, one port.
 
 `GET /v1/worker` upgrades to the worker protocol (`blockx.hubwire`);
-`GET /metrics` is for Prometheus (`_metrics`); everything else under `/v1/`
-is the producers' API (see `_api`) and the operators' (`_review`); with a
-certificate set (`tlsCertFile`), all over TLS only (HTTPS and WSS). Behind
+`GET /metrics` is for Prometheus (`_metrics`); `/ui` and `/assets/` are the
+dashboard (`_ui`), which reads `/v1/workers`, `/v1/stats` and `/v1/events`
+(`_live`); everything else under `/v1/` is the producers' API (see `_api`)
+and the operators' (`_review`); with a certificate set (`tlsCertFile`), all
+over TLS only (HTTPS and WSS). Behind
 them is the committer (`_committer`), the only writer of the database: every
 answer a worker gets was committed first.
 
@@ -39,12 +41,15 @@ from blockx.errors import StartupError
 from blockx.hub import _ops
 from blockx.hub._api import TaskWatch
 from blockx.hub._auth import authenticate
+from blockx.hub._browser import BrowserSessions
 from blockx.hub._committer import Committer
 from blockx.hub._config import HubConfig
+from blockx.hub._live import EVENTS_PATH, Live, WorkerView
 from blockx.hub._metrics import METRICS_PATH, HubMetrics, SessionLoad
 from blockx.hub._model import Credential, Right
 from blockx.hub._review import OperatorApi
 from blockx.hub._store import QueuedListener, Store, StoreError
+from blockx.hub._ui import Dashboard
 from blockx.hubwire import (
     MAX_CAPACITY,
     MAX_FRAME_BYTES,
@@ -220,6 +225,9 @@ class _Session:
     queue_id: str
     link: _Link
     capabilities: tuple[Capability, ...]
+    opened_at_ms: int
+    last_heard_ms: int
+    """When the worker's last message came (of any kind)."""
     capacity: int = 0
     held: dict[str, AttemptStatus] = attrs.Factory(dict)
     """Attempts offered to or started by this worker and not yet ended."""
@@ -242,6 +250,19 @@ class _Session:
         if not self.closed:
             self.link.send(encoded)
 
+    def view(self) -> WorkerView:
+        return WorkerView(
+            instance_id=self.instance_id,
+            queue_id=self.queue_id,
+            credential_id=self.link.credential_id,
+            capabilities=self.capabilities,
+            capacity=self.capacity,
+            held=dict(self.held),
+            opened_at_ms=self.opened_at_ms,
+            last_heard_ms=self.last_heard_ms,
+            draining=self.draining,
+        )
+
 
 class Hub:
     """One hub process. Start `run` with `nursery.start`; it reports the bound port.
@@ -259,8 +280,9 @@ class Hub:
         self.config = config
         self._store = store
         self._use_thread = use_thread
+        self._clock = clock = clock or EpochClock()
         watch = TaskWatch()
-        self.metrics = HubMetrics()
+        self.metrics = HubMetrics(clock.now_ms)
         self.committer = Committer(
             store,
             use_thread=use_thread,
@@ -269,7 +291,6 @@ class Hub:
             lanes=lanes,
         )
         self.hub_id = _ops.new_id()
-        self._clock = clock or EpochClock()
         self._ids = ids = _ops.TimeOrderedIds(self._clock.now_ms)
         """Task and attempt ids, and the tasks' submission order."""
         self._timing = config.timing
@@ -285,14 +306,27 @@ class Hub:
         self._looks: list[float] = []
         """Trio times the dispatcher was asked to look at before its next poll (a heap)."""
         self._sweep_by: trio.CancelScope | None = None
+        self.browsers = BrowserSessions()  # the dashboard's sign-ins
+        self.live = Live(
+            self.committer,
+            hub_id=self.hub_id,
+            now_ms=clock.now_ms,
+            series=self.metrics.series,
+            workers=lambda: [session.view() for session in self._sessions.values()],
+        )
         self.api = OperatorApi(
             self.committer,
-            clock=self._clock,
+            clock=clock,
             ids=ids,
             on_queued=self.offer_now,
             on_submit=self.wake,
             watch=watch,
             recheck_ms=config.poll_ms if store.postgres else None,
+            browsers=self.browsers,
+            more_admin=self.live.admin_request,
+        )
+        self.dashboard = Dashboard(
+            self.committer, self.browsers, now_ms=clock.now_ms, secure=bool(config.tls_cert_file)
         )
 
     def now_ms(self) -> int:
@@ -353,6 +387,7 @@ class Hub:
         """
         self.draining = True
         self.api.drain()
+        self.live.ticker.stop()  # the dashboard's event streams end
         for session in self._sessions.values():
             session.draining = True  # nothing more is offered to it
         for link in self._links:
@@ -379,6 +414,7 @@ class Hub:
             await nursery.start(self._sweep)
             await nursery.start(self._retain)
             await nursery.start(self._close_revoked)
+            await nursery.start(self.live.ticker.run)
             if self._store.postgres:
                 await nursery.start(self._hear_queued)
             task_status.started()
@@ -445,7 +481,13 @@ class Hub:
         if self.draining:
             await respond(stream, 503, _SHUTTING_DOWN, content_type="application/json")
             return False
+        path = _path(request)
+        if path == EVENTS_PATH:  # for as long as the client stays, or until the hub drains
+            caller = self.browsers.caller(request, self.now_ms())
+            return await self.live.serve_events(stream, connection, request, caller)
         with trio.move_on_after(REQUEST_TIMEOUT_S):
+            if self.dashboard.serves(path):
+                return await self.dashboard.serve(stream, connection, request, path, keep=True)
             return await self.api.serve(stream, connection, request)
         return False  # it took too long: its connection is done
 
@@ -562,7 +604,7 @@ class Hub:
             return self._open(message, credential, link)
         if session is None:
             raise ProtocolError(reason=f"{type(message).__name__} before open_session")
-        now_ms = self.now_ms()
+        now_ms = session.last_heard_ms = self.now_ms()
         instance_id = session.instance_id
         match message:
             case Heartbeat(capacity=capacity):
@@ -608,11 +650,14 @@ class Hub:
         if old is not None:  # the instance reconnected: its old connection is done
             old.closed = True
             old.link.scope.cancel()
+        now_ms = self.now_ms()
         session = _Session(
             instance_id=message.instance_id,
             queue_id=message.queue_id,
             link=link,
             capabilities=message.capabilities,
+            opened_at_ms=now_ms,
+            last_heard_ms=now_ms,
             capacity=message.capacity,
         )
         self._sessions[message.instance_id] = session

@@ -702,6 +702,16 @@ class Tx:
         rows = self.rows(self._lock(sql), *attempt_ids, reads=("attempts",))
         return [_attempt(row) for row in rows]
 
+    def tasks_of_attempts(self, attempt_ids: Collection[str]) -> dict[str, str]:
+        """The task of each of `attempt_ids` that exists, by attempt (read, not locked)."""
+        sql = "SELECT attempt_id, task_id FROM attempts WHERE attempt_id IN ({})"
+        queries = [
+            (sql.format(", ".join("?" * len(chunk))), chunk)
+            for chunk in _chunks(sorted(attempt_ids))
+        ]
+        found = self.rows_of(queries, reads=("attempts",))
+        return {attempt_id: task_id for rows in found for attempt_id, task_id in rows}
+
     def records(
         self, task_ids: Collection[str]
     ) -> dict[str, tuple[list[Attempt], list[HistoryEntry]]]:

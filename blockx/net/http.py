@@ -241,7 +241,8 @@ async def respond(
     head: bool = False,
     extra: list[tuple[str, str]] | None = None,
 ) -> None:
-    """Send one whole response (headers only for HEAD); the connection is done after it."""
+    """Send one whole response (headers only for HEAD); the connection is done after it.
+    `extra`: more headers (a `cache-control` one replaces the default, `no-store`)."""
     await _send_response(stream, status, body, content_type, head=head, extra=extra)
     await close_gently(stream)
 
@@ -255,12 +256,15 @@ async def respond_keeping(
     *,
     content_type: str,
     keep: bool = True,
+    extra: list[tuple[str, str]] | None = None,
 ) -> bool:
-    """Send one whole response to `request` and keep the connection for the client's next
-    request, if HTTP/1.1 lets it (the client did not ask to close, and its request was
-    read to the end) and `keep` (the server's wish): True. Else close it, as `respond`."""
+    """Send one whole response to `request` (headers only for HEAD; `extra` as `respond`'s)
+    and keep the connection for the client's next request, if HTTP/1.1 lets it (the client
+    did not ask to close, and its request was read to the end) and `keep` (the server's
+    wish): True. Else close it, as `respond`."""
     keep = keep and request.keep_alive and request.complete and not connection.closed
-    await _send_response(stream, status, body, content_type, keep=keep)
+    head = request.method == b"HEAD"
+    await _send_response(stream, status, body, content_type, head=head, extra=extra, keep=keep)
     if not keep:
         await close_gently(stream)
     return keep
@@ -278,13 +282,18 @@ async def _send_response(
 ) -> None:
     data = body.encode() if isinstance(body, str) else body
     reason = http.HTTPStatus(status).phrase if status in _KNOWN_STATUSES else ""
+    extra = extra or []
     lines = [
         f"HTTP/1.1 {status} {reason}",
         f"content-type: {content_type}",
         f"content-length: {len(data)}",
-        "cache-control: no-store",
+        *(
+            ()
+            if any(name == "cache-control" for name, _ in extra)
+            else ("cache-control: no-store",)
+        ),
         *(() if keep else ("connection: close",)),
-        *(f"{name}: {value}" for name, value in extra or ()),
+        *(f"{name}: {value}" for name, value in extra),
     ]
     out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     await stream.send_all(out if head or not data else out + data)

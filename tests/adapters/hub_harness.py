@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -166,6 +166,26 @@ class HubClient:
         return errors[-1] if errors else None
 
 
+@attrs.define
+class Reply:
+    """An HTTP answer: its status, its headers (names lower-cased) and its body."""
+
+    status: int
+    headers: list[tuple[str, str]] = attrs.Factory(list)
+    content: bytearray = attrs.Factory(bytearray)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode()
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    def header(self, name: str) -> str:
+        """The value of header `name` ("" if absent; values of a repeated one joined)."""
+        return ", ".join(value for key, value in self.headers if key == name)
+
+
 GOING_AWAY: Final = 1001
 """The WebSocket close code of an endpoint that is going away (RFC 6455, 7.4.1)."""
 
@@ -263,30 +283,43 @@ class HubEndpoint:
         raw: bytes | None = None,
     ) -> tuple[int, str]:
         """One request to the producers' API: (status, the body's text as it came)."""
-        stream = await self.open_stream()
         data = raw if raw is not None else b"" if body is None else json.dumps(body).encode()
-        headers = [("host", "hub.test"), ("content-length", str(len(data)))]
-        if token is not None:
-            headers.append(("authorization", f"Bearer {token}"))
+        headers = [] if token is None else [("authorization", f"Bearer {token}")]
+        reply = await self.exchange(method, target, headers=headers, data=data)
+        return reply.status, reply.text
+
+    async def exchange(
+        self,
+        method: str,
+        target: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        data: bytes = b"",
+    ) -> Reply:
+        """One request on a connection of its own, with `headers` (and `Host` and
+        `Content-Length`): the answer."""
+        stream = await self.open_stream()
         connection = h11.Connection(h11.CLIENT)
-        request = h11.Request(method=method, target=target, headers=headers)
+        sent = [("host", "hub.test"), ("content-length", str(len(data))), *headers]
+        request = h11.Request(method=method, target=target, headers=sent)
         await stream.send_all(
             connection.send(request)
             + connection.send(h11.Data(data=data))
             + connection.send(h11.EndOfMessage())
         )
-        status, content = 0, bytearray()
+        reply = Reply(status=0)
         while True:
             event = connection.next_event()
             if event is h11.NEED_DATA:
                 connection.receive_data(bytes(await stream.receive_some()))
             elif isinstance(event, h11.Response):
-                status = event.status_code
+                reply.status = event.status_code
+                reply.headers = [(n.decode(), v.decode()) for n, v in event.headers]
             elif isinstance(event, h11.Data):
-                content += event.data
+                reply.content += event.data
             elif isinstance(event, h11.EndOfMessage):
                 await stream.aclose()
-                return status, content.decode()
+                return reply
 
     async def submit(self, token: str, queue_id: str = QUEUE, **fields: object) -> dict[str, Any]:
         """Submit a task of `CAPABILITY` (unless `fields` say otherwise); the task's JSON."""

@@ -179,7 +179,7 @@ async def test_by_default_anyone_reads_the_metrics_and_every_queue_shows(
 
 async def test_database_errors_and_batches_are_counted(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "hub.sqlite3"))
-    metrics = HubMetrics()
+    metrics = HubMetrics(lambda: 0)
     committer = Committer(store, use_thread=False, tails=(metrics,), meter=metrics)
     answers: list[object] = []
     async with trio.open_nursery() as nursery:

@@ -18,7 +18,7 @@
   const LATENCIES = ["queue_wait_p50_ms", "queue_wait_p99_ms", "attempt_p50_ms", "attempt_p99_ms"];
   const RECONNECT_MS = 2000;
   const cards = new Map(); // queue id -> {card, figures: {name: element}, paused}
-  let stats = null; // {t, queues: {queue: {series: [values]}}, windowMs}
+  let stats = null; // {t, queues: {queue: {series: [values]}}, windowMs, stepMs}
   let queueIds = [];
 
   // ------------------------------------------------------------------ queues
@@ -168,6 +168,10 @@
     charts.finishes.replace(stats.t, [series.unknown, series.succeeded, series.failed]);
     charts.queueWait.replace(stats.t, [series.queue_wait_p50_ms, series.queue_wait_p99_ms]);
     charts.attempt.replace(stats.t, [series.attempt_p50_ms, series.attempt_p99_ms]);
+    // The whole hour, however little of it this hub has counted yet.
+    const end = (stats.t[stats.t.length - 1] ?? Date.now()) + stats.stepMs;
+    const hour = { min: (end - stats.windowMs) / 1000, max: end / 1000 };
+    for (const chart of Object.values(charts)) chart.plot.setScale("x", hour);
   }
 
   chartQueue.addEventListener("change", () => {
@@ -181,7 +185,7 @@
 
   async function loadStats() {
     const answer = await hub.getJson("/v1/stats");
-    stats = { t: answer.t, queues: answer.queues, windowMs: answer.window_ms };
+    stats = { t: answer.t, queues: answer.queues, windowMs: answer.window_ms, stepMs: answer.step_ms };
     draw();
   }
 

@@ -119,9 +119,8 @@
       byId("attempts"),
       task.attempts.map((attempt) => [
         [attempt.epoch, "num"],
-        attempt.attempt_id,
-        attempt.instance_id,
         [attempt.state, attempt.state],
+        attempt.outcome && attempt.outcome.code ? attempt.outcome.code : "",
         hub.clock(attempt.offered_at_ms),
         attempt.started_at_ms ? hub.clock(attempt.started_at_ms) : "",
         attempt.lease_deadline_ms ? hub.clock(attempt.lease_deadline_ms) : "",
@@ -132,7 +131,8 @@
             : "",
           "num",
         ],
-        attempt.outcome && attempt.outcome.code ? attempt.outcome.code : "",
+        attempt.instance_id,
+        attempt.attempt_id,
       ]),
       "no attempt yet",
     );

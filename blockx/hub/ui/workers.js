@@ -20,7 +20,13 @@
           "ul",
           { className: "plain" },
           ...worker.attempts.map((attempt) =>
-            el("li", {}, hub.taskLink(attempt.task_id), " ", el("span", { className: attempt.status, text: attempt.status })),
+            el(
+              "li",
+              {},
+              attempt.task_id === null ? attempt.attempt_id : hub.taskLink(attempt.task_id),
+              " ",
+              el("span", { className: attempt.status, text: attempt.status }),
+            ),
           ),
         )
       : el("span", { className: "muted", text: "none" });

@@ -201,10 +201,52 @@ async def check_a_retry_from_the_review_page(board: Dashboard) -> None:
     assert task["result"] == {"echo": {"unsure": True}}
 
 
+async def check_resolve_and_bulk_retry(board: Dashboard) -> None:
+    """Of two tasks that need review, one is resolved FAILED in the review page's dialog
+    (its details kept as typed), the other retried by the bulk form once counted."""
+    resolved, retried = [
+        await board.submit(payload={"unsure": True, "n": n}, idempotency="NON_IDEMPOTENT")
+        for n in (1, 2)
+    ]
+    for task_id in (resolved, retried):
+        await board.settled(task_id, "NEEDS_REVIEW")
+    await board.goto(f"/ui/review?queue={QUEUE}")
+    await board.page.until(
+        "document.querySelectorAll('#review-tasks tr[data-task-id]').length === 2"
+    )
+    await board.page.evaluate(
+        f"""(() => {{
+          document.querySelector(`tr[data-task-id="${{CSS.escape({json.dumps(resolved)})}}"]`)
+            .querySelector('button[data-action=resolve]').click();
+          const form = document.getElementById('resolve-form');
+          form.querySelector('input[value=FAILED]').click();
+          form.code.value = 'CHARGED_TWICE';
+          form.details.value = '{{"amount": 1.10}}';
+          form.requestSubmit();
+        }})()"""
+    )
+    note = await board.page.until("document.getElementById('action-note').textContent")
+    assert note == f"task {resolved}: resolve done, it is FAILED now"
+    assert not await board.page.evaluate("document.getElementById('resolve-dialog').open")
+    bulk = "document.querySelector('form.bulk[data-action=retry]')"
+    await board.page.evaluate(f"{bulk}.requestSubmit()")
+    count = await board.page.until(f"{bulk}.querySelector('.count').textContent")
+    assert count == f"1 task matches in {QUEUE}"
+    await board.page.evaluate(f"{bulk}.querySelector('.confirm').click()")
+    await board.page.until(f"{bulk}.querySelector('.count').textContent === '1 retried'")
+    status, shown = await board.hub.http_text(
+        "GET", f"/v1/tasks/{resolved}", token=board.tokens.work
+    )
+    assert status == 200
+    failure = json.loads(shown, parse_float=str)["failure"]  # numbers as the hub wrote them
+    assert failure == {"code": "CHARGED_TWICE", "details": {"amount": "1.10"}}
+    await board.settled(retried, "SUCCEEDED")
+
+
 async def check_the_lists(board: Dashboard) -> None:
     """The tasks page lists the queue's tasks, the workers page the worker's session."""
     await board.goto(f"/ui/tasks?queue={QUEUE}")
-    await board.page.until("document.querySelectorAll('#tasks a').length === 3")
+    await board.page.until("document.querySelectorAll('#tasks a').length === 5")
     await board.page.screenshot("hub-tasks")
     await board.goto("/ui/workers")
     queue_cell = "document.querySelector('#workers td:nth-child(2)')"
@@ -231,6 +273,15 @@ async def check_csrf(board: Dashboard) -> None:
     assert statuses == [403, 200, 200]
 
 
+async def check_sign_out(board: Dashboard) -> None:
+    """Signing out ends the session: a page asks to sign in again."""
+    await board.page.evaluate("window.blockxLeaving = true")
+    await board.page.evaluate("document.querySelector('#sign-out button').click()")
+    await board.page.until("!window.blockxLeaving && location.pathname === '/ui/sign-in'")
+    await board.goto("/ui/overview")
+    assert await board.page.evaluate("location.pathname") == "/ui/sign-in"
+
+
 async def test_an_operator_signs_in_follows_tasks_and_retries_one_from_review(
     tmp_path: Path,
 ) -> None:
@@ -249,6 +300,8 @@ async def test_an_operator_signs_in_follows_tasks_and_retries_one_from_review(
             await check_a_task_followed_until_a_worker_runs_it(board)
             await check_the_overview_counts_live(board)
             await check_a_retry_from_the_review_page(board)
+            await check_resolve_and_bulk_retry(board)
             await check_the_lists(board)
             await check_csrf(board)
+            await check_sign_out(board)
             nursery.cancel_scope.cancel()

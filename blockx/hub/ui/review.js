@@ -70,7 +70,8 @@
 
   // ------------------------------------------------------------------ one task
 
-  // Send `body` (a value, or a JSON text) to act on one task; say what came of it.
+  // Send `body` (a value, or a JSON text) to act on one task; say what came of it (and
+  // read the list again); whether it was done.
   async function act(taskId, action, body) {
     const url = `/v1/tasks/${encodeURIComponent(taskId)}:${action}`;
     const { status, body: answer } = await hub.post(url, body);
@@ -79,7 +80,7 @@
     } else {
       note(`task ${taskId}: ${action} refused (${status}): ${answer && answer.error}`);
     }
-    await reload();
+    reload();
     return status === 200;
   }
 

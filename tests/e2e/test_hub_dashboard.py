@@ -40,6 +40,10 @@ POLL_S: Final = 0.05
 REFUSED: Final = "that is not an admin credential of this hub"
 COOKIE: Final = "blockx_hub_session"
 TASK_STATE: Final = "document.getElementById('task-state').textContent"
+NEXT_FRAMES: Final = (
+    "new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
+)
+"""Once two frames are drawn: what a change of size set off (resize observers) is done."""
 SUCCEEDED_FIGURE: Final = (
     f'document.querySelector(\'[data-queue="{QUEUE}"][data-figure="SUCCEEDED"]\').textContent'
 )
@@ -172,6 +176,7 @@ async def check_the_overview_counts_live(board: Dashboard) -> None:
     await board.page.screenshot("hub-overview")
     await board.page.size(*PHONE, mobile=True)
     await board.page.until(f"innerWidth === {PHONE[0]}")
+    await board.page.evaluate(NEXT_FRAMES)  # the charts have followed the new width
     await board.page.screenshot("hub-overview-phone")
     overflow = "document.documentElement.scrollWidth <= innerWidth"
     assert await board.page.evaluate(overflow), await board.page.evaluate(
@@ -227,7 +232,7 @@ async def check_resolve_and_bulk_retry(board: Dashboard) -> None:
     )
     note = await board.page.until("document.getElementById('action-note').textContent")
     assert note == f"task {resolved}: resolve done, it is FAILED now"
-    assert not await board.page.evaluate("document.getElementById('resolve-dialog').open")
+    await board.page.until("!document.getElementById('resolve-dialog').open")
     bulk = "document.querySelector('form.bulk[data-action=retry]')"
     await board.page.evaluate(f"{bulk}.requestSubmit()")
     count = await board.page.until(f"{bulk}.querySelector('.count').textContent")

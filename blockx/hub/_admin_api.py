@@ -8,10 +8,14 @@
                                          for every key); 0 removes it
     GET  /v1/credentials                 every credential (never its secret)
     POST /v1/credentials/{id}:revoke     its requests are refused, its sessions closed
+    GET  /v1/workers                     this hub's open worker sessions    (`_live`: they
+    GET  /v1/stats                       its series of the last hour         read the hub's
+    GET  /v1/events                      a stream of ticks, one a second     own state)
 
-Every request needs a credential with the admin right; each runs in one
-transaction with the check of that credential. The same reads are what
-`blockx hub queue list` and `credential list` print.
+Every request needs a credential with the admin right (a bearer token, or
+the dashboard's session cookie: `_browser`); each runs in one transaction
+with the check of that credential. The same reads are what `blockx hub queue
+list` and `credential list` print.
 """
 
 from __future__ import annotations

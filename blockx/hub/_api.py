@@ -401,7 +401,7 @@ class ProducerApi:
         watch: TaskWatch,
         recheck_ms: int | None,
         browsers: BrowserSessions,
-        more_admin: Callable[[bytes, str], AdminWork | None] = lambda method, path: None,
+        more_admin: Callable[[bytes, str], AdminWork | None],
     ) -> None:
         self._committer = committer
         self._browsers = browsers

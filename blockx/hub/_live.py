@@ -142,7 +142,7 @@ class Live:
     ) -> bool:
         """Answer `GET /v1/events`: the stream of ticks, until the client goes, is too slow,
         its credential is revoked, or the hub drains (the connection is done then); or a
-        refusal (it is kept)."""
+        refusal (the connection may be kept): whether it is kept."""
         if isinstance(caller, Refusal):
             status, body = caller.status, {"error": caller.error}
         else:
@@ -179,7 +179,8 @@ class Live:
 
 
 async def _until_gone(wire: trio.abc.Stream, scope: trio.CancelScope) -> None:
-    """Until the client closes its side of the stream (what it sends is not read)."""
+    """Until the client closes its side of the connection, then end the stream (whatever
+    it sends meanwhile is read and dropped: an event stream's client sends nothing)."""
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         while await wire.receive_some(RECEIVE_BYTES):
             pass

@@ -14,7 +14,9 @@ action and its task or queue), in the same transaction as the change, so a
 repeat gets the very same answer and does nothing more. What the rules
 decline (409) is kept too; a request that is wrong (400) or names no task
 (404) is not. The rules (`_rules.retry`, `resolve`, `cancel`) decide; each
-change adds a history line naming the credential and the request id.
+change adds a history line naming the credential and the request id. The
+dashboard's review page (`_ui`) calls the same routes with its session cookie
+and CSRF token (`_browser`).
 """
 
 from __future__ import annotations

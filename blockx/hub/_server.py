@@ -5,9 +5,9 @@
 dashboard (`_ui`), which reads `/v1/workers`, `/v1/stats` and `/v1/events`
 (`_live`); everything else under `/v1/` is the producers' API (see `_api`)
 and the operators' (`_review`); with a certificate set (`tlsCertFile`), all
-over TLS only (HTTPS and WSS). Behind
-them is the committer (`_committer`), the only writer of the database: every
-answer a worker gets was committed first.
+over TLS only (HTTPS and WSS). Behind them is the committer (`_committer`),
+the only writer of the database: every answer a worker gets was committed
+first.
 
 Per connection, a reader decodes frames and hands each control message to
 the committer as an operation with its receipt; answers go to the
@@ -464,11 +464,12 @@ class Hub:
         self, stream: trio.abc.Stream, connection: Connection, request: Request
     ) -> bool:
         """Answer one producer's request; whether its connection is kept for the next."""
-        if _path(request) == WORKER_PATH:
+        path = _path(request)
+        if path == WORKER_PATH:
             message = "GET /v1/worker with a WebSocket upgrade, first on its connection\n"
             await respond(stream, 400, message)
             return False
-        if _path(request) == METRICS_PATH:  # answered while the hub drains too
+        if path == METRICS_PATH:  # answered while the hub drains too
             return await self.metrics.serve(
                 stream,
                 connection,
@@ -481,13 +482,12 @@ class Hub:
         if self.draining:
             await respond(stream, 503, _SHUTTING_DOWN, content_type="application/json")
             return False
-        path = _path(request)
         if path == EVENTS_PATH:  # for as long as the client stays, or until the hub drains
             caller = self.browsers.caller(request, self.now_ms())
             return await self.live.serve_events(stream, connection, request, caller)
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             if self.dashboard.serves(path):
-                return await self.dashboard.serve(stream, connection, request, path, keep=True)
+                return await self.dashboard.serve(stream, connection, request, path)
             return await self.api.serve(stream, connection, request)
         return False  # it took too long: its connection is done
 

@@ -135,8 +135,6 @@ class Dashboard:
         connection: Connection,
         request: Request,
         path: str,
-        *,
-        keep: bool,
     ) -> bool:
         """Answer `request` for `path` (one `serves`); whether the connection is kept."""
         answer = await self._answer(stream, connection, request, path)
@@ -147,7 +145,6 @@ class Dashboard:
             answer.status,
             answer.body,
             content_type=answer.content_type,
-            keep=keep,
             extra=[*SECURITY_HEADERS, *answer.headers],
         )
 

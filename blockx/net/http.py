@@ -282,18 +282,15 @@ async def _send_response(
 ) -> None:
     data = body.encode() if isinstance(body, str) else body
     reason = http.HTTPStatus(status).phrase if status in _KNOWN_STATUSES else ""
-    extra = extra or []
+    headers = [("cache-control", "no-store")] if extra is None else extra
+    if all(name != "cache-control" for name, _ in headers):
+        headers = [("cache-control", "no-store"), *headers]
     lines = [
         f"HTTP/1.1 {status} {reason}",
         f"content-type: {content_type}",
         f"content-length: {len(data)}",
-        *(
-            ()
-            if any(name == "cache-control" for name, _ in extra)
-            else ("cache-control: no-store",)
-        ),
         *(() if keep else ("connection: close",)),
-        *(f"{name}: {value}" for name, value in extra),
+        *(f"{name}: {value}" for name, value in headers),
     ]
     out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     await stream.send_all(out if head or not data else out + data)

@@ -103,6 +103,21 @@ window.hub = (() => {
 
   const json = (value) => JSON.stringify(value, null, 2);
 
+  // A datetime-local field's value (local time) as epoch ms; null when empty.
+  const localMs = (value) => (value ? new Date(value).getTime() : null);
+
+  // ------------------------------------------------------------- the address
+
+  // A parameter of the page's address (null if absent).
+  const given = (name) => new URLSearchParams(location.search).get(name);
+
+  // Keep `name=value` in the page's address (so a reload shows the same), no new entry.
+  function keep(name, value) {
+    const url = new URL(location.href);
+    url.searchParams.set(name, value);
+    history.replaceState(null, "", url);
+  }
+
   // --------------------------------------------------------------- building DOM
 
   // An element with text (or children) and attributes; `text` is set as text only.
@@ -121,6 +136,17 @@ window.hub = (() => {
   // A link to a task's page, showing its id.
   const taskLink = (taskId) =>
     el("a", { href: `/ui/task?id=${encodeURIComponent(taskId)}`, text: taskId });
+
+  // What a list of tasks shows of each: its id (a link), state, handler, creation,
+  // attempts and failure code.
+  const taskCells = (task) => [
+    taskLink(task.task_id),
+    [task.state, task.state],
+    `${task.handler} ${task.handler_version}`,
+    time(task.created_at_ms),
+    [`${task.started_attempts} / ${task.max_attempts}`, "num"],
+    task.failure ? task.failure.code : "",
+  ];
 
   // Replace `tbody`'s rows by `rows` (each a list of cells: a string, a number, a node,
   // or [content, className]); one row saying `emptyText` when there are none.
@@ -217,6 +243,9 @@ window.hub = (() => {
 
   return {
     RequestFailed,
+    byId,
+    given,
+    keep,
     getJson,
     post,
     requestId,
@@ -224,8 +253,10 @@ window.hub = (() => {
     clock,
     duration,
     json,
+    localMs,
     el,
     taskLink,
+    taskCells,
     fillTable,
     setLive,
     showError,

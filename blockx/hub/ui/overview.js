@@ -3,8 +3,7 @@
 // /v1/events (one tick a second: the queues, and the last two buckets of the series,
 // merged by bucket time into what GET /v1/stats gave at first).
 (() => {
-  const { el } = hub;
-  const byId = (id) => document.getElementById(id);
+  const { el, byId } = hub;
   const STATES = [
     "QUEUED",
     "OFFERED",
@@ -111,7 +110,7 @@
   }
 
   function showChartQueues() {
-    const current = chartQueue.value || new URLSearchParams(location.search).get("queue");
+    const current = chartQueue.value || hub.given("queue");
     const shown = Array.from(chartQueue.options, (option) => option.value);
     if (shown.join("\n") === queueIds.join("\n")) return;
     chartQueue.replaceChildren(
@@ -175,9 +174,7 @@
   }
 
   chartQueue.addEventListener("change", () => {
-    const url = new URL(location.href);
-    url.searchParams.set("queue", chartQueue.value);
-    history.replaceState(null, "", url);
+    hub.keep("queue", chartQueue.value);
     draw();
   });
 

@@ -4,8 +4,7 @@
 // cancel, counted (a dry run) before they are done. Every action sends a fresh
 // request id: the hub keeps its answer under it.
 (() => {
-  const { el } = hub;
-  const byId = (id) => document.getElementById(id);
+  const { el, byId } = hub;
   const choose = byId("choose");
   const LIMIT = 100;
   // The states each action applies to (the hub declines it in any other).
@@ -41,15 +40,7 @@
     const tbody = byId("review-tasks");
     hub.fillTable(
       tbody,
-      page.tasks.map((task) => [
-        hub.taskLink(task.task_id),
-        [task.state, task.state],
-        `${task.handler} ${task.handler_version}`,
-        hub.time(task.created_at_ms),
-        [`${task.started_attempts} / ${task.max_attempts}`, "num"],
-        task.failure ? task.failure.code : "",
-        actions(task),
-      ]),
+      page.tasks.map((task) => [...hub.taskCells(task), actions(task)]),
       `no ${choose.state.value} task in ${queue()}`,
     );
     page.tasks.forEach((task, index) => {
@@ -62,7 +53,7 @@
 
   async function refresh() {
     const label = (q) => `${q.queue_id} (${q.tasks.NEEDS_REVIEW} need review)`;
-    await hub.fillQueues(choose.queue, queue() || new URLSearchParams(location.search).get("queue"), label);
+    await hub.fillQueues(choose.queue, queue() || hub.given("queue"), label);
     await showTasks();
   }
 
@@ -169,8 +160,8 @@
       const fields = { request_id: hub.requestId(), dry_run: dryRun };
       if (form.state && form.state.value) fields.state = form.state.value;
       if (form.handler.value.trim()) fields.handler = form.handler.value.trim();
-      if (form.since.value) fields.since_ms = new Date(form.since.value).getTime();
-      if (form.until.value) fields.until_ms = new Date(form.until.value).getTime();
+      if (form.since.value) fields.since_ms = hub.localMs(form.since.value);
+      if (form.until.value) fields.until_ms = hub.localMs(form.until.value);
       return fields;
     }
 
@@ -216,9 +207,7 @@
   document.querySelectorAll("form.bulk").forEach(bulk);
   choose.addEventListener("submit", (event) => event.preventDefault());
   choose.addEventListener("change", () => {
-    const url = new URL(location.href);
-    url.searchParams.set("queue", queue());
-    history.replaceState(null, "", url);
+    hub.keep("queue", queue());
     note("");
     reload();
   });

@@ -3,11 +3,10 @@
 // Read again every second until the task has ended (no change comes without an
 // operator then).
 (() => {
-  const { el } = hub;
-  const byId = (id) => document.getElementById(id);
+  const { el, byId } = hub;
   const ENDED = ["SUCCEEDED", "FAILED", "NEEDS_REVIEW", "CANCELLED"];
   const POLL_MS = 1000;
-  const taskId = new URLSearchParams(location.search).get("id") || "";
+  const taskId = hub.given("id") || "";
 
   // ------------------------------------------------------------------ summary
 

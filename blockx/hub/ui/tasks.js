@@ -2,14 +2,13 @@
 // A queue's tasks, oldest first, a page at a time, as the filters select them. The
 // filters are kept in the address, so a reload or a shared link shows the same list.
 (() => {
-  const byId = (id) => document.getElementById(id);
+  const { byId } = hub;
   const form = byId("filters");
   const PAGE_SIZE = 50;
   let pageNumber = 1;
   let nextCursor = null;
 
-  // A datetime-local field's value as epoch ms ("" when empty), and back.
-  const toMs = (value) => (value ? String(new Date(value).getTime()) : "");
+  // Epoch ms as a datetime-local field's value (local time).
   function toLocal(ms) {
     if (!ms) return "";
     const d = new Date(Number(ms));
@@ -22,24 +21,17 @@
       queue: form.queue.value,
       state: form.state.value,
       handler: form.handler.value.trim(),
-      since_ms: toMs(form.since.value),
-      until_ms: toMs(form.until.value),
+      since_ms: hub.localMs(form.since.value),
+      until_ms: hub.localMs(form.until.value),
     };
-    return new URLSearchParams(Object.entries(fields).filter(([, value]) => value !== ""));
+    const chosen = Object.entries(fields).filter(([, value]) => value !== "" && value !== null);
+    return new URLSearchParams(chosen.map(([name, value]) => [name, String(value)]));
   }
 
   function showTasks(tasks) {
     hub.fillTable(
       byId("tasks"),
-      tasks.map((task) => [
-        hub.taskLink(task.task_id),
-        [task.state, task.state],
-        `${task.handler} ${task.handler_version}`,
-        hub.time(task.created_at_ms),
-        [`${task.started_attempts} / ${task.max_attempts}`, "num"],
-        hub.time(task.finished_at_ms),
-        task.failure ? task.failure.code : "",
-      ]),
+      tasks.map((task) => [...hub.taskCells(task), hub.time(task.finished_at_ms)]),
       "no task matches",
     );
   }
@@ -77,12 +69,11 @@
   });
 
   async function start() {
-    const given = new URLSearchParams(location.search);
-    const queues = await hub.fillQueues(form.queue, given.get("queue"));
-    form.state.value = given.get("state") || "";
-    form.handler.value = given.get("handler") || "";
-    form.since.value = toLocal(given.get("since_ms"));
-    form.until.value = toLocal(given.get("until_ms"));
+    const queues = await hub.fillQueues(form.queue, hub.given("queue"));
+    form.state.value = hub.given("state") || "";
+    form.handler.value = hub.given("handler") || "";
+    form.since.value = toLocal(hub.given("since_ms"));
+    form.until.value = toLocal(hub.given("until_ms"));
     if (queues.length === 0) {
       hub.fillTable(byId("tasks"), [], "no queue yet");
       return;

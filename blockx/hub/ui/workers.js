@@ -1,8 +1,7 @@
 "use strict";
 // The worker sessions open on this hub process, read again every 2 s.
 (() => {
-  const { el } = hub;
-  const byId = (id) => document.getElementById(id);
+  const { el, byId } = hub;
   const REFRESH_MS = 2000;
 
   const capabilities = (worker) =>

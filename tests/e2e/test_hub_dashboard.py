@@ -4,8 +4,10 @@ hub process on SQLite and an automatic worker running in this process.
 An operator is refused with a credential that is not an admin's, signs in with one
 (the session cookie is HttpOnly and SameSite=Strict), follows a task from QUEUED to
 SUCCEEDED on its page once a worker comes, sees the overview count it live, retries a
-task that needs review from the review page, and a POST without the CSRF token is
-refused. Each page is saved as a screenshot (`hub-*.png`) once it shows data.
+task that needs review from the review page, resolves another in its dialog and
+retries a third with the bulk form; a POST without the CSRF token is refused, and
+signing out ends the session. Each page is saved as a screenshot (`hub-*.png`) once
+it shows data.
 
 Wall-clock time: the hub is another process. Each wait is for a condition the page
 shows (or the hub's API answers), under a `fail_after`, never a sleep.
@@ -35,7 +37,7 @@ from tests.e2e.hub_process import HubProcess, hub_process
 
 ENV: Final = {"HUB_POLL_MS": "20", "LOG_FORMAT": "text"}
 FAIL_AFTER_S: Final = 120
-"""Far above what the test takes (about 15 s), for a loaded machine."""
+"""Far above what the test takes (about 6 s), for a loaded machine."""
 POLL_S: Final = 0.05
 REFUSED: Final = "that is not an admin credential of this hub"
 COOKIE: Final = "blockx_hub_session"
@@ -47,6 +49,11 @@ NEXT_FRAMES: Final = (
 SUCCEEDED_FIGURE: Final = (
     f'document.querySelector(\'[data-queue="{QUEUE}"][data-figure="SUCCEEDED"]\').textContent'
 )
+
+
+def review_row(task_id: str) -> str:
+    """JavaScript: the review page's row of task `task_id` (null while it shows none)."""
+    return f'document.querySelector(`tr[data-task-id="${{CSS.escape({json.dumps(task_id)})}}"]`)'
 
 
 @attrs.frozen
@@ -191,7 +198,7 @@ async def check_a_retry_from_the_review_page(board: Dashboard) -> None:
     task_id = await board.submit(payload={"unsure": True}, idempotency="NON_IDEMPOTENT")
     await board.settled(task_id, "NEEDS_REVIEW")
     await board.goto(f"/ui/review?queue={QUEUE}")
-    row = f"document.querySelector(`tr[data-task-id=${{CSS.escape({json.dumps(task_id)})}}]`)"
+    row = review_row(task_id)
     await board.page.until(f"{row} !== null")
     await board.page.screenshot("hub-review")
     await board.page.evaluate(f"{row}.querySelector('button[data-action=retry]').click()")
@@ -221,8 +228,7 @@ async def check_resolve_and_bulk_retry(board: Dashboard) -> None:
     )
     await board.page.evaluate(
         f"""(() => {{
-          document.querySelector(`tr[data-task-id="${{CSS.escape({json.dumps(resolved)})}}"]`)
-            .querySelector('button[data-action=resolve]').click();
+          {review_row(resolved)}.querySelector('button[data-action=resolve]').click();
           const form = document.getElementById('resolve-form');
           form.querySelector('input[value=FAILED]').click();
           form.code.value = 'CHARGED_TWICE';
@@ -249,7 +255,8 @@ async def check_resolve_and_bulk_retry(board: Dashboard) -> None:
 
 
 async def check_the_lists(board: Dashboard) -> None:
-    """The tasks page lists the queue's tasks, the workers page the worker's session."""
+    """The tasks page lists the queue's tasks (the five submitted so far), the workers page
+    the worker's session."""
     await board.goto(f"/ui/tasks?queue={QUEUE}")
     await board.page.until("document.querySelectorAll('#tasks a').length === 5")
     await board.page.screenshot("hub-tasks")

@@ -8,11 +8,11 @@ window.hub = (() => {
   const byId = (id) => document.getElementById(id);
   const csrfToken = () => document.querySelector('meta[name="csrf-token"]').content;
 
+  // A request the hub did not answer with 200: its status, and its error as the message.
   class RequestFailed extends Error {
     constructor(status, body) {
       super((body && body.error) || `the hub answered ${status}`);
       this.status = status;
-      this.body = body;
     }
   }
 
@@ -73,6 +73,7 @@ window.hub = (() => {
 
   // Local time of day, to the millisecond (for events close together).
   function clock(ms) {
+    if (ms === null || ms === undefined) return "";
     const d = new Date(ms);
     return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
   }
@@ -191,7 +192,7 @@ window.hub = (() => {
     line.hidden = !text;
   }
 
-  const errorText = (error) => (error instanceof RequestFailed ? error.message : String(error));
+  const errorText = (error) => (error instanceof Error ? error.message : String(error));
 
   // Run `work` every `periodMs` (the next run is planned once one ends, so runs never
   // overlap) until it returns false.
@@ -226,9 +227,7 @@ window.hub = (() => {
   }
 
   function handleSignOut() {
-    const form = byId("sign-out");
-    if (!form) return;
-    form.addEventListener("submit", async (event) => {
+    byId("sign-out").addEventListener("submit", async (event) => {
       event.preventDefault();
       try {
         await post("/ui/sign-out");

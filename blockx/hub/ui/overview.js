@@ -55,18 +55,20 @@
       box.replaceChildren();
     }
     const seen = new Set();
-    for (const queue of queues) {
+    queues.forEach((queue, index) => {
       seen.add(queue.queue_id);
       if (!cards.has(queue.queue_id)) {
         cards.set(queue.queue_id, makeCard(queue.queue_id));
       }
       const { card, figures, paused } = cards.get(queue.queue_id);
-      box.append(card); // in the hub's order (a card already there moves)
+      // In the hub's order; a card already in its place stays (moving it would take the
+      // keyboard's focus from a link in it).
+      if (box.children[index] !== card) box.insertBefore(card, box.children[index] ?? null);
       for (const state of STATES) figures[state].textContent = String(queue.tasks[state] ?? 0);
       const age = queue.oldest_queued_age_ms;
       figures.oldest_queued_age.textContent = age === null ? "–" : hub.duration(age);
       paused.hidden = !queue.paused;
-    }
+    });
     for (const [queueId, { card }] of cards) {
       if (!seen.has(queueId)) {
         card.remove();
@@ -119,13 +121,14 @@
     draw();
   }
 
-  const blank = (key, length) => new Array(length).fill(COUNTS.includes(key) ? 0 : null);
+  // What a bucket without a sample holds: no count, or no latency.
+  const none = (key) => (COUNTS.includes(key) ? 0 : null);
 
   function seriesOf(queueId) {
     if (!stats.queues[queueId]) {
       stats.queues[queueId] = {};
       for (const key of [...COUNTS, ...LATENCIES]) {
-        stats.queues[queueId][key] = blank(key, stats.t.length);
+        stats.queues[queueId][key] = new Array(stats.t.length).fill(none(key));
       }
     }
     return stats.queues[queueId];
@@ -140,7 +143,7 @@
         if (stats.t.length && bucketMs < stats.t[stats.t.length - 1]) return;
         stats.t.push(bucketMs);
         for (const series of Object.values(stats.queues)) {
-          for (const [key, values] of Object.entries(series)) values.push(blank(key, 1)[0]);
+          for (const [key, values] of Object.entries(series)) values.push(none(key));
         }
         at = stats.t.length - 1;
       }

@@ -46,6 +46,7 @@
   // ------------------------------------------------------------------ time line
 
   const isLive = (attempt) => attempt.state === "OFFERED" || attempt.state === "RUNNING";
+  const outcomeCode = (attempt) => attempt.outcome?.code ?? "";
 
   // The time line runs from the task's creation to its end (or now), far enough to
   // show every attempt, the lease deadline of one under way, and every evidence entry.
@@ -89,12 +90,11 @@
       for (const entry of task.evidence.filter((e) => e.attempt_id === attempt.attempt_id)) {
         track.append(piece("evidence", entry.at_ms, null, `evidence ${hub.clock(entry.at_ms)}: ${detailText(entry.detail)}`));
       }
-      const outcome = attempt.outcome && attempt.outcome.code ? ` ${attempt.outcome.code}` : "";
       const label = el(
         "div",
         { className: "label" },
         `#${attempt.epoch} `,
-        el("span", { className: attempt.state, text: attempt.state + outcome }),
+        el("span", { className: attempt.state, text: `${attempt.state} ${outcomeCode(attempt)}`.trimEnd() }),
       );
       return el("div", { className: "row" }, label, track);
     });
@@ -119,11 +119,11 @@
       task.attempts.map((attempt) => [
         [attempt.epoch, "num"],
         [attempt.state, attempt.state],
-        attempt.outcome && attempt.outcome.code ? attempt.outcome.code : "",
+        outcomeCode(attempt),
         hub.clock(attempt.offered_at_ms),
-        attempt.started_at_ms ? hub.clock(attempt.started_at_ms) : "",
-        attempt.lease_deadline_ms ? hub.clock(attempt.lease_deadline_ms) : "",
-        attempt.finished_at_ms ? hub.clock(attempt.finished_at_ms) : "",
+        hub.clock(attempt.started_at_ms),
+        hub.clock(attempt.lease_deadline_ms),
+        hub.clock(attempt.finished_at_ms),
         [
           attempt.finished_at_ms && attempt.started_at_ms
             ? hub.duration(attempt.finished_at_ms - attempt.started_at_ms)

@@ -61,18 +61,18 @@
 
   // ------------------------------------------------------------------ one task
 
-  // Send `body` (a value, or a JSON text) to act on one task; say what came of it (and
-  // read the list again); whether it was done.
+  // Send `body` (a value, or a JSON text) to act on one task, say what came of it and
+  // read the list again; whether it was done, and what was said.
   async function act(taskId, action, body) {
     const url = `/v1/tasks/${encodeURIComponent(taskId)}:${action}`;
     const { status, body: answer } = await hub.post(url, body);
-    if (status === 200) {
-      note(`task ${taskId}: ${action} done, it is ${answer.state} now`);
-    } else {
-      note(`task ${taskId}: ${action} refused (${status}): ${answer && answer.error}`);
-    }
+    const done = status === 200;
+    const said = done
+      ? `task ${taskId}: ${action} done, it is ${answer.state} now`
+      : `task ${taskId}: ${action} refused (${status}): ${answer && answer.error}`;
+    note(said);
     reload();
-    return status === 200;
+    return { done, said };
   }
 
   byId("review-tasks").addEventListener("click", (event) => {
@@ -142,8 +142,9 @@
   resolveForm.addEventListener("submit", async (event) => {
     event.preventDefault();
     try {
-      if (await act(resolving, "resolve", resolveBody())) dialog.close();
-      else byId("resolve-error").textContent = byId("action-note").textContent;
+      const { done, said } = await act(resolving, "resolve", resolveBody());
+      if (done) dialog.close();
+      else byId("resolve-error").textContent = said;
     } catch (error) {
       byId("resolve-error").textContent = error.message;
     }

@@ -35,8 +35,18 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 DESKTOP: Final = (1280, 800)
 PHONE: Final = (390, 844)
 POLL_S: Final = 0.05
+NAVIGATED: Final = "Inspected target navigated or closed"
+"""What DevTools answers an evaluation the page's navigation cut short."""
 
 _request_ids = itertools.count(1)
+
+
+class DevToolsError(AssertionError):
+    """A DevTools command failed; `message` is DevTools' own."""
+
+    def __init__(self, method: str, error: dict[str, Any]) -> None:
+        self.message = str(error.get("message", ""))
+        super().__init__(f"DevTools {method} failed: {error}")
 
 
 def artifacts_dir() -> Path:
@@ -64,7 +74,7 @@ async def devtools(
         if reply.get("id") != request_id:
             continue
         if "error" in reply:
-            raise AssertionError(f"DevTools {method} failed: {reply['error']}")
+            raise DevToolsError(method, reply["error"])
         result: dict[str, Any] = reply["result"]
         return result
 
@@ -91,14 +101,20 @@ class Page:
 
     async def until(self, expression: str, *, what: str = "") -> Any:
         """Evaluate `expression` until its value is truthy (an exception counts as not yet:
-        the page may not have loaded); returns that value."""
+        the page may not have loaded, nor an evaluation that a navigation cut short);
+        returns that value."""
         while True:
-            reply = await self.command(
-                "Runtime.evaluate",
-                {"expression": expression, "returnByValue": True, "awaitPromise": True},
-            )
-            if "exceptionDetails" not in reply and (value := reply["result"].get("value")):
-                return value
+            try:
+                reply = await self.command(
+                    "Runtime.evaluate",
+                    {"expression": expression, "returnByValue": True, "awaitPromise": True},
+                )
+            except DevToolsError as error:
+                if error.message != NAVIGATED:
+                    raise
+            else:
+                if "exceptionDetails" not in reply and (value := reply["result"].get("value")):
+                    return value
             await trio.sleep(POLL_S)
 
     async def read_until(self, expression: str, condition: Callable[[Any], bool]) -> Any:

@@ -11,7 +11,9 @@
     GET  /assets/...        what every blockx page shares (`blockx.web`), to anyone
 
 The files are those of the package folder `ui/` whose names match `FILE_NAME`,
-read once at import: a request's path never reaches the file system. Every
+read once at import: a request's path never reaches the file system. What
+every page shares (its head's links, the header with the navigation) is
+written once, in `_head.html` and `_header.html`, and put in each page then. Every
 answer carries `SECURITY_HEADERS` (no inline script may run, no other site may
 frame a page). The pages read and act through the admin API (`/v1/...`) with
 the session's cookie, and its CSRF token for what changes anything.
@@ -52,6 +54,8 @@ SIGN_OUT_PATH: Final = "/ui/sign-out"
 HOME_PATH: Final = "/ui/overview"
 MAX_SIGN_IN_BYTES: Final = 4 * 1024
 FILE_NAME: Final = re.compile(r"[a-z][a-z-]*\.(html|js|css)")
+PART_NAME: Final = re.compile(r"_[a-z]+\.html")
+"""What the pages share, put in each as it is read (never served alone)."""
 NOT_ADMIN: Final = "that is not an admin credential of this hub"
 FORM_TYPE: Final = "application/x-www-form-urlencoded"
 CSP: Final = (
@@ -69,18 +73,29 @@ _HTML: Final = "text/html; charset=utf-8"
 _JSON: Final = "application/json"
 
 
-def _files() -> dict[str, bytes]:
+def _files(pattern: re.Pattern[str]) -> dict[str, bytes]:
     folder = importlib.resources.files(__package__ or "blockx.hub").joinpath("ui")
     return {
         item.name: item.read_bytes()
         for item in folder.iterdir()
-        if item.is_file() and FILE_NAME.fullmatch(item.name)
+        if item.is_file() and pattern.fullmatch(item.name)
     }
 
 
-_FILES: Final = _files()
+def _page(text: str, parts: dict[str, bytes]) -> str:
+    """A page with the parts every page shares (`_head.html` for `{{head}}`,
+    `_header.html` for `{{header}}`) in place."""
+    for name, part in parts.items():
+        text = text.replace(
+            "{{" + name.removeprefix("_").removesuffix(".html") + "}}", part.decode()
+        )
+    return text
+
+
+_FILES: Final = _files(FILE_NAME)
+_PARTS: Final = _files(PART_NAME)
 PAGES: Final = {
-    name.removesuffix(".html"): body.decode()
+    name.removesuffix(".html"): _page(body.decode(), _PARTS)
     for name, body in _FILES.items()
     if name.endswith(".html") and name != "sign-in.html"
 }

@@ -113,6 +113,9 @@ async def test_signing_in_gives_a_strict_http_only_cookie_and_the_pages_their_cs
         home = await rig.exchange("GET", "/ui", headers=signed.headers())
         queues = await rig.exchange("GET", "/v1/queues", headers=signed.headers())
         unauthenticated_page = await rig.exchange("GET", "/ui/overview")
+        pages = [
+            await rig.exchange("GET", f"/ui/{page}", headers=signed.headers()) for page in PAGES
+        ]
     cookie = reply.header("set-cookie")
     assert COOKIE_FORM.fullmatch(cookie), cookie
     assert "Secure" not in cookie  # plain HTTP
@@ -122,6 +125,11 @@ async def test_signing_in_gives_a_strict_http_only_cookie_and_the_pages_their_cs
     assert queues.status == 200
     assert [q["queue_id"] for q in queues.json()["queues"]] == [QUEUE]
     assert unauthenticated_page.status == 303
+    for page in pages:  # each with the parts all share, and the session's token in them
+        assert page.status == 200
+        assert "{{" not in page.text
+        assert '<nav aria-label="Dashboard">' in page.text
+        assert f'<meta name="csrf-token" content="{signed.csrf_token}">' in page.text
 
 
 @SQLITE

@@ -181,6 +181,7 @@ window.hub = (() => {
   // nothing more is to come (`live` null).
   function setLive(live, text) {
     const badge = byId("live");
+    badge.hidden = false;
     badge.textContent = text || (live ? "live" : "disconnected");
     badge.className = "badge " + (live === null ? "muted" : live ? "live" : "down");
   }

@@ -281,6 +281,8 @@ def _attempt_json(attempt: Attempt) -> dict[str, Any]:
         "offered_at_ms": attempt.offered_at_ms,
         "started_at_ms": attempt.started_at_ms or None,
         "lease_deadline_ms": attempt.lease_deadline_ms or None,
+        "renewals": attempt.renewals,
+        "renewed_at_ms": attempt.renewed_at_ms or None,
         "finished_at_ms": attempt.finished_at_ms or None,
         "outcome": None if attempt.outcome is None else _outcome_json(attempt.outcome),
     }

@@ -180,6 +180,10 @@ class Attempt:
     lease_deadline_ms: int = 0
     finished_at_ms: int = 0
     outcome: Outcome | None = None
+    renewals: int = 0
+    """Renewals of its lease the hub granted."""
+    renewed_at_ms: int = 0
+    """When the last of them was granted (0: none was)."""
 
 
 @attrs.frozen(kw_only=True)

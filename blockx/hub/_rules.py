@@ -226,7 +226,13 @@ def renew(
         return Refusal(code=RefusalCode.LEASE_LOST, message=f"attempt is {attempt.state}")
     limit = min(attempt.started_at_ms + task.attempt_timeout_ms, task.deadline_at_ms)
     deadline = max(attempt.lease_deadline_ms, min(now_ms + timing.lease_ms, limit))
-    return Change(task=task, attempt=attrs.evolve(attempt, lease_deadline_ms=deadline))
+    renewed = attrs.evolve(
+        attempt,
+        lease_deadline_ms=deadline,
+        renewals=attempt.renewals + 1,
+        renewed_at_ms=now_ms,
+    )
+    return Change(task=task, attempt=renewed)
 
 
 def _not_theirs(attempt: Attempt, instance_id: str, epoch: int) -> Refusal | None:

@@ -175,6 +175,11 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE INDEX IF NOT EXISTS tasks_by_end ON tasks (finished_at_ms)
         WHERE finished_at_ms > 0 AND state <> 'NEEDS_REVIEW';
     """,
+    # An attempt's renewals, counted, with the time of the last: a task's time line shows them.
+    """
+    ALTER TABLE attempts ADD COLUMN renewals INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE attempts ADD COLUMN renewed_at_ms BIGINT NOT NULL DEFAULT 0;
+    """,
 )
 """Each entry takes the schema one version further; the applied count is kept in the database."""
 
@@ -186,7 +191,8 @@ _TASK_COLUMNS: Final = (
 )
 _ATTEMPT_COLUMNS: Final = (
     "attempt_id, task_id, epoch, instance_id, state, offered_at_ms, offer_deadline_ms, "
-    "started_at_ms, lease_deadline_ms, finished_at_ms, due_at_ms, outcome"
+    "started_at_ms, lease_deadline_ms, finished_at_ms, due_at_ms, outcome, renewals, "
+    "renewed_at_ms"
 )
 _SELECT_TASKS: Final = f"SELECT {_TASK_COLUMNS} FROM tasks"
 _NO_SORTS: Final = "SET LOCAL enable_sort = off"
@@ -236,7 +242,16 @@ _UPDATE_ATTEMPT, _ATTEMPT_UPDATE = _update(
     "attempts",
     _ATTEMPT_COLUMNS,
     "attempt_id",
-    ("state", "started_at_ms", "lease_deadline_ms", "finished_at_ms", "due_at_ms", "outcome"),
+    (
+        "state",
+        "started_at_ms",
+        "lease_deadline_ms",
+        "finished_at_ms",
+        "due_at_ms",
+        "outcome",
+        "renewals",
+        "renewed_at_ms",
+    ),
 )
 """What a task's or an attempt's life changes (an operator's retry, a task's budget and
 deadline too); the rest of their rows never changes."""
@@ -1060,6 +1075,8 @@ def _attempt_row(attempt: Attempt) -> tuple[object, ...]:
         attempt.finished_at_ms,
         due,
         outcome,
+        attempt.renewals,
+        attempt.renewed_at_ms,
     )
 
 
@@ -1084,6 +1101,8 @@ def _attempt(row: Sequence[Any]) -> Attempt:
         lease_deadline_ms=row[8],
         finished_at_ms=row[9],
         outcome=outcome,
+        renewals=row[12],
+        renewed_at_ms=row[13],
     )
 
 

@@ -77,6 +77,8 @@ def test_a_lease_runs_to_the_attempt_timeout_at_most() -> None:
         assert change.attempt is not None
         attempt = change.attempt
         assert attempt.lease_deadline_ms == deadline
+        assert attempt.renewed_at_ms == now_ms
+    assert attempt.renewals == 3
     lost = renew(task, attempt, instance_id="w", epoch=1, now_ms=2_500, timing=TIMING)
     assert lost == Refusal(code=RefusalCode.LEASE_LOST, message="attempt is RUNNING")
 

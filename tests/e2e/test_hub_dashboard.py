@@ -35,7 +35,9 @@ from tests.adapters.hub_harness import CAPABILITY, QUEUE
 from tests.e2e.browser import DESKTOP, PHONE, Page, chromium, open_page
 from tests.e2e.hub_process import HubProcess, hub_process
 
-ENV: Final = {"HUB_POLL_MS": "20", "LOG_FORMAT": "text"}
+ENV: Final = {"HUB_POLL_MS": "20", "HUB_LEASE_MS": "2000", "LOG_FORMAT": "text"}
+"""A lease of 2 s: a task that works for 1 s has it renewed (a third of the way)."""
+HOLD_MS: Final = 1_000
 FAIL_AFTER_S: Final = 120
 """Far above what the test takes (about 6 s), for a loaded machine."""
 POLL_S: Final = 0.05
@@ -84,6 +86,7 @@ async def handle(execution: WorkerExecution) -> Any:
     tell whether it had its effect (so a NON_IDEMPOTENT one waits for review)."""
     if execution.payload.get("unsure") and execution.epoch == 1:
         raise OutcomeUnknown("CONNECTION_RESET")
+    await trio.sleep(execution.payload.get("hold_ms", 0) / 1000)  # the task's own work
     return {"echo": execution.payload}
 
 
@@ -157,8 +160,9 @@ async def check_sign_in(board: Dashboard) -> None:
 
 async def check_a_task_followed_until_a_worker_runs_it(board: Dashboard) -> None:
     """The task page shows a task QUEUED while no worker serves the queue, and then,
-    without being reloaded, SUCCEEDED once an automatic worker has run it."""
-    task_id = await board.submit(payload={"n": 1})
+    without being reloaded, SUCCEEDED once an automatic worker has run it, with the
+    renewal of its lease on the time line."""
+    task_id = await board.submit(payload={"n": 1, "hold_ms": HOLD_MS})
     await board.goto(f"/ui/task?id={task_id}")
     assert await board.page.until(TASK_STATE) == "QUEUED"
     await board.page.evaluate("window.blockxSamePage = true")
@@ -166,7 +170,14 @@ async def check_a_task_followed_until_a_worker_runs_it(board: Dashboard) -> None
     await board.page.until(f"{TASK_STATE} === 'SUCCEEDED'")
     assert await board.page.evaluate("window.blockxSamePage")
     shown = await board.page.evaluate("document.getElementById('payload').textContent")
-    assert json.loads(shown) == {"n": 1}
+    assert json.loads(shown) == {"n": 1, "hold_ms": HOLD_MS}
+    [attempt] = (await board.hub.task(board.tokens.work, task_id))["attempts"]
+    assert attempt["renewals"] >= 1
+    mark = await board.page.evaluate("document.querySelector('#timeline .renewal').title")
+    last = await board.page.evaluate(
+        "document.getElementById('attempts').rows[0].cells[6].textContent"
+    )
+    assert mark == f"lease renewed {attempt['renewals']} times, the last at {last}"
 
 
 async def check_the_overview_counts_live(board: Dashboard) -> None:

@@ -257,6 +257,11 @@ class HubRules(RuleBasedStateMachine):
             <= min(result.attempt.started_at_ms + task.attempt_timeout_ms, task.deadline_at_ms)
         )
         assert lease >= attempt.lease_deadline_ms  # a lease never shrinks
+        renewed = (result.attempt.renewals, result.attempt.renewed_at_ms)
+        if verb == "renew":  # counted, with its time; a start (again) counts none
+            assert renewed == (attempt.renewals + 1, self.now_ms)
+        else:
+            assert renewed == (attempt.renewals, attempt.renewed_at_ms)
         self.apply(result)
 
     @precondition(lambda self: bool(self.attempts))

@@ -83,6 +83,10 @@
         const finished = attempt.finished_at_ms ? `, finished ${hub.clock(attempt.finished_at_ms)}` : "";
         track.append(piece(`bar run ${attempt.state}`, granted, until, `granted ${hub.clock(granted)}${finished}`));
       }
+      if (attempt.renewed_at_ms) {
+        const title = `lease renewed ${attempt.renewals} times, the last at ${hub.clock(attempt.renewed_at_ms)}`;
+        track.append(piece("renewal", attempt.renewed_at_ms, null, title));
+      }
       if (attempt.lease_deadline_ms && attempt.lease_deadline_ms <= end) {
         const title = `lease deadline ${hub.clock(attempt.lease_deadline_ms)}`;
         track.append(piece("deadline", attempt.lease_deadline_ms, null, title));
@@ -122,6 +126,8 @@
         outcomeCode(attempt),
         hub.clock(attempt.offered_at_ms),
         hub.clock(attempt.started_at_ms),
+        [attempt.renewals, "num"],
+        hub.clock(attempt.renewed_at_ms),
         hub.clock(attempt.lease_deadline_ms),
         hub.clock(attempt.finished_at_ms),
         [

@@ -98,6 +98,9 @@ class WorkerSection:
     task_deadline_ms: int = setting(300_000, "taskDeadlineMs", "TASK_DEADLINE_MS")
     max_task_timeout_ms: int = setting(28_800_000, "maxTaskTimeoutMs", "MAX_TASK_TIMEOUT_MS")
     result_retention_ms: int = setting(300_000, "resultRetentionMs", "RESULT_RETENTION_MS")
+    result_retention_bytes: int = setting(
+        256 * 1024 * 1024, "resultRetentionBytes", "RESULT_RETENTION_BYTES"
+    )
     watch_disconnect_grace_ms: int = setting(
         0, "watchDisconnectGraceMs", "WATCH_DISCONNECT_GRACE_MS"
     )
@@ -114,6 +117,7 @@ class WorkerSection:
             task_deadline_ms=self.task_deadline_ms,
             max_task_timeout_ms=self.max_task_timeout_ms,
             result_retention_ms=self.result_retention_ms,
+            result_retention_bytes=self.result_retention_bytes,
             watch_disconnect_grace_ms=self.watch_disconnect_grace_ms,
             default_retry_policy=RetryPolicy(
                 max_attempts=self.default_max_attempts,

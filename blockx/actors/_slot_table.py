@@ -111,6 +111,9 @@ TICK_MS = 500
 PHASE_BUFFER = 1
 """Phase commands in flight to one task actor: at most one at a time."""
 _NOTHING = PhaseOutcome(ok=True)
+_RESERVATION_ENDED = frozenset({ForgetReason.LEASE_EXPIRED, ForgetReason.WORKER_SHUTDOWN})
+"""Forgets of a task that never ran: streams still on it are told it is not found. A
+result purged or evicted had its streams end when it was published."""
 
 
 @attrs.define(eq=False)
@@ -450,7 +453,7 @@ class SlotTableActor:
                 self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
                 self._slot_freed = True
-                if reason is not ForgetReason.RESULT_PURGED:  # a reservation ended
+                if reason in _RESERVATION_ENDED:  # a result's streams ended with it
                     self._fanout.forget(task_id)
 
     def _start_phase(self, command: StartPhase) -> None:

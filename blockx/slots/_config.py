@@ -25,6 +25,7 @@ class SlotConfig:
     task_deadline_ms: int
     max_task_timeout_ms: int
     result_retention_ms: int
+    result_retention_bytes: int
     watch_disconnect_grace_ms: int
     default_retry_policy: RetryPolicy
 
@@ -59,6 +60,12 @@ class SlotConfig:
             field="worker.resultRetentionMs",
             value=self.result_retention_ms,
             allowed="must be >= 0",
+        )
+        check(
+            self.result_retention_bytes > 0,
+            field="worker.resultRetentionBytes",
+            value=self.result_retention_bytes,
+            allowed="must be > 0 (the newest result is always kept, even one larger than this)",
         )
         check(
             self.watch_disconnect_grace_ms >= 0,

@@ -89,13 +89,24 @@ class InvalidSlot(WorkerError):
 
 
 class NotFound(WorkerError):
+    """The task is unknown, or (`evicted`) it ended but its result is no longer kept."""
+
     code = ErrorCode.NOT_FOUND
 
-    def __init__(self, *, task_id: str) -> None:
+    def __init__(self, *, task_id: str, evicted: bool = False) -> None:
         self.task_id = task_id
-        super().__init__(
-            f"task {task_id!r} is unknown: never submitted here, or its result retention has ended"
-        )
+        self.evicted = evicted
+        if evicted:
+            why = (
+                f"the result of task {task_id!r} was evicted before its retention ended, "
+                "oldest first, to keep retained results under worker.resultRetentionBytes"
+            )
+        else:
+            why = (
+                f"task {task_id!r} is unknown: never submitted here, "
+                "or its result retention has ended"
+            )
+        super().__init__(why)
 
 
 class SlotUncertain(WorkerError):

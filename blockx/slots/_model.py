@@ -57,6 +57,7 @@ class TimerKind(enum.Enum):
 class ForgetReason(enum.Enum):
     LEASE_EXPIRED = "LEASE_EXPIRED"
     RESULT_PURGED = "RESULT_PURGED"
+    RESULT_EVICTED = "RESULT_EVICTED"
     WORKER_SHUTDOWN = "WORKER_SHUTDOWN"
 
 
@@ -192,6 +193,31 @@ class TaskResult:
     def outputs_json(self) -> str:
         """The outputs a plugin kept in this result (a JSON array), or "" if none did."""
         return next((kept.outputs_json for kept in self.plugin_results if kept.outputs_json), "")
+
+    @property
+    def retained_bytes(self) -> int:
+        """What keeping this result costs, as `worker.resultRetentionBytes` counts it.
+
+        The size of the result as the API sends it (its encoded `TaskResult`), estimated
+        without encoding: `RESULT_FIXED_BYTES` for the numbers, states and framing, plus
+        the length of each text and `PLUGIN_RESULT_FIXED_BYTES` per plugin result. Text
+        counts in characters, so text outside ASCII counts less than its UTF-8 bytes;
+        outputs kept in the result (`outputs_json`, the bulk of a large result) count
+        in full.
+        """
+        size = RESULT_FIXED_BYTES + len(self.task_id) + len(self.message)
+        size += len(self.task_code_epoch)
+        for kept in self.plugin_results:
+            size += PLUGIN_RESULT_FIXED_BYTES + len(kept.plugin_type) + len(kept.detail)
+            size += len(kept.outputs_json)
+        return size
+
+
+RESULT_FIXED_BYTES: Final = 128
+"""The encoded size of a `TaskResult` beyond its texts: tags, lengths, state, phase,
+failure code, counts, call statistics, timings and times (at most about 120 bytes)."""
+PLUGIN_RESULT_FIXED_BYTES: Final = 16
+"""The encoded size of one `PluginResult` beyond its texts."""
 
 
 @attrs.frozen(kw_only=True)

@@ -46,6 +46,7 @@ CONFIG = SlotConfig(
     task_deadline_ms=60_000,
     max_task_timeout_ms=600_000,
     result_retention_ms=30_000,
+    result_retention_bytes=1_000_000,
     watch_disconnect_grace_ms=0,
     default_retry_policy=DEFAULT_RETRY,
 )
@@ -65,12 +66,14 @@ class MachineFactory:
         *,
         task_slots: int = CONFIG.task_slots,
         result_retention_ms: int = CONFIG.result_retention_ms,
+        result_retention_bytes: int = CONFIG.result_retention_bytes,
         watch_disconnect_grace_ms: int = CONFIG.watch_disconnect_grace_ms,
     ) -> SlotMachine:
         config = attrs.evolve(
             CONFIG,
             task_slots=task_slots,
             result_retention_ms=result_retention_ms,
+            result_retention_bytes=result_retention_bytes,
             watch_disconnect_grace_ms=watch_disconnect_grace_ms,
         )
         machine = SlotMachine(config)

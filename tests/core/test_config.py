@@ -619,6 +619,7 @@ def test_slot_config_carries_the_worker_group() -> None:
             "TASK_DEADLINE_MS": "1000",
             "MAX_TASK_TIMEOUT_MS": "2000",
             "RESULT_RETENTION_MS": "3000",
+            "RESULT_RETENTION_BYTES": "4096",
             "WATCH_DISCONNECT_GRACE_MS": "400",
             "CALL_RETRY_MAX_ATTEMPTS": "2",
             "CALL_RETRY_BASE_BACKOFF_MS": "20",
@@ -631,6 +632,7 @@ def test_slot_config_carries_the_worker_group() -> None:
         task_deadline_ms=1_000,
         max_task_timeout_ms=2_000,
         result_retention_ms=3_000,
+        result_retention_bytes=4_096,
         watch_disconnect_grace_ms=400,
         default_retry_policy=RetryPolicy(max_attempts=2, base_backoff_ms=20, jitter_percent=1),
     )
@@ -640,6 +642,7 @@ def test_slot_config_carries_the_worker_group() -> None:
         task_deadline_ms=300_000,
         max_task_timeout_ms=28_800_000,
         result_retention_ms=300_000,
+        result_retention_bytes=256 * 1024 * 1024,
         watch_disconnect_grace_ms=0,
         default_retry_policy=RetryPolicy(max_attempts=3, base_backoff_ms=10, jitter_percent=5),
     )

@@ -904,6 +904,12 @@ def test_draining_still_answers_known_task_ids(machine: SlotMachine) -> None:
             id="retention-negative",
         ),
         pytest.param(
+            lambda: attrs.evolve(CONFIG, result_retention_bytes=0),
+            "worker.resultRetentionBytes",
+            0,
+            id="retention-bytes-0",
+        ),
+        pytest.param(
             lambda: attrs.evolve(CONFIG, watch_disconnect_grace_ms=-1),
             "worker.watchDisconnectGraceMs",
             -1,
@@ -961,6 +967,7 @@ def test_slot_config_accepts_its_boundaries() -> None:
         task_deadline_ms=1_000,
         max_task_timeout_ms=1_000,
         result_retention_ms=0,
+        result_retention_bytes=1,
         watch_disconnect_grace_ms=0,
         default_retry_policy=RetryPolicy(max_attempts=1, base_backoff_ms=0, jitter_percent=0),
     )

@@ -75,9 +75,16 @@ def normalise_command(command: Command) -> Norm:
     raise AssertionError(f"unexpected command {command!r}")
 
 
+def is_eviction(command: Command) -> bool:
+    return isinstance(command, ForgetTask) and command.reason is ForgetReason.RESULT_EVICTED
+
+
 def normalise_step(step: Step) -> Prediction:
+    """The step as the model predicts it; evictions are left out: they depend on the
+    sizes of results the model learns only from the step (see `SlotModel.retain`)."""
     reply = None if step.reply is None else (step.reply.state, step.reply.phase)
-    return Prediction(reply=reply, commands=tuple(map(normalise_command, step.commands)))
+    commands = tuple(normalise_command(c) for c in step.commands if not is_eviction(c))
+    return Prediction(reply=reply, commands=commands)
 
 
 @attrs.define
@@ -102,6 +109,8 @@ class ModelResult:
     state: TaskState
     purge_at: int
     seq: int
+    size: int | None = None
+    """`TaskResult.retained_bytes`, learned from the step that made the result."""
 
 
 @attrs.define
@@ -109,6 +118,9 @@ class SlotModel:
     config: SlotConfig
     live: dict[str, ModelTask] = attrs.Factory(dict)
     results: dict[str, ModelResult] = attrs.Factory(dict)
+    """Oldest first."""
+    evicted: dict[str, ModelResult] = attrs.Factory(dict)
+    """Results evicted to keep the rest under the byte bound, until their purge time."""
     ready: bool = False
     draining: bool = False
     seq: int = 0
@@ -125,6 +137,23 @@ class SlotModel:
         if result is not None:
             return (result.state, TaskPhase.TERMINAL)
         return None
+
+    def retained(self) -> tuple[int, int]:
+        return len(self.results), sum(result.size or 0 for result in self.results.values())
+
+    def retain(self, task_id: str, size: int) -> tuple[Norm, ...]:
+        """The result of `task_id` just made costs `size`: evict the oldest results until
+        the sized ones fit `result_retention_bytes`, never the newest. Returns the
+        evictions, in order."""
+        self.results[task_id].size = size
+        evictions: list[Norm] = []
+        while True:
+            sized = [key for key, result in self.results.items() if result.size is not None]
+            count, total = len(sized), sum(self.results[key].size or 0 for key in sized)
+            if count <= 1 or total <= self.config.result_retention_bytes:
+                return tuple(evictions)
+            self.evicted[sized[0]] = self.results.pop(sized[0])
+            evictions.append(("forget", sized[0], ForgetReason.RESULT_EVICTED))
 
     # -------------------------------------------------------------- stimuli
 
@@ -272,15 +301,13 @@ class SlotModel:
             return Prediction()
         return self._converge(task_id, TaskState.FAILED, code, True, now)
 
-    def scan(self, now: int) -> tuple[Norm, ...]:
-        """Fire every due timer, earliest first, ties in the order they were armed."""
-        commands: list[Norm] = []
-        while True:
-            due = [timer for timer in self.timers() if timer[0] <= now]
-            if not due:
-                return tuple(commands)
-            _, _, kind, task_id = min(due)
-            commands.extend(self._fire(kind, task_id, now))
+    def fire_next(self, now: int) -> tuple[Norm, ...]:
+        """Fire the earliest due timer (ties: the first armed); () if none is due."""
+        due = [timer for timer in self.timers() if timer[0] <= now]
+        if not due:
+            return ()
+        _, _, kind, task_id = min(due)
+        return self._fire(kind, task_id, now)
 
     def next_due(self) -> int | None:
         return min((timer[0] for timer in self.timers()), default=None)
@@ -296,13 +323,14 @@ class SlotModel:
                 timers.append((task.deadline, task.deadline_seq, "deadline", task_id))
             if task.grace_deadline is not None:
                 timers.append((task.grace_deadline, task.grace_seq, "grace", task_id))
-        for task_id, result in self.results.items():
+        for task_id, result in (self.results | self.evicted).items():
             timers.append((result.purge_at, result.seq, "purge", task_id))
         return timers
 
     def _fire(self, kind: str, task_id: str, now: int) -> tuple[Norm, ...]:
         if kind == "purge":
-            del self.results[task_id]
+            if self.results.pop(task_id, None) is None:
+                del self.evicted[task_id]
             return (("forget", task_id, ForgetReason.RESULT_PURGED),)
         task = self.live[task_id]
         if kind == "lease" and not task.submitted:
@@ -318,6 +346,7 @@ class SlotModel:
     def _reserve(self, task_id: str, ttl_ms: int, now: int) -> ModelTask:
         task = ModelTask(lease_expires_at=now + ttl_ms, lease_seq=self._next_seq())
         self.live[task_id] = task
+        self.evicted.pop(task_id, None)
         return task
 
     def _arm_grace(self, task: ModelTask, now: int) -> None:

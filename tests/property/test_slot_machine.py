@@ -52,7 +52,13 @@ from blockx.slots import (
     WorkerReady,
 )
 from blockx.steps import RECENT_STIMULI
-from tests.property.slot_model import Prediction, SlotModel, normalise_command, normalise_step
+from tests.property.slot_model import (
+    Prediction,
+    SlotModel,
+    is_eviction,
+    normalise_command,
+    normalise_step,
+)
 
 ALL_TASK_IDS = [f"t{i}" for i in range(4)]
 TASK_IDS = st.sampled_from(ALL_TASK_IDS)
@@ -77,15 +83,24 @@ class SlotTable(RuleBasedStateMachine):
         task_slots=st.integers(1, 4),
         default_ttl_ms=st.sampled_from([150, 1_000]),
         retention_ms=st.sampled_from([0, 400, 3_000]),
+        retention_bytes=st.sampled_from([1, 300, 500, 10**9]),
         grace_ms=st.sampled_from([0, 300, 1_500]),
     )
-    def boot(self, task_slots: int, default_ttl_ms: int, retention_ms: int, grace_ms: int) -> None:
+    def boot(
+        self,
+        task_slots: int,
+        default_ttl_ms: int,
+        retention_ms: int,
+        retention_bytes: int,
+        grace_ms: int,
+    ) -> None:
         self.config = SlotConfig(
             task_slots=task_slots,
             default_ttl_ms=default_ttl_ms,
             task_deadline_ms=2_000,
             max_task_timeout_ms=MAX_TIMEOUT_MS,
             result_retention_ms=retention_ms,
+            result_retention_bytes=retention_bytes,
             watch_disconnect_grace_ms=grace_ms,
             default_retry_policy=RetryPolicy(max_attempts=3, base_backoff_ms=10, jitter_percent=5),
         )
@@ -127,6 +142,14 @@ class SlotTable(RuleBasedStateMachine):
         return step
 
     def _track(self, commands: tuple[Command, ...]) -> None:
+        """Follow one step's commands; tell the model each new result's size and check
+        that the step evicted what the model's rule evicts, in the same order."""
+        evicted = [normalise_command(command) for command in commands if is_eviction(command)]
+        expected: list[object] = []
+        for command in commands:
+            if isinstance(command, ConvergeTask):
+                expected.extend(self.model.retain(command.task_id, command.result.retained_bytes))
+        assert evicted == expected, f"evicted {evicted}, the model evicts {expected}"
         for command in commands:
             match command:
                 case PrepareTaskActivation(task_id=task_id):
@@ -158,8 +181,12 @@ class SlotTable(RuleBasedStateMachine):
         return None
 
     def _scan(self) -> None:
-        """What the runtime's timer actor does: fire every due timer."""
-        expected = self.model.scan(self.now)
+        """What the runtime's timer actor does: fire every due timer.
+
+        The model fires its timers in step with the machine, so that it learns the sizes
+        of the results each one made before the next: a timer that acts is the model's
+        earliest due one; one made stale earlier in the scan does nothing."""
+        expected: list[tuple[object, ...]] = []
         got: list[tuple[object, ...]] = []
         while (due := self.machine.next_deadline_ms()) is not None and due <= self.now:
             timers = self.machine.due_timers(self.now)
@@ -169,9 +196,12 @@ class SlotTable(RuleBasedStateMachine):
                 step = self._handle(
                     TimerFired(timer=timer, now_ms=self.now, stimulus_id=self._stimulus())
                 )
+                if step.commands:
+                    expected.extend(self.model.fire_next(self.now))
                 self._track(step.commands)
-                got.extend(normalise_command(command) for command in step.commands)
-        assert tuple(got) == expected, f"scan at {self.now}: got {got}, expected {expected}"
+                got.extend(normalise_step(step).commands)
+        assert self.model.fire_next(self.now) == (), f"the model has timers due at {self.now}"
+        assert got == expected, f"scan at {self.now}: got {got}, expected {expected}"
         due = self.machine.next_deadline_ms()
         assert due is None or due > self.now, "a timer is still due after the scan"
         assert due == self.model.next_due()
@@ -459,8 +489,13 @@ class SlotTable(RuleBasedStateMachine):
         expected = self.model.reply_of(task_id)
         try:
             snapshot = self.machine.get_result(task_id)
-        except NotFound:
+        except NotFound as error:
+            missing: NotFound | None = error
+        else:
+            missing = None
+        if missing is not None:
             assert expected is None, f"{task_id} lost; model has {expected}"
+            assert missing.evicted == (task_id in self.model.evicted), f"{task_id}: {missing}"
             return
         assert (snapshot.state, snapshot.phase) == expected
 
@@ -530,6 +565,14 @@ class SlotTable(RuleBasedStateMachine):
             expected = self.model.reply_of(task_id)
             got = None if snapshot is None else (snapshot.state, snapshot.phase)
             assert got == expected, f"{task_id}: machine {got}, model {expected}"
+
+    @invariant()
+    def retained_bytes_stay_under_the_bound(self) -> None:
+        """After every step the retained results fit the byte bound, unless one result
+        alone is larger, and their count and bytes are the model's."""
+        count, size = self.machine.retained()
+        assert size <= self.config.result_retention_bytes or count == 1, (count, size)
+        assert (count, size) == self.model.retained()
 
     @invariant()
     def armed_timers_agree_with_model(self) -> None:

@@ -124,6 +124,8 @@ class ActorProbe:
             executors=self.transport.snapshot(),
             watch_streams=self.fanout.open_streams,
             worker_rss_bytes=rss_bytes(),
+            retained_results=status.retained_results,
+            retained_bytes=status.retained_bytes,
         )
 
 

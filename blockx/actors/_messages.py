@@ -252,3 +252,7 @@ class WorkerStatus:
     tasks: tuple[TaskSnapshot, ...]
     waiting_submits: int = 0
     """Submits from `RunTasks` streams held until a slot is free."""
+    retained_results: int = 0
+    """Terminal results kept for reads."""
+    retained_bytes: int = 0
+    """Their size, as `worker.resultRetentionBytes` bounds it."""

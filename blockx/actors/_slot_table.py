@@ -367,6 +367,7 @@ class SlotTableActor:
 
     def _status(self) -> WorkerStatus:
         slots = self._machine.slot_views()
+        retained_results, retained_bytes = self._machine.retained()
         return WorkerStatus(
             heartbeat=self._machine.heartbeat(self._clock.now_ms()),
             slots=slots,
@@ -374,6 +375,8 @@ class SlotTableActor:
                 self._machine.get_result(slot.task_id) for slot in slots if slot.task_id is not None
             ),
             waiting_submits=len(self._held),
+            retained_results=retained_results,
+            retained_bytes=retained_bytes,
         )
 
     def _request(self, event: Event, reply: Reply[TaskSnapshot]) -> None:

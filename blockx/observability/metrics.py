@@ -71,6 +71,9 @@ class WorkerSnapshot:
     executors: tuple[ExecutorView, ...]
     watch_streams: int
     worker_rss_bytes: int
+    retained_results: int = 0
+    """Terminal results kept for reads, and their size (`TaskResult.retained_bytes`)."""
+    retained_bytes: int = 0
 
     @property
     def executors_rss_bytes(self) -> int:
@@ -230,6 +233,13 @@ def _state_families(snapshot: WorkerSnapshot | None) -> Iterator[Metric]:
     )
     streams = GaugeMetricFamily("blockx_watch_streams", "Open WatchTasks streams.")
     draining = GaugeMetricFamily("blockx_draining", "1 while the worker drains, else 0.")
+    retained = GaugeMetricFamily(
+        "blockx_retained_results", "Terminal results kept for GetTaskResult."
+    )
+    retained_bytes = GaugeMetricFamily(
+        "blockx_retained_result_bytes",
+        "Their size as worker.resultRetentionBytes bounds it (the encoded results, estimated).",
+    )
     if snapshot is not None:
         slot_counts = collections.Counter(slot.state for slot in snapshot.slots)
         for slot_state in SlotState:
@@ -246,7 +256,12 @@ def _state_families(snapshot: WorkerSnapshot | None) -> Iterator[Metric]:
         executors_rss.add_metric([], snapshot.executors_rss_bytes)
         streams.add_metric([], snapshot.watch_streams)
         draining.add_metric([], 1 if snapshot.heartbeat.draining else 0)
-    yield from (slots, tasks, executors, restarts, executors_rss, streams, draining)
+        retained.add_metric([], snapshot.retained_results)
+        retained_bytes.add_metric([], snapshot.retained_bytes)
+    yield from (
+        *(slots, tasks, executors, restarts, executors_rss, streams, draining),
+        *(retained, retained_bytes),
+    )
 
 
 # ------------------------------------------------------------ memory diagnostics

@@ -227,6 +227,8 @@ def _totals(snapshot: WorkerSnapshot, metrics: WorkerMetrics) -> dict[str, int]:
         "tasks_failed": metrics.finished_by_state["FAILED"],
         "worker_rss_bytes": snapshot.worker_rss_bytes,
         "executors_rss_bytes": snapshot.executors_rss_bytes,
+        "retained_results": snapshot.retained_results,
+        "retained_bytes": snapshot.retained_bytes,
     }
 
 

@@ -166,6 +166,9 @@ async def test_finished_tasks_calls_slots_and_rpcs_are_counted_exactly() -> None
             assert value(samples, "blockx_live_tasks", phase="RESERVED") == 1
             assert value(samples, "blockx_live_tasks", phase="CALLS") == 0
             assert value(samples, "blockx_draining") == 0
+            assert value(samples, "blockx_retained_results") == 3
+            # Each counts 128 bytes and its texts (`TaskResult.retained_bytes`).
+            assert 3 * 128 < value(samples, "blockx_retained_result_bytes") < 3 * 256
             assert value(samples, "blockx_executors", state="READY") == 1  # the one fake executor
             assert value(samples, "blockx_executor_restarts_total") == 0
             assert value(samples, "process_resident_memory_bytes") > 0
@@ -335,6 +338,10 @@ async def test_the_websocket_pushes_snapshots_that_follow_a_task() -> None:
             assert [slot["state"] for slot in first["slots"]] == ["FREE"] * 4
             assert (first["tasks"], first["recent"], first["draining"]) == ([], [], False)
             assert first["totals"]["tasks_succeeded"] == 0
+            assert (first["totals"]["retained_results"], first["totals"]["retained_bytes"]) == (
+                0,
+                0,
+            )
 
             # Unchanged state is still pushed, at the push interval.
             again = await next_snapshot(socket)
@@ -361,6 +368,8 @@ async def test_the_websocket_pushes_snapshots_that_follow_a_task() -> None:
                 1,
             )
             assert snapshot["totals"]["tasks_succeeded"] == 1
+            assert snapshot["totals"]["retained_results"] == 1
+            assert 128 < snapshot["totals"]["retained_bytes"] < 256
             assert snapshot["totals"]["worker_rss_bytes"] > 0
 
 

@@ -129,6 +129,7 @@ async def follow_one_task(worker: ServeProcess, page: Page) -> None:
     done = await page.read_until(READ_PAGE, lambda shown: "page-1" in shown["recent"])
     assert "SUCCEEDED" in done["recent"]
     assert "1\nsucceeded" in done["totals"]
+    assert "1\nretained results" in done["totals"]
     (freed,) = (slot for slot in done["slots"] if slot["slot"] == cell["slot"])
     assert (freed["state"], freed["task"]) == ("FREE", "")
     assert [slot["state"] for slot in done["slots"]] == ["FREE"] * 3

@@ -619,6 +619,37 @@ async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(
         assert worker.calls.started == ["again", "again"]
 
 
+async def test_results_past_the_byte_bound_are_evicted_oldest_first_and_read_as_evicted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Each result here counts some 140 bytes: two fit under 300.
+    config = virtual_clock_config(**{"worker.resultRetentionBytes": 300})
+    async with running_worker(config) as worker:
+        for task_id in ("r1", "r2", "r3", "r4"):
+            task = call_list_task(task_id, ("demo.add", [1, 2]))
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+            await watch(worker, task_id)
+            await trio.sleep(1)
+        kept = [
+            await worker.call(worker.stub.get_task_result, pb.GetTaskResultRequest(task_id=kept))
+            for kept in ("r3", "r4")
+        ]
+        assert [got.state for got in kept] == [pb.TaskState.SUCCEEDED] * 2
+        for evicted in ("r1", "r2"):
+            request = pb.GetTaskResultRequest(task_id=evicted)
+            code, message = await status_of(worker, worker.stub.get_task_result, request)
+            assert code is Status.NOT_FOUND
+            assert f"the result of task {evicted!r} was evicted" in message
+            assert "worker.resultRetentionBytes" in message
+        with pytest.raises(GRPCError) as raised:
+            await watch(worker, "r1")
+        assert raised.value.status is Status.NOT_FOUND
+        assert "evicted" in str(raised.value.message)
+        request = pb.GetTaskResultRequest(task_id="r0")
+        _, unknown = await status_of(worker, worker.stub.get_task_result, request)
+        assert "is unknown" in unknown
+
+
 async def test_a_call_phase_waits_for_executor_admission_and_runs_once_it_is_freed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from blockx.api import result_message
+from blockx.calls import CallStats, FailureCode
 from blockx.slots import (
     ConvergeTask,
     ForgetReason,
     ForgetTask,
     NotFound,
     PhaseOutcome,
+    PhaseTimings,
     PluginResult,
     SlotMachine,
     Step,
@@ -66,6 +69,47 @@ def test_a_results_size_is_its_texts_plus_fixed_parts() -> None:
     )
 
     assert result.retained_bytes == 128 + 2 + 4 + 2 + 16 + 6 + 5
+
+
+_BIG = 2**40
+"""A figure that takes the most bytes a result's numbers take in practice."""
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        TaskResult(task_id="t", slot_id="slot-0", state=TaskState.FAILED, phase=TaskPhase.BUILDER),
+        TaskResult(
+            task_id="task-" + "x" * 200,
+            slot_id="slot-49",
+            state=TaskState.FAILED,
+            phase=TaskPhase.CALLS,
+            failure_code=FailureCode.CALL_RAISED,
+            message="RuntimeError: no luck " * 20,
+            retryable=True,
+            output_count=_BIG,
+            output_bytes=_BIG,
+            call_stats=CallStats(
+                calls_total=_BIG, calls_succeeded=_BIG, calls_failed=_BIG, calls_retried=_BIG
+            ),
+            timings=PhaseTimings(
+                preparing_ms=_BIG, builder_ms=_BIG, calls_ms=_BIG, plugin_ms=_BIG, total_ms=_BIG
+            ),
+            task_code_epoch="epoch-20261205-0001",
+            accepted_at_ms=1_800_000_000_000,
+            finished_at_ms=1_800_000_300_000,
+            plugin_results=(
+                PluginResult(plugin_type="jsonl", ok=True, records_written=_BIG, detail="/x/y"),
+                PluginResult(plugin_type="result", ok=True, outputs_json="[" + "1," * 5000 + "1]"),
+            ),
+        ),
+    ],
+    ids=["bare", "full"],
+)
+def test_a_results_size_is_close_above_its_encoded_size(result: TaskResult) -> None:
+    encoded = len(result_message(result).SerializeToString())
+
+    assert encoded <= result.retained_bytes <= encoded + 128
 
 
 def test_results_past_the_bound_evict_the_oldest_first(make_machine: MachineFactory) -> None:

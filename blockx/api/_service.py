@@ -217,6 +217,8 @@ class WorkerService(pb.WorkerServiceBase):
             running_tasks=beat.running_tasks,
             free_slots=beat.free_slots,
             waiting_submits=status.waiting_submits,
+            retained_results=status.retained_results,
+            retained_bytes=status.retained_bytes,
             slots=[
                 pb.SlotStatus(
                     slot_id=slot.slot_id,

@@ -635,6 +635,9 @@ async def test_results_past_the_byte_bound_are_evicted_oldest_first_and_read_as_
             for kept in ("r3", "r4")
         ]
         assert [got.state for got in kept] == [pb.TaskState.SUCCEEDED] * 2
+        status = await worker.call(worker.stub.get_worker_status, pb.GetWorkerStatusRequest())
+        assert status.retained_results == 2
+        assert 200 < status.retained_bytes <= 300
         for evicted in ("r1", "r2"):
             request = pb.GetTaskResultRequest(task_id=evicted)
             code, message = await status_of(worker, worker.stub.get_task_result, request)

@@ -22,6 +22,9 @@ measures, from a plain-asyncio grpclib client in this process:
   back-pressure paces it) and reading to the end, first write -> last
   terminal update; worker_cpu_ms_per_task_stream: the worker's CPU over that
   phase, divided by its tasks.
+* retained_bytes_after: right after the stream phase, the size of the results
+  the worker retains (GetWorkerStatus' retained_bytes, bounded by
+  resultRetentionBytes), with retained_results_after, their count.
 * rpc_per_s / echo_rpc_per_s / rpc_ratio: GetTaskResult of a finished task
   from many concurrent callers, against the worker and against a bare grpclib
   echo server (plain asyncio, its own process) that answers with the very
@@ -563,6 +566,9 @@ async def measure_tasks(
     result("stream_tasks_per_s", rate, 0)
     worker_ms = stream_cpu.used_s("worker") * 1000 / args.tasks
     result("worker_cpu_ms_per_task_stream", worker_ms, 3)
+    status = await stub.get_worker_status(pb.GetWorkerStatusRequest())
+    result("retained_bytes_after", status.retained_bytes, 0)
+    result("retained_results_after", status.retained_results, 0)
 
 
 W2_CALLS = 20_000

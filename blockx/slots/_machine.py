@@ -116,9 +116,9 @@ from blockx.steps import Step as CoreStep
 
 LAPSED_REMEMBERED = 10_000
 """Lapsed reservations the machine remembers, to say why a late submit into one fails."""
-EVICTED_REMEMBERED = 100_000
-"""Evicted results whose task ids the machine remembers, to say a read of one was evicted:
-about 30 s of results at 3,500 tasks/s, some 10 MiB of ids and timers at most."""
+EVICTED_REMEMBERED = 10_000
+"""Evicted results whose task ids the machine remembers, to say a read of one was evicted.
+Each costs its id and its retention timer, a few hundred bytes: a few MiB at most."""
 
 Step: TypeAlias = CoreStep[TaskSnapshot, Command]
 """For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias

@@ -456,7 +456,7 @@ class SlotTableActor:
                 self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
                 self._slot_freed = True
-                if reason in _RESERVATION_ENDED:  # a result's streams ended with it
+                if reason in _RESERVATION_ENDED:  # streams still on it are told
                     self._fanout.forget(task_id)
 
     def _start_phase(self, command: StartPhase) -> None:

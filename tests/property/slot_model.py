@@ -148,12 +148,12 @@ class SlotModel:
         self.results[task_id].size = size
         evictions: list[Norm] = []
         while True:
-            sized = [key for key, result in self.results.items() if result.size is not None]
-            count, total = len(sized), sum(self.results[key].size or 0 for key in sized)
-            if count <= 1 or total <= self.config.result_retention_bytes:
+            sized = {key: kept.size for key, kept in self.results.items() if kept.size is not None}
+            if len(sized) <= 1 or sum(sized.values()) <= self.config.result_retention_bytes:
                 return tuple(evictions)
-            self.evicted[sized[0]] = self.results.pop(sized[0])
-            evictions.append(("forget", sized[0], ForgetReason.RESULT_EVICTED))
+            oldest = next(iter(sized))
+            self.evicted[oldest] = self.results.pop(oldest)
+            evictions.append(("forget", oldest, ForgetReason.RESULT_EVICTED))
 
     # -------------------------------------------------------------- stimuli
 

@@ -868,6 +868,8 @@ def status_lines(status: pb.GetWorkerStatusResponse) -> list[str]:
         f"draining    {_yes_no(status.draining)}",
         f"slots       {status.slots_total} total, {status.reserved_slots} reserved, "
         f"{status.running_tasks} running, {status.free_slots} free",
+        f"results     {status.retained_results} retained, "
+        f"{status.retained_bytes / _BYTES_PER_MB:.1f} MB",
         "",
     ]
     in_use = [slot for slot in status.slots if slot.state != "FREE"]

@@ -103,6 +103,8 @@ STATUS = pb.GetWorkerStatusResponse(
     reserved_slots=1,
     running_tasks=1,
     free_slots=1,
+    retained_results=2,
+    retained_bytes=3 * 1024 * 1024 // 2,
     slots=[
         pb.SlotStatus(slot_id="slot-0", state="RUNNING", task_id="t-run"),
         pb.SlotStatus(
@@ -710,6 +712,7 @@ async def test_cli_status_prints_a_summary_and_tables(capsys: pytest.CaptureFixt
         "ready       yes",
         "draining    no",
         "slots       3 total, 1 reserved, 1 running, 1 free",
+        "results     2 retained, 1.5 MB",
         "",
         "slots in use:",
         "  SLOT    STATE      TASK    LEASE EXPIRES",

@@ -388,8 +388,10 @@ class Http2Protocol(H2Protocol):
         self._limits = limits
         self._on_closed = on_closed
         self._resets = _ResetWindow(limits.max_resets, limits.reset_window_s)
-        self._idle_since: float | None = time.monotonic()
-        """When its last stream ended (or it opened); None while a stream is open."""
+        self._clock: Callable[[], float] = time.monotonic
+        """The loop's clock (set once connected): the one its timers keep."""
+        self._idle_since: float | None = None
+        """When its last stream ended (or it was admitted); None while a stream is open."""
         self._idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -435,9 +437,10 @@ class Http2Protocol(H2Protocol):
             return
         self._open_transports.add(raw)
         cast(RequestHandler, self.handler).on_released = self._stream_released
-        self._idle_timer = asyncio.get_running_loop().call_later(
-            self._limits.idle_timeout_s, self._check_idle
-        )
+        loop = asyncio.get_running_loop()
+        self._clock = loop.time
+        self._idle_since = loop.time()
+        self._idle_timer = loop.call_later(self._limits.idle_timeout_s, self._check_idle)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._raw_transport is not None:
@@ -457,7 +460,7 @@ class Http2Protocol(H2Protocol):
             if (
                 isinstance(event, h2.events.StreamReset)
                 and event.remote_reset
-                and self._resets.exceeded(time.monotonic())
+                and self._resets.exceeded(self._clock())
             ):
                 self._close_for(
                     "abuse",
@@ -486,11 +489,11 @@ class Http2Protocol(H2Protocol):
 
     def _stream_released(self) -> None:
         if not self.processor.streams:
-            self._idle_since = time.monotonic()
+            self._idle_since = self._clock()
 
     def _check_idle(self) -> None:
         timeout_s = self._limits.idle_timeout_s
-        idle_s = 0.0 if self._idle_since is None else time.monotonic() - self._idle_since
+        idle_s = 0.0 if self._idle_since is None else self._clock() - self._idle_since
         if idle_s >= timeout_s:
             self._idle_timer = None
             self._close_for("idle", ErrorCodes.NO_ERROR, f"no open stream for {idle_s:.1f} s")

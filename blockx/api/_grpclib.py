@@ -269,7 +269,7 @@ class GuardedServer(Server):
         *args: Any,
         max_message_bytes: int,
         limits: ConnectionLimits,
-        on_closed: ConnectionObserver = lambda reason: None,
+        on_closed: ConnectionObserver,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)

@@ -237,19 +237,37 @@ class RawConnection:
         """Read (answering what h2 answers) until an event `done` holds for, which is
         returned, or until the connection ends: how (socket.timeout if neither comes)."""
         while True:
-            try:
-                received = self.sock.recv(65536)
-            except ConnectionResetError:  # closed with our bytes unread
-                received = b""
-            if not received:
-                return End(goaway=None)
-            for event in self.h2.receive_data(received):
+            events = self._receive()
+            if isinstance(events, End):
+                return events
+            for event in events:
                 if done(event):
                     return event
                 if isinstance(event, h2.events.ConnectionTerminated):
-                    return End(goaway=event.error_code, debug=event.additional_data or b"")
+                    return _ended_by(event)
             with contextlib.suppress(ConnectionError):
                 self.flush()
+
+    def end_if_any(self) -> End | None:
+        """The connection's end if what the server sent so far holds it, without waiting."""
+        while select.select([self.sock], [], [], 0)[0]:
+            events = self._receive()
+            if isinstance(events, End):
+                return events
+            for event in events:
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    return _ended_by(event)
+        return None
+
+    def _receive(self) -> list[h2.events.Event] | End:
+        """The events of one read, or how the connection ended."""
+        try:
+            received = self.sock.recv(65536)
+        except ConnectionResetError:  # closed with our bytes unread, and what came before read
+            received = b""
+        if not received:
+            return End(goaway=None)
+        return self.h2.receive_data(received)
 
     def settle(self) -> int:
         """Wait for the server's SETTINGS (acknowledging them); its MAX_CONCURRENT_STREAMS."""
@@ -309,7 +327,7 @@ def reset_flood(
                 end = raw.end()
                 break
             sent += count
-            end = _end_if_any(raw)
+            end = raw.end_if_any()
         if end is None:
             raw.sock.settimeout(linger_s)
             with contextlib.suppress(TimeoutError):
@@ -317,16 +335,5 @@ def reset_flood(
         return Flood(sent=sent, end=end, seconds=time.perf_counter() - started)
 
 
-def _end_if_any(raw: RawConnection) -> End | None:
-    """The connection's end if the server's bytes read so far hold it, without waiting."""
-    while select.select([raw.sock], [], [], 0)[0]:
-        try:
-            received = raw.sock.recv(65536)
-        except ConnectionResetError:
-            received = b""
-        if not received:
-            return End(goaway=None)
-        for event in raw.h2.receive_data(received):
-            if isinstance(event, h2.events.ConnectionTerminated):
-                return End(goaway=event.error_code, debug=event.additional_data or b"")
-    return None
+def _ended_by(goaway: h2.events.ConnectionTerminated) -> End:
+    return End(goaway=goaway.error_code, debug=goaway.additional_data or b"")

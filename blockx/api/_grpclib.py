@@ -504,7 +504,10 @@ class Http2Protocol(H2Protocol):
 
     def _close_for(self, reason: str, code: ErrorCodes, why: str) -> None:
         """Close the connection with a GOAWAY of `code`, for `reason` (see
-        `ConnectionObserver`), logging `why`: a WARNING but for an idle connection."""
+        `ConnectionObserver`), logging `why`: a WARNING but for an idle connection. Nothing
+        if it is being closed already (grpclib has let its transport go)."""
+        if self._raw_transport is None or self._raw_transport.is_closing():
+            return
         level = logging.DEBUG if reason == "idle" else logging.WARNING
         peer = _address(self.connection.get_peer().addr())
         logger.log(level, "connection from %s closed (%s): %s", peer, reason, why)

@@ -451,9 +451,13 @@ async def _serve_rpcs(
         ready=lambda: actors.readiness.ready,
         shadow=shadow.offer if shadow is not None else None,
     )
-    on_rpc = metrics.rpc_finished if metrics is not None else None
     front_end = GrpcFrontEnd(
-        service, config.grpc, on_rpc=on_rpc, tls=checked.tls, token=checked.token
+        service,
+        config.grpc,
+        on_rpc=metrics.rpc_finished if metrics is not None else None,
+        on_connection_closed=metrics.grpc_connection_closed if metrics is not None else None,
+        tls=checked.tls,
+        token=checked.token,
     )
     await front_end.start(listener)
     return front_end

@@ -338,6 +338,26 @@ class GrpcSection:
     max_message_bytes: int = setting(
         16 * 1024 * 1024, "grpcMaxMessageBytes", "WORKER_GRPC_MAX_MESSAGE_BYTES", positive=True
     )
+    max_concurrent_streams: int = setting(
+        100, "grpcMaxConcurrentStreams", "WORKER_GRPC_MAX_CONCURRENT_STREAMS", positive=True
+    )
+    """Streams one connection may have open at once: advertised in its SETTINGS, and a
+    stream beyond it is refused (RST_STREAM REFUSED_STREAM; see `blockx.api._grpclib`)."""
+    max_connections: int = setting(
+        500, "grpcMaxConnections", "WORKER_GRPC_MAX_CONNECTIONS", positive=True
+    )
+    """Connections open at once; one beyond it is closed at once (GOAWAY)."""
+    idle_timeout_ms: int = setting(
+        600_000, "grpcIdleTimeoutMs", "WORKER_GRPC_IDLE_TIMEOUT_MS", positive=True
+    )
+    """A connection with no open stream for this long is closed (GOAWAY NO_ERROR)."""
+    max_resets: int = setting(200, "grpcMaxResets", "WORKER_GRPC_MAX_RESETS", positive=True)
+    """Streams a client may reset within `reset_window_ms` on one connection; one more and
+    the connection is closed (GOAWAY ENHANCE_YOUR_CALM): the rapid-reset defence."""
+    reset_window_ms: int = setting(
+        10_000, "grpcResetWindowMs", "WORKER_GRPC_RESET_WINDOW_MS", positive=True
+    )
+    """The window `max_resets` counts in, from the first reset in it."""
     loop: str = setting("thread", "grpcLoop", "WORKER_GRPC_LOOP", STR)
     """"thread": the server on uvloop in a thread of its own (faster); "trio-asyncio": on
     trio-asyncio's loop in the worker's one thread (see `blockx.api._bridge`)."""

@@ -3,12 +3,17 @@
 `exchange` opens one connection to a loopback port, may write raw bytes first
 (frames h2 itself would never make), sends one request with exactly the headers
 and body it is given, and reads until that request's stream ends or is reset, or
-the server closes the connection. Blocking: run it in a thread from Trio.
+the server closes the connection. `RawConnection` speaks one connection frame by
+frame, and `reset_flood` makes a rapid-reset attack with it. Blocking: run them in
+a thread from Trio.
 """
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
+import time
 from collections.abc import Callable
 
 import attrs
@@ -184,3 +189,151 @@ def _read_until(
         assert received, "the server closed the connection"
         connection.receive_data(received)
         sock.sendall(connection.data_to_send())
+
+
+@attrs.frozen(kw_only=True)
+class End:
+    """How a connection ended, as its client saw it."""
+
+    goaway: int | None
+    """The error code of the GOAWAY the server sent; None: it closed without one."""
+    debug: bytes = b""
+    """The GOAWAY's additional debug data."""
+
+
+class RawConnection:
+    """One HTTP/2 connection to a loopback port, spoken frame by frame with h2 (blocking:
+    run it in a thread from Trio). `with RawConnection(port) as raw:` closes it on exit."""
+
+    def __init__(self, port: int, *, timeout_s: float = 10.0) -> None:
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+        self.h2 = h2.connection.H2Connection(config)
+        self.h2.initiate_connection()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.flush()
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.sock.close()
+
+    def flush(self) -> None:
+        """Write what h2 has to send; ConnectionError if the server closed the connection."""
+        self.sock.sendall(self.h2.data_to_send())
+
+    def open_stream(self, headers: list[tuple[str, str]], *, end_stream: bool = False) -> int:
+        """A new stream with `headers` (queued: see `flush`); its id."""
+        stream_id: int = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(stream_id, headers, end_stream=end_stream)
+        return stream_id
+
+    def read_until(self, done: Callable[[h2.events.Event], bool]) -> h2.events.Event | End:
+        """Read (answering what h2 answers) until an event `done` holds for, which is
+        returned, or until the connection ends: how (socket.timeout if neither comes)."""
+        while True:
+            events = self._receive()
+            if isinstance(events, End):
+                return events
+            for event in events:
+                if done(event):
+                    return event
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    return _ended_by(event)
+            with contextlib.suppress(ConnectionError):
+                self.flush()
+
+    def end_if_any(self) -> End | None:
+        """The connection's end if what the server sent so far holds it, without waiting."""
+        while select.select([self.sock], [], [], 0)[0]:
+            events = self._receive()
+            if isinstance(events, End):
+                return events
+            for event in events:
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    return _ended_by(event)
+        return None
+
+    def _receive(self) -> list[h2.events.Event] | End:
+        """The events of one read, or how the connection ended."""
+        try:
+            received = self.sock.recv(65536)
+        except ConnectionResetError:  # closed with our bytes unread, and what came before read
+            received = b""
+        if not received:
+            return End(goaway=None)
+        return self.h2.receive_data(received)
+
+    def settle(self) -> int:
+        """Wait for the server's SETTINGS (acknowledging them); its MAX_CONCURRENT_STREAMS."""
+        event = self.read_until(lambda e: isinstance(e, h2.events.RemoteSettingsChanged))
+        assert isinstance(event, h2.events.RemoteSettingsChanged), event
+        self.flush()  # the acknowledgement
+        return int(self.h2.remote_settings.max_concurrent_streams)
+
+    def ping(self) -> bool:
+        """Whether the connection still answers a PING (False: it ended first)."""
+        self.h2.ping(b"blockx!!")
+        self.flush()
+        return not isinstance(
+            self.read_until(lambda e: isinstance(e, h2.events.PingAckReceived)), End
+        )
+
+    def end(self) -> End:
+        """Read until the server ends the connection (writing first what h2 has queued)."""
+        with contextlib.suppress(ConnectionError):
+            self.flush()
+        ended = self.read_until(lambda e: False)
+        assert isinstance(ended, End)
+        return ended
+
+
+@attrs.frozen(kw_only=True)
+class Flood:
+    """What `reset_flood` saw."""
+
+    sent: int
+    """Pairs written before the server's close was seen (all of them if it never was)."""
+    end: End | None
+    """How the server ended the connection; None: it still held it after `linger_s`."""
+    seconds: float
+    """From the first pair written to the end seen (or to the end of the lingering)."""
+
+
+def reset_flood(
+    port: int, pairs: int, *, batch: int = 100, linger_s: float = 10.0, timeout_s: float = 10.0
+) -> Flood:
+    """On one connection, `pairs` times HEADERS of a GetWorkerStatus call then RST_STREAM
+    of the same stream, written `batch` pairs at a time as fast as they can be made,
+    looking between writes (without waiting) for the server's end of the connection;
+    then up to `linger_s` waiting for that end. An HTTP/2 rapid-reset attack."""
+    headers = grpc_headers("GetWorkerStatus")
+    with RawConnection(port, timeout_s=timeout_s) as raw:
+        started = time.perf_counter()
+        sent, end = 0, None
+        while sent < pairs and end is None:
+            count = min(batch, pairs - sent)
+            for _ in range(count):
+                stream_id = raw.open_stream(headers)
+                raw.h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            try:
+                raw.flush()
+            except ConnectionError:  # reset by the server: what it sent before is still to read
+                end = raw.end()
+                break
+            sent += count
+            end = raw.end_if_any()
+        if end is None:
+            raw.sock.settimeout(linger_s)
+            with contextlib.suppress(TimeoutError):
+                end = raw.end()
+        return Flood(sent=sent, end=end, seconds=time.perf_counter() - started)
+
+
+def _ended_by(goaway: h2.events.ConnectionTerminated) -> End:
+    return End(goaway=goaway.error_code, debug=goaway.additional_data or b"")

@@ -26,6 +26,17 @@ the protocol), never UNKNOWN, a traceback, or no answer at all:
   transport), ignores frames of a type HTTP/2 does not define, as RFC 9113 section
   4.1 says (grpclib raised NotImplementedError out of the transport), and corks its
   writes (`_CorkedTransport`).
+* `Http2Protocol` also holds each connection to its `ConnectionLimits` (grpclib had
+  none: 20,000 streams opened and reset at once from one connection were all served,
+  for 1.4 s of CPU): its streams (advertised in SETTINGS_MAX_CONCURRENT_STREAMS; one
+  beyond is refused with RST_STREAM REFUSED_STREAM, a stream error as RFC 9113 section
+  5.1.2 has it, where h2's own check ended the connection), the connections open
+  (one beyond is closed at once with GOAWAY), idleness (no open stream for the idle
+  timeout: GOAWAY NO_ERROR) and rapid resets (more streams reset by the client in a
+  window than allowed: GOAWAY ENHANCE_YOUR_CALM, as for CVE-2023-44487). Each check
+  is O(1) per event, and each close is told to `on_closed` ("refused", "abuse",
+  "idle"). It restates grpclib's `connection_made` to make the h2 connection with
+  `_StreamCapSettings`.
 * `GuardedServer` serves each connection with these, and can abort the connections
   still open; `HealthService` answers a check of an unknown service in words.
 
@@ -41,6 +52,7 @@ this list against the code, and that no other module of blockx touches one):
 * `Server._h2_config` (GuardedServer._protocol_factory): read, as grpclib's factory reads it.
 * `Server.__dispatch__` (GuardedServer._protocol_factory): read, so events reach listeners.
 * `_GC.__gc_step__` (GuardedServer, RequestHandler): called, as grpclib's own methods call it.
+* `grpclib.protocol._set_nodelay` (Http2Protocol.connection_made): called, as grpclib's is.
 * `Handler._tasks` (RequestHandler.accept): written, so `cancel` and `close` find the task.
 * `Buffer._ack_callback` (RequestHandler.accept): read, so MessageFraming acks as grpclib's.
 * `Health._checks` (HealthService.Check): read, the checks grpclib's `__init__` arranged.
@@ -72,11 +84,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, cast
 
+import attrs
+import h2.connection
 import h2.events
 import h2.exceptions
+import h2.settings
 from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.encoding.base import GRPC_CONTENT_TYPE
@@ -84,7 +100,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.health.service import Health
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.metadata import Deadline, decode_metadata, encode_grpc_message
-from grpclib.protocol import Buffer, H2Protocol
+from grpclib.protocol import Buffer, Connection, EventsProcessor, H2Protocol, _set_nodelay
 from grpclib.protocol import Stream as H2Stream
 
 # grpclib keeps its v1alpha service here: it is what its own (public)
@@ -93,6 +109,8 @@ from grpclib.reflection._deprecated import ServerReflection as ServerReflectionV
 from grpclib.reflection.service import ServerReflection
 from grpclib.server import Handler, Server, Stream
 from grpclib.utils import DeadlineWrapper, Wrapper
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
 
 from blockx.api._refusals import Headers, Refusal, refusal_of
 from blockx.errors import shown
@@ -117,6 +135,9 @@ UPSTREAM_DIGESTS: Final[Mapping[str, str]] = {
     "grpclib.protocol.H2Protocol.data_received": (
         "43a344c83ac60bbf76eb6ecc1458f3ace084a84bae90da9154c917767947bc00"
     ),
+    "grpclib.protocol.H2Protocol.connection_made": (
+        "349133fc183764e5f50e3af9eb61faddb32a8e5ba484fd4d041b7aefdfc0691d"
+    ),
     "grpclib.health.service.Health.Check": (
         "44e0718b580bc204f5af1fa231a7e7df94f2221c3c7ae469cf2844adf4f6bc90"
     ),
@@ -126,9 +147,6 @@ UPSTREAM_DIGESTS: Final[Mapping[str, str]] = {
     ),
     "grpclib.protocol.Buffer.read": (
         "42f3da197a12e619ec84f4ca6822bff7c996242f75ad92032c148d1a5c6ef2e2"
-    ),
-    "grpclib.protocol.H2Protocol.connection_made": (
-        "349133fc183764e5f50e3af9eb61faddb32a8e5ba484fd4d041b7aefdfc0691d"
     ),
     "grpclib.protocol.H2Protocol.connection_lost": (
         "212dcc31cc322c9308861eb98231457ec40b0121e23f4ffba86a9d608ffde173"
@@ -146,6 +164,9 @@ UPSTREAM_DIGESTS: Final[Mapping[str, str]] = {
     ),
     "grpclib.protocol.Buffer.__init__": (
         "ddc7bdda4a40c7a1d042d2c4b8116b04dd0a397606c801448852135db57da589"
+    ),
+    "grpclib.protocol.EventsProcessor.register": (
+        "160bb5f3e09c9ef086cde044538e46382989e8c8f011c141d063dfed88b7a8ab"
     ),
     "grpclib.protocol.H2Protocol.__init__": (
         "74f573baf43f5f10ae5c8cde3648800643b96b181b47fc501d37823bbc0edcc3"
@@ -171,6 +192,27 @@ REASON_CHARS: Final = 200
 """How much of h2's complaint about a connection's bytes a log line quotes."""
 _IGNORED_EVENTS: Final = (h2.events.UnknownFrameReceived, h2.events.AlternativeServiceAvailable)
 """What h2 reports that grpclib has no processor for, and that a server may ignore."""
+
+
+ConnectionObserver = Callable[[str], None]
+"""Told of each connection the server closed of its own accord: "refused" (one
+connection too many), "abuse" (too many streams reset) or "idle"."""
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionLimits:
+    """What one connection may do, and how many may be open (the `grpc*` settings)."""
+
+    max_streams: int
+    """Streams open at once on one connection (grpcMaxConcurrentStreams)."""
+    max_connections: int
+    """Connections open at once (grpcMaxConnections)."""
+    idle_timeout_s: float
+    """With no open stream for this long, a connection is closed (grpcIdleTimeoutMs)."""
+    max_resets: int
+    """Streams the client may reset within `reset_window_s` (grpcMaxResets)."""
+    reset_window_s: float
+    """grpcResetWindowMs."""
 
 
 def server_configuration(*, keepalive_time_s: float, keepalive_timeout_s: float) -> Configuration:
@@ -222,9 +264,18 @@ class HealthService(Health):
 class GuardedServer(Server):
     """grpclib's server, serving each connection with `RequestHandler` and `Http2Protocol`."""
 
-    def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        max_message_bytes: int,
+        limits: ConnectionLimits,
+        on_closed: ConnectionObserver,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._max_message_bytes = max_message_bytes
+        self._limits = limits
+        self._on_closed = on_closed
         self._transports: set[asyncio.Transport] = set()
         """Connections open now: grpclib's `close` leaves them to their clients."""
 
@@ -245,7 +296,12 @@ class GuardedServer(Server):
         )
         self._handlers.add(handler)
         return Http2Protocol(
-            handler, self._config, self._h2_config, open_transports=self._transports
+            handler,
+            self._config,
+            self._h2_config,
+            open_transports=self._transports,
+            limits=self._limits,
+            on_closed=self._on_closed,
         )
 
 
@@ -281,23 +337,116 @@ class _CorkedTransport:
         return getattr(self._transport, name)
 
 
+class _StreamCapSettings(h2.settings.Settings):
+    """h2's local settings, whose MAX_CONCURRENT_STREAMS h2 itself checks one above the value
+    advertised: a stream beyond the value is `Http2Protocol`'s to refuse (REFUSED_STREAM),
+    where h2's check ends the whole connection. The protocol counts a stream until its
+    handler has stopped, which is seldom before h2 closes it; h2's check stays as a
+    backstop."""
+
+    @property
+    def max_concurrent_streams(self) -> int:
+        return super().max_concurrent_streams + 1
+
+    @max_concurrent_streams.setter
+    def max_concurrent_streams(self, value: int) -> None:
+        self[SettingCodes.MAX_CONCURRENT_STREAMS] = value
+
+
+class _ResetWindow:
+    """Streams reset by the client in the current window of `window_s` seconds: O(1) a reset."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._start = -window_s
+        self._count = 0
+
+    def exceeded(self, now: float) -> bool:
+        """Count one reset at `now`: is it one more than the window allows?"""
+        if now - self._start >= self.window_s:
+            self._start, self._count = now, 0
+        self._count += 1
+        return self._count > self.limit
+
+
 class Http2Protocol(H2Protocol):
     """grpclib's protocol of one connection: its writes corked, its transport counted in
-    `open_transports` while it is open, and closed on bytes it cannot read."""
+    `open_transports` while it is open, closed on bytes it cannot read, and held to its
+    `limits` (see the module docstring)."""
 
-    def __init__(self, *args: Any, open_transports: set[asyncio.Transport]) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        open_transports: set[asyncio.Transport],
+        limits: ConnectionLimits,
+        on_closed: ConnectionObserver,
+    ) -> None:
         super().__init__(*args)
         self._open_transports = open_transports
         self._raw_transport: asyncio.Transport | None = None
+        self._limits = limits
+        self._on_closed = on_closed
+        self._resets = _ResetWindow(limits.max_resets, limits.reset_window_s)
+        self._clock: Callable[[], float] = time.monotonic
+        """The loop's clock (set once connected): the one its timers keep."""
+        self._idle_since: float | None = None
+        """When its last stream ended (or it was admitted); None while a stream is open."""
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # grpclib's own, with the h2 connection advertising (and `_StreamCapSettings`
+        # leaving to us) the stream limit.
         raw = self._raw_transport = cast(asyncio.Transport, transport)  # (a stream server's)
+        sock = raw.get_extra_info("socket")
+        if sock is not None:
+            _set_nodelay(sock)
+        h2_conn = self.h2 = h2.connection.H2Connection(config=self.h2_config)
+        h2_conn.local_settings = _StreamCapSettings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: self._limits.max_streams,
+                SettingCodes.MAX_HEADER_LIST_SIZE: h2_conn.DEFAULT_MAX_HEADER_LIST_SIZE,
+            },
+        )
+        h2_conn.initiate_connection()
+        initial = h2_conn.local_settings.initial_window_size
+        conn_delta = self.config.http2_connection_window_size - initial
+        stream_delta = self.config.http2_stream_window_size - initial
+        if conn_delta:
+            h2_conn.increment_flow_control_window(conn_delta)
+        if stream_delta:
+            h2_conn.update_settings(
+                {SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size}
+            )
+        self.connection = Connection(h2_conn, _CorkedTransport(raw), config=self.config)  # type: ignore[arg-type]
+        self.connection.flush()
+        self.connection.initialize()
+        self.processor = EventsProcessor(self.handler, self.connection)
+        self._admit(raw)
+
+    def _admit(self, raw: asyncio.Transport) -> None:
+        """Count the connection in, or close it at once if it is one too many."""
+        open_now = len(self._open_transports)
+        if open_now >= self._limits.max_connections:
+            self._close_for(
+                "refused",
+                ErrorCodes.NO_ERROR,
+                f"{open_now} connections are open already (grpcMaxConnections)",
+            )
+            return
         self._open_transports.add(raw)
-        super().connection_made(_CorkedTransport(raw))  # type: ignore[arg-type]
+        cast(RequestHandler, self.handler).on_released = self._stream_released
+        loop = asyncio.get_running_loop()
+        self._clock = loop.time
+        self._idle_since = loop.time()
+        self._idle_timer = loop.call_later(self._limits.idle_timeout_s, self._check_idle)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._raw_transport is not None:
             self._open_transports.discard(self._raw_transport)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -308,9 +457,64 @@ class Http2Protocol(H2Protocol):
             return
         self.connection.flush()
         for event in events:
-            if not isinstance(event, _IGNORED_EVENTS):
+            if (
+                isinstance(event, h2.events.StreamReset)
+                and event.remote_reset
+                and self._resets.exceeded(self._clock())
+            ):
+                self._close_for(
+                    "abuse",
+                    ErrorCodes.ENHANCE_YOUR_CALM,
+                    f"it reset more than {self._limits.max_resets} streams within "
+                    f"{self._limits.reset_window_s:g} s (grpcMaxResets)",
+                )
+                return
+            if self._wanted(event):
                 self.processor.process(event)
         self.connection.flush()
+
+    def _wanted(self, event: h2.events.Event) -> bool:
+        """Whether grpclib is to process `event`: not one it has no processor for, nor
+        a request beyond the connection's stream limit (refused here)."""
+        if isinstance(event, _IGNORED_EVENTS):
+            return False
+        if isinstance(event, h2.events.RequestReceived):
+            if len(self.processor.streams) >= self._limits.max_streams:
+                # (The client may have reset it in the same read: h2 has closed it then.)
+                with contextlib.suppress(h2.exceptions.NoSuchStreamError):
+                    self.h2.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
+                return False
+            self._idle_since = None
+        return True
+
+    def _stream_released(self) -> None:
+        if not self.processor.streams:
+            self._idle_since = self._clock()
+
+    def _check_idle(self) -> None:
+        timeout_s = self._limits.idle_timeout_s
+        idle_s = 0.0 if self._idle_since is None else self._clock() - self._idle_since
+        if idle_s >= timeout_s:
+            self._idle_timer = None
+            self._close_for("idle", ErrorCodes.NO_ERROR, f"no open stream for {idle_s:.1f} s")
+            return
+        self._idle_timer = asyncio.get_running_loop().call_later(
+            timeout_s - idle_s, self._check_idle
+        )
+
+    def _close_for(self, reason: str, code: ErrorCodes, why: str) -> None:
+        """Close the connection with a GOAWAY of `code`, for `reason` (see
+        `ConnectionObserver`), logging `why`: a WARNING but for an idle connection. Nothing
+        if it is being closed already (grpclib has let its transport go)."""
+        if self._raw_transport is None or self._raw_transport.is_closing():
+            return
+        level = logging.DEBUG if reason == "idle" else logging.WARNING
+        peer = _address(self.connection.get_peer().addr())
+        logger.log(level, "connection from %s closed (%s): %s", peer, reason, why)
+        self.h2.close_connection(error_code=code, additional_data=reason.encode())
+        self.connection.flush()
+        self.processor.close(f"connection closed ({reason}): {why}")
+        self._on_closed(reason)
 
     def _close(self, reason: str) -> None:
         peer = self.connection.get_peer().addr()
@@ -329,6 +533,8 @@ class RequestHandler(Handler):
     def __init__(self, *args: Any, max_message_bytes: int) -> None:
         super().__init__(*args)
         self.max_message_bytes = max_message_bytes
+        self.on_released: Callable[[], None] = lambda: None
+        """Called after each stream is released (`Http2Protocol` times idleness by it)."""
 
     def accept(self, stream: H2Stream, headers: Headers, release_stream: Callable[[], Any]) -> None:
         self.__gc_step__()
@@ -342,8 +548,12 @@ class RequestHandler(Handler):
         # `finally`, which a task cancelled before its first step (its client reset the
         # stream at once) never runs. The request's unread bytes then never went back
         # to the connection's flow-control window, and a few such requests stalled it.
-        task.add_done_callback(lambda _: release_stream())
+        task.add_done_callback(lambda _: self._release(release_stream))
         self._tasks[stream] = task
+
+    def _release(self, release_stream: Callable[[], Any]) -> None:
+        release_stream()
+        self.on_released()
 
 
 class MessageFraming(Buffer):

@@ -41,6 +41,8 @@ from blockx.api._affinity import choose_cpu, pin_loop_threads
 from blockx.api._bridge import LoopThread, ThreadBridge, check_arrangement
 from blockx.api._convert import Encoded
 from blockx.api._grpclib import (
+    ConnectionLimits,
+    ConnectionObserver,
     GuardedServer,
     HealthService,
     reflection_services,
@@ -183,20 +185,30 @@ class GrpcFrontEnd:
         settings: GrpcSection,
         *,
         on_rpc: RpcObserver | None = None,
+        on_connection_closed: ConnectionObserver | None = None,
         tls: ssl.SSLContext | None = None,
         token: str | None = None,
     ) -> None:
         """`tls`: serve TLS with this context (see `blockx.net.tls`); None, plain text. `token`:
-        the bearer token every RPC but health needs (`blockx.net.auth`); None, no token."""
+        the bearer token every RPC but health needs (`blockx.net.auth`); None, no token.
+        `on_rpc` and `on_connection_closed` are called on the Trio thread."""
         self.service = service
         self._tls = tls
         self._on_rpc = on_rpc
+        self._on_connection_closed = on_connection_closed
         self._token = token
         self.health_status = ServiceStatus()
         self.health_status.set(False)
         self.first_serving = trio.Event()
         """Set the first time health turns SERVING: the worker announced it is ready."""
         self._max_message_bytes = settings.max_message_bytes
+        self._limits = ConnectionLimits(
+            max_streams=settings.max_concurrent_streams,
+            max_connections=settings.max_connections,
+            idle_timeout_s=settings.idle_timeout_ms / 1000,
+            max_resets=settings.max_resets,
+            reset_window_s=settings.reset_window_ms / 1000,
+        )
         self._config = server_configuration(
             keepalive_time_s=settings.keepalive_time_ms / 1000,
             keepalive_timeout_s=settings.keepalive_timeout_ms / 1000,
@@ -228,6 +240,9 @@ class GrpcFrontEnd:
                 self._on_rpc = lambda path, status, seconds: bridge.to_trio(
                     on_rpc, path, status, seconds
                 )
+            on_closed = self._on_connection_closed
+            if on_closed is not None:
+                self._on_connection_closed = lambda reason: bridge.to_trio(on_closed, reason)
             await self._thread.run(lambda: self._start(listener))
         except BaseException:
             self.unpin()  # the caller never gets a front end to stop
@@ -245,6 +260,8 @@ class GrpcFrontEnd:
             codec=SizeLimitedCodec(self._max_message_bytes),
             config=self._config,
             max_message_bytes=self._max_message_bytes,
+            limits=self._limits,
+            on_closed=self._on_connection_closed or (lambda reason: None),
         )
         if self._token is not None:
             listen(self._server, RecvRequest, check_bearer(self._token))

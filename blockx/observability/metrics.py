@@ -3,7 +3,8 @@
 Owns a per-worker `CollectorRegistry` (never prometheus-client's global one:
 several workers in one test process must not share series). Counters and
 histograms are fed by hooks: `task_finished` sees every terminal result,
-`rpc_finished` every gRPC call; `task_finished` also feeds the status page's
+`rpc_finished` every gRPC call, `grpc_connection_closed` every connection the
+server closed of its own accord; `task_finished` also feeds the status page's
 per-second `history`. Gauges that mirror state (slots, live tasks,
 executors, watch streams, drain) are not stored at all: each scrape renders
 them from a fresh `WorkerSnapshot` (`render`), which a `WorkerProbe` reads
@@ -142,6 +143,7 @@ class WorkerMetrics:
             buckets=RPC_BUCKETS_S,
             registry=registry,
         )
+        self.grpc_connections_closed = _connections_closed(registry)
         for outcome in ("succeeded", "failed"):
             self.calls.labels(outcome=outcome)
         self.recent: collections.deque[TaskResult] = collections.deque(maxlen=RECENT_RESULTS)
@@ -192,11 +194,28 @@ class WorkerMetrics:
             calls=stats.calls_total,
         )
 
+    def grpc_connection_closed(self, reason: str) -> None:
+        """The gRPC front end's hook: it closed a connection for `reason`."""
+        self.grpc_connections_closed.labels(reason=reason).inc()
+
     def rpc_finished(self, path: str, code: str, duration_s: float) -> None:
         """The gRPC front end's hook: one call to `path` ("/package.Service/Method") ended."""
         service, _, method = path.lstrip("/").rpartition("/")
         self.rpc_requests.labels(service=service, method=method, code=code).inc()
         self.rpc_duration.labels(service=service, method=method).observe(duration_s)
+
+
+def _connections_closed(registry: CollectorRegistry) -> Counter:
+    counter = Counter(
+        "blockx_grpc_connections_closed",
+        "gRPC connections the worker closed of its own accord, by reason: refused (one "
+        "beyond grpcMaxConnections), abuse (streams reset beyond grpcMaxResets), idle.",
+        ["reason"],
+        registry=registry,
+    )
+    for reason in ("refused", "abuse", "idle"):  # each shown from the start, at 0
+        counter.labels(reason=reason)
+    return counter
 
 
 class _StateCollector:

@@ -74,6 +74,11 @@ DOCUMENTED_DEFAULTS = [
     ("phaseIoTimeoutMs", 10_000),
     ("grpcKeepaliveTimeMs", 30_000),
     ("grpcKeepaliveTimeoutMs", 10_000),
+    ("grpcMaxConcurrentStreams", 100),
+    ("grpcMaxConnections", 500),
+    ("grpcIdleTimeoutMs", 600_000),
+    ("grpcMaxResets", 200),
+    ("grpcResetWindowMs", 10_000),
     ("executorRestartEnabled", True),
     ("executorRestartDelayMs", 1_000),
     ("executorMaxRestarts", 10),
@@ -472,6 +477,11 @@ POSITIVE_SETTINGS = [
     "grpcKeepaliveTimeMs",
     "grpcKeepaliveTimeoutMs",
     "grpcMaxMessageBytes",
+    "grpcMaxConcurrentStreams",
+    "grpcMaxConnections",
+    "grpcIdleTimeoutMs",
+    "grpcMaxResets",
+    "grpcResetWindowMs",
     "memoryDiagnosticsIntervalMs",
 ]
 

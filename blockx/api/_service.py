@@ -10,10 +10,12 @@ asyncio event; the handler sends what the stream holds whenever it is set.
 A stream that ends after the terminal update of every task it follows is a
 clean detach; a handler cancelled by its client going away is a disconnect.
 
-`RunTasks` does both on one stream: a reader posts each request as a submit
-that carries the stream's `TaskStream` (the slot table answers into it and
-holds a submit without a slot until one is free), while the handler sends the
-answers and the terminal updates the stream collects. The reader stops reading
+`RunTasks` does both on one stream: a reader posts each task of a request (one
+or many, up to `MAX_RUN_TASKS_BATCH`) as a submit that carries the stream's
+`TaskStream` (the slot table answers into it and holds a submit without a slot
+until one is free), while the handler sends the answers and the terminal
+updates the stream collects. The submits of a request cross to the Trio thread
+in one hand-over, one slot-table message each. The reader stops taking tasks
 while `RUN_TASKS_WINDOW` submits are unanswered or as many events wait to be
 sent, so a client that writes faster than slots free up, or than it reads its
 answers, is slowed by HTTP/2 flow control, not by refusals (nor held in memory).
@@ -78,6 +80,8 @@ MAX_WATCH_TASK_IDS = 10_000
 RUN_TASKS_WINDOW = 64
 """Submits of one `RunTasks` stream that may wait for an answer (and events that may wait
 to be sent) before it stops reading."""
+MAX_RUN_TASKS_BATCH = 1_000
+"""Tasks one `RunTasksRequest` may carry; each task of a larger one is refused."""
 
 
 class WorkerService(pb.WorkerServiceBase):
@@ -288,32 +292,40 @@ class WorkerService(pb.WorkerServiceBase):
     async def _read_tasks(
         self, rpc: Stream[Any, Any], stream: TaskStream, room: asyncio.Event, tasks: dict[str, Any]
     ) -> None:
-        """Post every request of `rpc` as a submit on `stream`, at most a window ahead."""
+        """Post every task of `rpc`'s requests as a submit on `stream`, at most a window
+        ahead: the submits of a request go to the actors in one hand-over (one per stretch
+        of it read while the stream has room)."""
         async for message in rpc:
-            while stream.full:
-                room.clear()
-                await room.wait()
-            self._check_open(stream_closed=stream.closed)
-            place = stream.posted()
-            if not message.HasField("task"):
-                missing = InvalidArgument(field="task", value=None, allowed="a task is required")
-                stream.answer(place, "", missing)
-                continue
-            try:
-                spec = _spec(message.task)
-            except InvalidArgument as error:
-                stream.answer(place, message.task.task_id, error)
-                continue
-            if self.shadow is not None:
-                tasks[spec.task_id] = message.task
-            submit = SubmitTask(
-                spec=spec,
-                slot_id=message.slot_id or None,
-                reply=functools.partial(stream.answer, place, spec.task_id),
-                stream=stream,
-            )
-            self.bridge.to_trio(self._slot_table.post, submit)
+            items = _run_items(message)
+            too_many = _too_many(len(items))
+            submits: list[SubmitTask] = []
+            for task, slot_id, field in items:
+                if stream.full:
+                    self._post_all(submits)
+                    submits = []
+                    while stream.full:
+                        room.clear()
+                        await room.wait()
+                self._check_open(stream_closed=stream.closed)
+                place = stream.posted()
+                try:
+                    spec = _run_spec(task, field, too_many)
+                except InvalidArgument as error:
+                    stream.answer(place, task.task_id if task is not None else "", error)
+                    continue
+                if self.shadow is not None:
+                    tasks[spec.task_id] = task
+                reply = functools.partial(stream.answer, place, spec.task_id)
+                submits.append(
+                    SubmitTask(spec=spec, slot_id=slot_id or None, reply=reply, stream=stream)
+                )
+            self._post_all(submits)
         stream.end_input()
+
+    def _post_all(self, submits: list[SubmitTask]) -> None:
+        """`submits` to the slot table, in order, in one hand-over to the Trio thread."""
+        if submits:
+            self.bridge.to_trio(_post_each, self._slot_table, submits)
 
     async def _watch_tasks(self, rpc: Stream[Any, Any]) -> None:
         message = await _request(rpc)
@@ -353,6 +365,41 @@ def _spec(task: Any) -> TaskSpec:
     if spec.is_shadow:  # mirrored here by another worker: it must never store outputs
         spec = spec.as_shadow()
     return spec
+
+
+def _run_items(message: Any) -> list[tuple[Any, str, str]]:
+    """The (task, slot id, field path) of each task of a `RunTasksRequest`: `task` first
+    when set, then `items`. A task missing is None, refused in its place (a request without
+    any task is one such refusal)."""
+    items = [(message.task, message.slot_id, "task")] if message.HasField("task") else []
+    items.extend(
+        (item.task if item.HasField("task") else None, item.slot_id, f"items[{index}].task")
+        for index, item in enumerate(message.items)
+    )
+    return items or [(None, "", "task")]
+
+
+def _too_many(count: int) -> InvalidArgument | None:
+    """The refusal of every task of a request that carries more than `MAX_RUN_TASKS_BATCH`."""
+    if count <= MAX_RUN_TASKS_BATCH:
+        return None
+    return InvalidArgument(
+        field="items", value=count, allowed=f"at most {MAX_RUN_TASKS_BATCH} tasks per request"
+    )
+
+
+def _run_spec(task: Any, field: str, too_many: InvalidArgument | None) -> TaskSpec:
+    """The spec of a request's task at `field`; `InvalidArgument` if it has none."""
+    if too_many is not None:
+        raise too_many
+    if task is None:
+        raise InvalidArgument(field=field, value=None, allowed="a task is required")
+    return _spec(task)
+
+
+def _post_each(inbox: Inbox[SlotTableMessage], submits: list[SubmitTask]) -> None:
+    for submit in submits:
+        inbox.post(submit)
 
 
 def _resolve(future: asyncio.Future[T], answer: T) -> None:

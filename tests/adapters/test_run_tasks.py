@@ -18,6 +18,7 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.api import SERVICE_NAME, ThreadLoopUnderVirtualClock
 from blockx.api._bridge import ThreadBridge
+from blockx.api._service import MAX_RUN_TASKS_BATCH
 from tests.adapters.worker_harness import (
     Harness,
     call_list_task,
@@ -353,3 +354,104 @@ async def test_a_unary_call_that_ends_without_its_request_is_told_so() -> None:
         code, message = await trio_asyncio.aio_as_trio(ask)()
         assert code is Status.INVALID_ARGUMENT
         assert "without its request" in message
+
+
+def batch(*tasks: pb.TaskSpec | tuple[pb.TaskSpec, str] | None) -> pb.RunTasksRequest:
+    """One request carrying `tasks` as items (a tuple: the task and its reserved slot)."""
+    items = [
+        pb.RunTasksItem(task=t[0], slot_id=t[1])
+        if isinstance(t, tuple)
+        else pb.RunTasksItem(task=t)
+        for t in tasks
+    ]
+    return pb.RunTasksRequest(items=items)
+
+
+async def test_a_batch_in_one_request_is_answered_in_order_and_each_task_finishes() -> None:
+    async with running_worker() as worker:  # 4 slots for 10 tasks
+        tasks = [call_list_task(f"b{i}", ("demo.add", [i, i])) for i in range(10)]
+        responses = await run(worker, batch(*tasks))
+        seen = events(responses)
+        assert [e for e in seen if e[0] != "finished"] == [("accepted", f"b{i}") for i in range(10)]
+        ends = finished(responses)
+        assert sorted(ends) == sorted(f"b{i}" for i in range(10))
+        assert all(update.state == pb.TaskState.SUCCEEDED for update in ends.values())
+        assert sorted(worker.calls.started) == sorted(ends)
+
+
+async def test_the_single_task_goes_before_the_items_and_each_item_has_its_slot() -> None:
+    async with running_worker() as worker:
+        slot = await worker.call(
+            worker.stub.request_task_slot, pb.RequestTaskSlotRequest(task_id="held")
+        )
+        mixed = batch(
+            call_list_task("second", ("demo.add", [1, 1])),
+            (call_list_task("held", ("demo.add", [2, 2])), slot.slot_id),
+        )
+        mixed.task = call_list_task("first", ("demo.add", [3, 3]))
+        responses = await run(worker, mixed, request(call_list_task("after", ("demo.add", [4, 4]))))
+        answers = [e.accepted for e in flat(responses) if e.accepted is not None]
+        assert [a.task_id for a in answers] == ["first", "second", "held", "after"]
+        assert answers[2].slot_id == slot.slot_id
+        assert len(finished(responses)) == 4
+
+
+async def test_an_invalid_task_in_a_batch_is_refused_alone_and_named() -> None:
+    async with running_worker() as worker:
+        responses = await run(
+            worker,
+            batch(
+                call_list_task("ok1", ("demo.add", [1, 1])),
+                None,
+                call_list_task(""),
+                (call_list_task("in-slot", ("demo.add", [1, 2])), "slot-9"),
+                call_list_task("ok2", ("demo.add", [2, 2])),
+            ),
+        )
+        refused = refusals(responses)
+        assert [(r.task_id, Status(r.status)) for r in refused] == [
+            ("", Status.INVALID_ARGUMENT),
+            ("", Status.INVALID_ARGUMENT),
+            ("in-slot", Status.FAILED_PRECONDITION),
+        ]
+        assert "items[1].task" in refused[0].message
+        assert "task_id" in refused[1].message
+        assert [e for e in events(responses) if e[0] == "accepted"] == [
+            ("accepted", "ok1"),
+            ("accepted", "ok2"),
+        ]
+        assert sorted(worker.calls.started) == ["ok1", "ok2"]
+
+
+async def test_a_batch_above_the_cap_is_refused_task_by_task_and_the_stream_goes_on() -> None:
+    async with running_worker() as worker:
+        count = MAX_RUN_TASKS_BATCH + 1
+        big = batch(*(call_list_task(f"x{i}", ("demo.add", [1, 1])) for i in range(count)))
+        after = request(call_list_task("after", ("demo.add", [1, 1])))
+        responses = await run(worker, big, after)
+        refused = refusals(responses)
+        assert [r.task_id for r in refused] == [f"x{i}" for i in range(count)]
+        assert {Status(r.status) for r in refused} == {Status.INVALID_ARGUMENT}
+        assert f"at most {MAX_RUN_TASKS_BATCH} tasks per request" in refused[0].message
+        assert str(count) in refused[0].message
+        assert finished(responses)["after"].state == pb.TaskState.SUCCEEDED
+        assert worker.calls.started == ["after"]
+
+
+async def test_a_batch_beyond_the_window_is_taken_a_window_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_worker(virtual_clock_config()) as worker:  # 4 slots
+        hanging = [
+            call_list_task(f"h{i}", ("demo.hang", []), task_timeout_ms=10_000) for i in range(4)
+        ]
+        quick = [call_list_task(f"q{i}", ("demo.add", [i, 1])) for i in range(100)]
+        responses: list[pb.RunTasksResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: run(worker, batch(*hanging, *quick), into=responses))
+            await trio.sleep(5)
+            now = await status(worker)
+            assert (now.free_slots, now.running_tasks, now.waiting_submits) == (0, 4, 64)
+        answers = [event for event in events(responses) if event[0] != "finished"]
+        assert answers == [("accepted", t.task_id) for t in [*hanging, *quick]]
+        assert len(finished(responses)) == 104

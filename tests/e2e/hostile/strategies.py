@@ -109,6 +109,7 @@ _CLASSES: Final = {
         "GetTaskResultRequest",
         "WatchTasksRequest",
         "RunTasksRequest",
+        "RunTasksItem",
     )
 }
 
@@ -210,7 +211,7 @@ class HostileCall:
     statuses: frozenset[str]
     """The statuses the call may end with."""
     answers: tuple[frozenset[str], ...] = ()
-    """RunTasks: the statuses each request's answer may have (OK: accepted)."""
+    """RunTasks: the statuses each task's answer may have, in order (OK: accepted)."""
     tasks: tuple[TaskExpectation, ...] = ()
     """The tasks it may admit, first spec first (a later duplicate is the same task)."""
     timeout_s: float = DEADLINE_S
@@ -819,31 +820,28 @@ def get_worker_status(c: Choices) -> HostileCall:
 
 def run_tasks(c: Choices) -> HostileCall:
     bodies: list[bytes] = []
-    answers: list[frozenset[str]] = []
+    answers: list[tuple[frozenset[str], ...]] = []
+    """Per body: the statuses each of its tasks' answers may have."""
     tasks: dict[str, TaskExpectation] = {}
     whats: list[str] = []
     for _ in range(c.integer(0, 4)):
-        kind = c.pick(("spec", "spec", "spec", "bogus slot", "no task", "again"))
+        kind = c.pick(("spec", "spec", "spec", "bogus slot", "no task", "again", "batch"))
         if kind == "no task":
             bodies.append(encoded("RunTasksRequest"))
-            answers.append(frozenset({INVALID}))
+            answers.append((frozenset({INVALID}),))
         elif kind == "again" and bodies:
             index = c.integer(0, len(bodies) - 1)
             bodies.append(bodies[index])
             answers.append(answers[index])
+        elif kind == "batch":
+            items, answered = _run_batch(c, tasks, whats)
+            bodies.append(encoded("RunTasksRequest", items=items))
+            answers.append(answered or (frozenset({INVALID}),))  # no task at all: refused
         else:
             spec = task_spec(c)
             slot_id = "slot-99" if kind == "bogus slot" else ""
             bodies.append(encoded("RunTasksRequest", task=spec.message, slot_id=slot_id))
-            if not spec.valid:
-                answers.append(frozenset({INVALID}))
-            elif slot_id:
-                answers.append(frozenset({PRECONDITION}))
-            else:
-                answers.append(frozenset({OK}))
-                tasks.setdefault(
-                    spec.task_id, TaskExpectation(task_id=spec.task_id, codes=spec.codes)
-                )
+            answers.append((_run_answer(spec, slot_id, tasks),))
             whats.append(spec.what)
         whats.append(kind)
     statuses = frozenset({OK})
@@ -862,9 +860,40 @@ def run_tasks(c: Choices) -> HostileCall:
         shape=Shape.BIDI,
         bodies=tuple(bodies),
         statuses=statuses,
-        answers=tuple(answers),
+        answers=tuple(answer for body in answers for answer in body),
         tasks=tuple(tasks.values()),
     )
+
+
+def _run_batch(
+    c: Choices, tasks: dict[str, TaskExpectation], whats: list[str]
+) -> tuple[list[Any], tuple[frozenset[str], ...]]:
+    """The items of a batched RunTasks request (some without a task, some naming a slot
+    that does not exist) and the statuses each may be answered with."""
+    items: list[Any] = []
+    answered: list[frozenset[str]] = []
+    for _ in range(c.integer(0, 3)):
+        if c.pick((False, False, False, True)):
+            items.append(message("RunTasksItem"))
+            answered.append(frozenset({INVALID}))
+            continue
+        spec = task_spec(c)
+        slot_id = c.pick(("", "", "", "slot-99"))
+        items.append(message("RunTasksItem", task=spec.message, slot_id=slot_id))
+        answered.append(_run_answer(spec, slot_id, tasks))
+        whats.append(spec.what)
+    return items, tuple(answered)
+
+
+def _run_answer(spec: Spec, slot_id: str, tasks: dict[str, TaskExpectation]) -> frozenset[str]:
+    """The statuses a RunTasks answer to `spec` may have; a task it may admit goes to
+    `tasks`."""
+    if not spec.valid:
+        return frozenset({INVALID})
+    if slot_id:
+        return frozenset({PRECONDITION})
+    tasks.setdefault(spec.task_id, TaskExpectation(task_id=spec.task_id, codes=spec.codes))
+    return frozenset({OK})
 
 
 def other_method(c: Choices) -> HostileCall:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -86,6 +87,10 @@ TaskToRun: TypeAlias = "pb.TaskSpec | tuple[pb.TaskSpec, str]"
 """A task for `run_tasks`: the spec, or (spec, the slot id reserved for it)."""
 _RunStream: TypeAlias = "Stream[pb.RunTasksRequest, pb.RunTasksResponse]"
 
+RUN_TASKS_BATCH = 64
+"""Tasks one `RunTasks` request carries at most: the worker's window of unanswered tasks
+(`RUN_TASKS_WINDOW`), which a larger batch would only wait in."""
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -112,6 +117,8 @@ class WorkerClient:
         self._channel = channel
         self._stub = pb.WorkerServiceStub(channel)
         self._loop = loop
+        self.run_tasks_requests = 0
+        """`RunTasks` requests sent (each carries a batch of up to `RUN_TASKS_BATCH` tasks)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -187,7 +194,10 @@ class WorkerClient:
         id) for a slot reserved before; without one the worker holds the task
         until a slot is free. The stream opens on entry; tasks are sent while
         outcomes are read, as fast as the worker reads them (it stops reading
-        while 64 are unanswered), and it ends once `tasks` is exhausted and
+        while 64 are unanswered), each request carrying what is ready: up to
+        `RUN_TASKS_BATCH` tasks of an iterable, or what an async iterable gave
+        while the previous request was sent (it is read at most a batch ahead of
+        the stream). The stream ends once `tasks` is exhausted and
         every accepted task has finished. A stream that breaks raises
         (WorkerCallError, WorkerUnreachable, or WatchEndedEarly naming the tasks
         left without an end), as does an error of `tasks`; leaving the block
@@ -226,30 +236,52 @@ class WorkerClient:
         tasks: Iterable[TaskToRun] | AsyncIterable[TaskToRun],
         ledger: RunTasksLedger,
     ) -> None:
-        """Send each task, then half-close.
+        """Send the tasks in batches of what is ready, then half-close.
 
         A broken stream stops the sending quietly: the receiving side meets the
         same break and raises it, translated, once.
         """
         if isinstance(tasks, AsyncIterable):
-            async for item in tasks:
-                if not await self._send_task(stream, item, ledger):
-                    return
+            sent = await self._send_ready(stream, tasks, ledger)
         else:
-            for item in tasks:
-                if not await self._send_task(stream, item, ledger):
-                    return
-        with contextlib.suppress(*_STREAM_ERRORS):
-            await self._aio(stream.end)
+            iterator = iter(tasks)
+            sent = True
+            while sent and (batch := list(itertools.islice(iterator, RUN_TASKS_BATCH))):
+                sent = await self._send_batch(stream, batch, ledger)
+        if sent:
+            with contextlib.suppress(*_STREAM_ERRORS):
+                await self._aio(stream.end)
 
-    async def _send_task(self, stream: _RunStream, item: TaskToRun, ledger: RunTasksLedger) -> bool:
-        request = _run_request(item)
-        assert request.task is not None
-        ledger.sent(request.task.task_id)
+    async def _send_ready(
+        self, stream: _RunStream, tasks: AsyncIterable[TaskToRun], ledger: RunTasksLedger
+    ) -> bool:
+        """Send what `tasks` has given since the previous request, up to a batch, while a
+        child task reads it on (at most a batch ahead). False: the stream broke."""
+        given, ready = trio.open_memory_channel[TaskToRun](RUN_TASKS_BATCH - 1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_source, tasks, given)
+            async for item in ready:
+                batch = [item]
+                with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+                    while len(batch) < RUN_TASKS_BATCH:
+                        batch.append(ready.receive_nowait())
+                if not await self._send_batch(stream, batch, ledger):
+                    nursery.cancel_scope.cancel()
+                    return False
+        return True
+
+    async def _send_batch(
+        self, stream: _RunStream, batch: list[TaskToRun], ledger: RunTasksLedger
+    ) -> bool:
+        """One request carrying `batch`; False: the stream broke."""
+        request = _run_request(batch)
+        for item in batch:
+            ledger.sent(item.task_id if isinstance(item, pb.TaskSpec) else item[0].task_id)
         try:
             await self._aio(stream.send_message, request)
         except _STREAM_ERRORS:
             return False
+        self.run_tasks_requests += 1
         return True
 
     async def run_task(
@@ -329,13 +361,30 @@ _STREAM_ERRORS = (GRPCError, StreamTerminatedError, OSError, H2ProtocolError)
 error: writing to a stream the worker has already ended)."""
 
 
-def _run_request(item: TaskToRun) -> pb.RunTasksRequest:
+def _run_request(batch: list[TaskToRun]) -> pb.RunTasksRequest:
+    """The request carrying `batch`: a lone task in the single-task fields (as every
+    worker reads them), more as items."""
+    items = [_run_item(item) for item in batch]
+    if len(items) == 1:
+        return pb.RunTasksRequest(task=items[0].task, slot_id=items[0].slot_id)
+    return pb.RunTasksRequest(items=items)
+
+
+def _run_item(item: TaskToRun) -> pb.RunTasksItem:
     if isinstance(item, pb.TaskSpec):
-        return pb.RunTasksRequest(task=item)
+        return pb.RunTasksItem(task=item)
     match item:
         case (pb.TaskSpec() as task, str() as slot_id):
-            return pb.RunTasksRequest(task=task, slot_id=slot_id)
+            return pb.RunTasksItem(task=task, slot_id=slot_id)
     raise Misuse(what=f"run_tasks takes a TaskSpec or (TaskSpec, slot id), not {item!r}")
+
+
+async def _read_source(
+    tasks: AsyncIterable[TaskToRun], given: trio.MemorySendChannel[TaskToRun]
+) -> None:
+    async with given:
+        async for item in tasks:
+            await given.send(item)
 
 
 @contextlib.asynccontextmanager

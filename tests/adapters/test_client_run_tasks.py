@@ -18,7 +18,8 @@ from grpclib.const import Status
 
 from blockx._proto.blockx.worker import v1 as pb
 from blockx.client import TaskOutcome, WorkerCallError, WorkerClient, WorkerUnreachable
-from blockx.client._worker import outcomes_of
+from blockx.client import _worker as client_worker
+from blockx.client._worker import RUN_TASKS_BATCH, outcomes_of
 from blockx.errors import Misuse
 from tests.adapters.test_client import run_cli
 from tests.adapters.test_discovery_placement import address, free_port
@@ -283,6 +284,24 @@ async def test_an_item_that_is_not_a_task_is_a_misuse() -> None:
                 assert (await client.status()).running_tasks == 0
 
 
+async def test_a_list_of_tasks_goes_in_requests_of_up_to_a_batch_in_its_order() -> None:
+    with trio.fail_after(FAIL_AFTER_S):
+        async with running_worker() as worker, WorkerClient.connect(address(worker)) as client:
+            slot = await client.request_slot("held")
+            tasks: list[pb.TaskSpec | tuple[pb.TaskSpec, str]] = [
+                add(f"t{i}", i) for i in range(2 * RUN_TASKS_BATCH + 10)
+            ]
+            tasks[5] = (add("held"), slot.slot_id)
+            outcomes = await run_all(client, tasks)
+            assert client.run_tasks_requests == 3  # 64 + 64 + 10
+    by_id = {outcome.task_id: outcome for outcome in outcomes}
+    assert len(by_id) == len(tasks)
+    assert all(outcome.succeeded for outcome in outcomes)
+    held = by_id["held"].accepted
+    assert held is not None
+    assert held.slot_id == slot.slot_id
+
+
 # --- submit --file TASKS.jsonl -------------------------------------------------------------
 
 
@@ -326,3 +345,25 @@ async def test_cli_submit_a_batch_that_all_succeeds_exits_0(
     assert status == 0
     assert json.loads(captured.out) == {"task_id": "only", "state": "SUCCEEDED", "failure_code": ""}
     assert captured.err == "blockx: 1 task: 1 succeeded\n"
+
+
+async def test_cli_submit_sends_the_file_in_batches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    make_request = client_worker._run_request
+
+    def counted(batch: list[pb.TaskSpec]) -> pb.RunTasksRequest:
+        sizes.append(len(batch))
+        return make_request(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client_worker, "_run_request", counted)
+    lines = [line_of(f"add-{i}", "demo.add", [i, 1]) for i in range(RUN_TASKS_BATCH + 6)]
+    batch = tmp_path / "tasks.jsonl"
+    batch.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with trio.fail_after(FAIL_AFTER_S):
+        async with running_worker() as worker:
+            status = await run_cli("submit", "--worker", address(worker), "--file", str(batch))
+    assert status == 0
+    assert sizes == [RUN_TASKS_BATCH, 6]
+    assert capsys.readouterr().err == f"blockx: {len(lines)} tasks: {len(lines)} succeeded\n"

@@ -1,8 +1,9 @@
 """The coordinator side: clients of the worker's gRPC API, for Trio code.
 
-`WorkerClient` talks to one worker (`run_tasks` runs a batch on one stream
-and yields a `TaskOutcome` per task); `PlacementClient` places tasks across
-the workers registered in etcd, one at a time or a batch spread over them;
+`WorkerClient` talks to one worker (`run_tasks` runs a batch on one stream,
+up to `RUN_TASKS_BATCH` tasks a request, and yields a `TaskOutcome` per
+task); `PlacementClient` places tasks across the workers registered in etcd,
+one at a time or a batch spread over them;
 `task_spec`, `task_spec_from_json` and `task_specs_from_lines` build and
 check the tasks a client sends (`task_lines` keeps each line's JSON object
 too, for the hub to carry to a worker node); `task_outputs` reads the call
@@ -38,12 +39,13 @@ from blockx.client._specs import (
     task_spec_from_json,
     task_specs_from_lines,
 )
-from blockx.client._worker import TaskToRun, WorkerClient, parse_worker_address
+from blockx.client._worker import RUN_TASKS_BATCH, TaskToRun, WorkerClient, parse_worker_address
 from blockx.net.channels import NoAsyncioLoop
 
 __all__ = [
     "DEFAULT_REGISTRY_PREFIX",
     "OLD_KEYS",
+    "RUN_TASKS_BATCH",
     "SEND_TIMEOUT_S",
     "TASK_FILE_KEYS",
     "ClientSettings",

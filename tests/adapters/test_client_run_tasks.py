@@ -17,9 +17,15 @@ import trio.testing
 from grpclib.const import Status
 
 from blockx._proto.blockx.worker import v1 as pb
-from blockx.client import TaskOutcome, WorkerCallError, WorkerClient, WorkerUnreachable
+from blockx.client import (
+    RUN_TASKS_BATCH,
+    TaskOutcome,
+    WorkerCallError,
+    WorkerClient,
+    WorkerUnreachable,
+)
 from blockx.client import _worker as client_worker
-from blockx.client._worker import RUN_TASKS_BATCH, outcomes_of
+from blockx.client._worker import outcomes_of
 from blockx.errors import Misuse
 from tests.adapters.test_client import run_cli
 from tests.adapters.test_discovery_placement import address, free_port

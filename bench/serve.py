@@ -47,8 +47,8 @@ measures, from a plain-asyncio grpclib client in this process:
   tasks of one 50 ms call, submitted together; first submit -> last terminal
   update, divided by the ideal 2.0 s.
 
-Targets (issue 12; the stream's since its requests are batched), all against
-figures of the same run: worker_cpu_ms_per_task_stream <= 0.6 x
+Targets (issue 12; the stream's CPU since tightened for batched requests), all
+against figures of the same run: worker_cpu_ms_per_task_stream <= 0.6 x
 echo_cpu_ms_per_rpc; stream_tasks_per_s >= echo_rpc_per_s;
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=

@@ -274,9 +274,10 @@ class WorkerClient:
         self, stream: _RunStream, batch: list[TaskToRun], ledger: RunTasksLedger
     ) -> bool:
         """One request carrying `batch`; False: the stream broke."""
-        request = _run_request(batch)
-        for item in batch:
-            ledger.sent(item.task_id if isinstance(item, pb.TaskSpec) else item[0].task_id)
+        items = [_run_item(item) for item in batch]
+        for item in items:
+            ledger.sent(item.task.task_id if item.task is not None else "")
+        request = _run_request(items)
         try:
             await self._aio(stream.send_message, request)
         except _STREAM_ERRORS:
@@ -361,10 +362,9 @@ _STREAM_ERRORS = (GRPCError, StreamTerminatedError, OSError, H2ProtocolError)
 error: writing to a stream the worker has already ended)."""
 
 
-def _run_request(batch: list[TaskToRun]) -> pb.RunTasksRequest:
-    """The request carrying `batch`: a lone task in the single-task fields (as every
+def _run_request(items: list[pb.RunTasksItem]) -> pb.RunTasksRequest:
+    """The request carrying `items`: a lone task in the single-task fields (as every
     worker reads them), more as items."""
-    items = [_run_item(item) for item in batch]
     if len(items) == 1:
         return pb.RunTasksRequest(task=items[0].task, slot_id=items[0].slot_id)
     return pb.RunTasksRequest(items=items)

@@ -359,9 +359,9 @@ async def test_cli_submit_sends_the_file_in_batches(
     sizes: list[int] = []
     make_request = client_worker._run_request
 
-    def counted(batch: list[pb.TaskSpec]) -> pb.RunTasksRequest:
-        sizes.append(len(batch))
-        return make_request(batch)  # type: ignore[arg-type]
+    def counted(items: list[pb.RunTasksItem]) -> pb.RunTasksRequest:
+        sizes.append(len(items))
+        return make_request(items)
 
     monkeypatch.setattr(client_worker, "_run_request", counted)
     lines = [line_of(f"add-{i}", "demo.add", [i, 1]) for i in range(RUN_TASKS_BATCH + 6)]

@@ -226,17 +226,21 @@ class FakeWorker(pb.WorkerServiceBase):
         self, messages: AsyncIterator[pb.RunTasksRequest]
     ) -> AsyncIterator[pb.RunTasksResponse]:
         async for message in messages:
-            assert message.task is not None
-            task_id = message.task.task_id
-            if task_id == "missing":
-                raise GRPCError(Status.NOT_FOUND, "task missing is not known")
-            accepted = pb.SubmitTaskResponse(
-                task_id=task_id, slot_id="slot-1", state=pb.TaskState.RUNNING
-            )
-            yield pb.RunTasksResponse(events=[pb.RunTasksEvent(accepted=accepted)])
-            if task_id != "vanishes":
-                finished = pb.RunTasksEvent(finished=terminal(succeeded(task_id)))
-                yield pb.RunTasksResponse(events=[finished])
+            # A request's tasks: its single one first, then its items (a batch).
+            tasks = [message.task] if message.task is not None else []
+            tasks += [item.task for item in message.items if item.task is not None]
+            assert tasks
+            for task in tasks:
+                task_id = task.task_id
+                if task_id == "missing":
+                    raise GRPCError(Status.NOT_FOUND, "task missing is not known")
+                accepted = pb.SubmitTaskResponse(
+                    task_id=task_id, slot_id="slot-1", state=pb.TaskState.RUNNING
+                )
+                yield pb.RunTasksResponse(events=[pb.RunTasksEvent(accepted=accepted)])
+                if task_id != "vanishes":
+                    finished = pb.RunTasksEvent(finished=terminal(succeeded(task_id)))
+                    yield pb.RunTasksResponse(events=[finished])
 
 
 async def _start_fake() -> tuple[FakeWorker, Server, int]:

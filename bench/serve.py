@@ -23,6 +23,10 @@ measures, from a plain-asyncio grpclib client in this process:
   paces it) and reading to the end, first write -> last
   terminal update; worker_cpu_ms_per_task_stream: the worker's CPU over that
   phase, divided by its tasks.
+* worker_cpu_ms_per_task_stream_result: the stream phase again (as many tasks),
+  each task's outputs kept in its result (`result` plugin), the worker's CPU
+  divided by its tasks; stream_result_to_echo_cpu_ratio: it over
+  echo_cpu_ms_per_rpc.
 * retained_bytes_after: right after the stream phase, the size of the results
   the worker retains (GetWorkerStatus' retained_bytes, bounded by
   resultRetentionBytes), with retained_results_after, their count.
@@ -49,6 +53,7 @@ measures, from a plain-asyncio grpclib client in this process:
 
 Targets (issue 12; the stream's CPU since tightened for batched requests), all
 against figures of the same run: worker_cpu_ms_per_task_stream <= 0.6 x
+echo_cpu_ms_per_rpc; worker_cpu_ms_per_task_stream_result <= 0.7 x
 echo_cpu_ms_per_rpc; stream_tasks_per_s >= echo_rpc_per_s;
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
@@ -201,6 +206,13 @@ def call_list_task(task_id: str, *calls: tuple[str, list[object]]) -> pb.TaskSpe
 
 def one_call_task(task_id: str) -> pb.TaskSpec:
     return call_list_task(task_id, ("demo.add", [1, 2]))
+
+
+def one_call_result_task(task_id: str) -> pb.TaskSpec:
+    """`one_call_task` whose output is kept in its result (the `result` plugin)."""
+    task = one_call_task(task_id)
+    task.result_handler = pb.ResultHandler(type="result")
+    return task
 
 
 def percentile(samples: list[float], p: int) -> float:
@@ -409,8 +421,12 @@ async def run_streamed(
     return time.perf_counter() - started
 
 
-async def stream_tasks_per_s(channels: list[Channel], count: int) -> float:
-    elapsed = await run_streamed(channels, count, lambda index: one_call_task(f"stream-{index}"))
+async def stream_tasks_per_s(
+    channels: list[Channel], count: int, make_task: Callable[[int], pb.TaskSpec] | None = None
+) -> float:
+    elapsed = await run_streamed(
+        channels, count, make_task or (lambda index: one_call_task(f"stream-{index}"))
+    )
     return count / elapsed
 
 
@@ -548,7 +564,9 @@ async def measure_idle_rss(worker: WorkerProcess, stub: pb.WorkerServiceStub) ->
 
 async def measure_tasks(
     args: argparse.Namespace, channels: list[Channel], serving: dict[str, list[int]]
-) -> None:
+) -> float:
+    """The latency, unary and stream phases; the stream phase's worker CPU per task (ms)
+    with the `result` plugin."""
     stub = pb.WorkerServiceStub(channels[0])
     latency_cpu = CpuUse("latency", serving)
     with latency_cpu:
@@ -579,6 +597,27 @@ async def measure_tasks(
     status = await stub.get_worker_status(pb.GetWorkerStatusRequest())
     result("retained_bytes_after", status.retained_bytes, 0)
     result("retained_results_after", status.retained_results, 0)
+    return await measure_stream_result(args, channels, serving)
+
+
+async def measure_stream_result(
+    args: argparse.Namespace, channels: list[Channel], serving: dict[str, list[int]]
+) -> float:
+    """The stream phase again, each task keeping its outputs (`result` plugin); the worker's
+    CPU per task, in ms."""
+    await run_streamed(channels, WARMUP_TASKS, lambda index: one_call_result_task(f"warm-r{index}"))
+    result_cpu = CpuUse("stream result", serving)
+    with result_cpu:
+        await phase(
+            "stream result",
+            lambda: stream_tasks_per_s(
+                channels, args.tasks, lambda index: one_call_result_task(f"result-{index}")
+            ),
+        )
+    result_cpu.report()
+    worker_ms = result_cpu.used_s("worker") * 1000 / args.tasks
+    result("worker_cpu_ms_per_task_stream_result", worker_ms, 3)
+    return worker_ms
 
 
 W2_CALLS = 20_000
@@ -661,7 +700,8 @@ async def mixed_makespan_ratio(stub: pb.WorkerServiceStub) -> float:
 
 async def measure_rpc(
     args: argparse.Namespace, worker: WorkerProcess, serving: dict[str, list[int]]
-) -> None:
+) -> float:
+    """The RPC phases; echo_cpu_ms_per_rpc."""
     finished = "latency-0"  # a task of the latency phase: its result is retained
     probe = Channel(HOST, worker.port)
     try:
@@ -693,7 +733,9 @@ async def measure_rpc(
     result("echo_rpc_per_s", rpc["echo"], 0)
     result("rpc_ratio", rpc["worker"] / rpc["echo"], 3)
     result("echo_latency_p50_ms", echo_p50_ms, 3)
-    result("echo_cpu_ms_per_rpc", meters["echo"].used_s("echo") * 1000 / echo_calls, 3)
+    echo_cpu_ms = meters["echo"].used_s("echo") * 1000 / echo_calls
+    result("echo_cpu_ms_per_rpc", echo_cpu_ms, 3)
+    return echo_cpu_ms
 
 
 async def stop_worker(worker: WorkerProcess, log_path: str | None) -> int:
@@ -721,7 +763,7 @@ async def bench(args: argparse.Namespace) -> None:
         result("first_result_s", first_ended - spawned, 3)
         pids = await measure_idle_rss(worker, stub)
         serving = {"bench": [os.getpid()], "worker": [worker.process.pid], "executors": pids}
-        await measure_tasks(args, channels, serving)
+        stream_result_ms = await measure_tasks(args, channels, serving)
         with tempfile.TemporaryDirectory() as out_dir:
             w2 = await phase("w2", lambda: w2_calls_per_s(stub, out_dir))
         result("w2_e2e_calls_per_s", w2, 0)
@@ -737,7 +779,8 @@ async def bench(args: argparse.Namespace) -> None:
         if args.executors == 2:  # the figure is defined on 2 executors
             ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))
             result("mixed_makespan_ratio", ratio, 3)
-        await measure_rpc(args, worker, serving)
+        echo_cpu_ms = await measure_rpc(args, worker, serving)
+        result("stream_result_to_echo_cpu_ratio", stream_result_ms / echo_cpu_ms, 3)
     finally:
         for channel in channels:
             channel.close()

@@ -5,9 +5,9 @@ through this actor's inbox, one at a time, and it wakes up on its own when
 the machine's next timer is due. Each message becomes events of the machine,
 stamped here with the worker clock's time and a stimulus id, and the commands
 the machine answers with are carried out before the next message is taken.
-A task's call phase, an `InlineBuilder`'s build and an absent plugin phase run
-here (`_start_phase`; executor admission, and scan admission for a streamed
-task's call phase, are counted here); a task actor is
+A task's call phase, an `InlineBuilder`'s build, an `InlinePlugin`'s store and an
+absent plugin phase run here (`_start_phase`; executor admission, and scan
+admission for a streamed task's call phase, are counted here); a task actor is
 started (with the code pinned for the task) in the task nursery for a phase
 that must wait, told to run its next phase or cancelled. Calls are cancelled
 in the dispatcher, and every change of a task is published to the watch fan-out
@@ -59,6 +59,7 @@ from blockx.actors._task import (
     activate,
     build_inline,
     run_task,
+    store_inline,
 )
 from blockx.actors._watch import WatchFanout
 from blockx.calls import CallSpec, FailureCode
@@ -153,9 +154,10 @@ class _Gate:
 
 @attrs.define(eq=False)
 class _LiveTask:
-    """An activated task. Its call phase, its `InlineBuilder`'s build and an absent plugin
-    phase run here, in this actor's own step; its task actor is started for the first
-    phase that must wait (a builder doing IO, a plugin)."""
+    """An activated task. Its call phase, its `InlineBuilder`'s build, its `InlinePlugin`'s
+    store and an absent plugin phase run here, in this actor's own step; its task actor is
+    started for the first phase that must wait (a builder or a plugin doing IO, an inline
+    plugin that declined)."""
 
     command: PrepareTaskActivation
     activation: Activation
@@ -482,10 +484,22 @@ class SlotTableActor:
             case StartPluginPhase() if not task.plugin:
                 # No result handler: the phase has nothing to do and succeeds here.
                 self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=_NOTHING))
+            case StartPluginPhase(outputs=outputs) if task.activation.store_now is not None:
+                stored = store_inline(
+                    task.activation.store_now, task.command, task.code.epoch, outputs, task.io
+                )
+                if stored is None:  # declined: too much for a step
+                    self._to_actor(task, command)
+                else:
+                    self._on_report(PhaseDone(task_id=task_id, phase=command.phase, outcome=stored))
             case _:
-                if task.actor is None:
-                    task.actor = self._start_actor(task)
-                task.actor.phases.send_nowait(command)
+                self._to_actor(task, command)
+
+    def _to_actor(self, task: _LiveTask, command: StartPhase) -> None:
+        """Have the task's actor (started now if it has none) run the phase `command` starts."""
+        if task.actor is None:
+            task.actor = self._start_actor(task)
+        task.actor.phases.send_nowait(command)
 
     def _admit_calls(self, gate: _Gate) -> None:
         """Hand the calls of tasks waiting for `gate` to the dispatcher, oldest first, while

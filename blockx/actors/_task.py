@@ -6,11 +6,12 @@ refused there, before any phase runs, so no call is wasted on a task that
 could never store its outputs) and pins its code. It runs the call phase of
 every task (its calls go to the dispatcher under executor admission, and the
 dispatcher's `CallsDone` comes back to it), an `InlineBuilder`'s build
-(`build_inline`) and an absent plugin phase in its own step. A task actor is
-started for the first phase that must wait: a builder doing IO, a plugin. It
-runs that phase when the slot table says so and reports the outcome (with the
-builder's calls); the plugin gets the outputs from the command that starts
-its phase. It decides nothing about the task's state: an outcome is a report,
+(`build_inline`), an `InlinePlugin`'s store (`store_inline`) and an absent
+plugin phase in its own step. A task actor is started for the first phase
+that must wait: a builder doing IO, a plugin doing IO (or an inline plugin
+that declined). It runs that phase when the slot table says so and reports
+the outcome (with the builder's calls); the plugin gets the outputs from the
+command that starts its phase. It decides nothing about the task's state: an outcome is a report,
 and what happens next is the slot table's answer. The slot-table actor ends it
 by cancelling its scope (task deadline, drain, any terminal result).
 
@@ -46,6 +47,7 @@ from blockx.phases.builders import Builder, BuilderRegistry, BuildRequest
 from blockx.phases.plugins import Plugin, PluginRegistry, PluginRequest
 from blockx.slots import (
     PhaseOutcome,
+    PluginResult,
     PrepareTaskActivation,
     StartBuilderPhase,
     StartCallPhase,
@@ -108,6 +110,8 @@ class Activation:
     """None if the task has no result handler."""
     build_now: Callable[[BuildRequest], list[CallSpec]] | None = None
     """The builder's `InlineBuilder.build_now`, if it has one."""
+    store_now: Callable[[PluginRequest], PluginResult | None] | None = None
+    """The plugin's `InlinePlugin.run_now`, if it has one."""
     stream: Callable[[BuildRequest], AsyncIterator[Sequence[CallSpec]]] | None = None
     """The builder's `StreamingBuilder.stream`, if it has one and `streamBuild.enabled`."""
 
@@ -139,6 +143,7 @@ def activate(runtime: TaskRuntime, spec: TaskSpec) -> Activation | Refusal:
         builder=builder,
         plugin=plugin,
         build_now=None if stream is not None else getattr(builder, "build_now", None),
+        store_now=getattr(plugin, "run_now", None),
         stream=stream,
     )
 
@@ -163,6 +168,47 @@ def build_inline(
         log.exception("task %s: %s phase raised", command.task_id, phase)
         return _raised(TaskPhase.BUILDER, error), ()
     return PhaseOutcome(ok=True, call_count=len(calls)), tuple(calls)
+
+
+def store_inline(
+    store_now: Callable[[PluginRequest], PluginResult | None],
+    command: PrepareTaskActivation,
+    epoch: str,
+    outputs: tuple[bytes, ...],
+    io: TaskIOScope | None = None,
+) -> PhaseOutcome | None:
+    """Run an `InlinePlugin` in the caller's step: the plugin phase's outcome, as a task
+    actor would have reported it; None if the plugin declined (its task actor runs it)."""
+    request = _plugin_request(command, epoch, outputs, io)
+    log = TaskLog(logger, task_id=command.task_id, slot_id=command.slot_id)
+    log.set_phase(TaskPhase.PLUGIN.value)
+    log.set_epoch(epoch)
+    with log.bound():  # what the plugin logs carries the task's fields
+        try:
+            result = store_now(request)
+        except PhaseFailed as error:
+            return _failed(error)
+        except Exception as error:
+            log.exception("task %s: %s phase raised", command.task_id, TaskPhase.PLUGIN.value)
+            return _raised(TaskPhase.PLUGIN, error)
+    if result is None:
+        return None
+    return PhaseOutcome(ok=result.ok, plugin_results=(result,))
+
+
+def _plugin_request(
+    command: PrepareTaskActivation, epoch: str, outputs: tuple[bytes, ...], io: TaskIOScope | None
+) -> PluginRequest:
+    """What the task's plugin is given, inline or in the task actor."""
+    handler = command.spec.result_handler
+    assert handler is not None  # a task with a plugin has a result handler
+    return PluginRequest(
+        task_id=command.task_id,
+        handler=handler,
+        outputs=outputs,
+        task_code_epoch=epoch,
+        io=io,
+    )
 
 
 def _build_request(
@@ -374,13 +420,8 @@ class _TaskRun:
         plugin = self._plugin
         if handler is None or plugin is None:
             return PhaseOutcome(ok=True)
-        request = PluginRequest(
-            task_id=self._task_id,
-            handler=handler,
-            outputs=outputs,
-            task_code_epoch=self._start.code.epoch,
-            io=self._start.io,
-        )
+        start = self._start
+        request = _plugin_request(start.command, start.code.epoch, outputs, start.io)
         result = await self._bounded(
             f"plugin {handler.type!r}", self._rt.admission.plugin, lambda: plugin.run(request)
         )

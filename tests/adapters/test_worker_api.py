@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -20,16 +21,20 @@ from grpclib.reflection.v1alpha import reflection_grpc as reflection_v1alpha_grp
 from grpclib.reflection.v1alpha import reflection_pb2 as reflection_v1alpha
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.actors import _slot_table as slot_table
+from blockx.actors._task import TaskRuntime, TaskStart, run_task
 from blockx.api import SERVICE_NAME, STATUS_OF, grpc_error
 from blockx.calls import CallSpec
 from blockx.phases import builders
 from blockx.phases.builders import BuildRequest, call_list_calls
+from blockx.phases.plugins import PluginRequest, ResultPlugin
 from blockx.slots import (
     ErrorCode,
     InvalidArgument,
     InvalidSlot,
     NoSlot,
     NotFound,
+    PluginResult,
     SlotUncertain,
     Unavailable,
 )
@@ -593,6 +598,51 @@ async def test_call_values_kept_by_the_result_plugin_reach_get_result_and_watch(
         "(config_json.max_bytes)"
     )
     assert got["too-big"].result == too_big
+
+
+async def test_inline_plugins_store_in_the_slot_tables_step_and_a_declined_one_in_an_actor(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actors: list[str] = []
+
+    def counted(runtime: TaskRuntime, start: TaskStart) -> Awaitable[None]:
+        actors.append(start.command.task_id)
+        return run_task(runtime, start)
+
+    keep = ResultPlugin.run_now
+
+    def working(plugin: ResultPlugin, request: PluginRequest) -> PluginResult | None:
+        autojump_clock.jump(0.025)  # the plugin's work, as the worker's clock sees it
+        return keep(plugin, request)
+
+    monkeypatch.setattr(slot_table, "run_task", counted)
+    monkeypatch.setattr(ResultPlugin, "run_now", working)
+    handlers = {
+        "kept": pb.ResultHandler(type="result"),
+        "refused": pb.ResultHandler(type="test", config_json='{"fail": true, "message": "full"}'),
+        "delayed": pb.ResultHandler(type="test", config_json='{"delay_ms": 40}'),
+    }
+    async with running_worker(virtual_clock_config()) as worker:
+        for task_id, handler in handlers.items():
+            task = call_list_task(task_id, ("demo.add", [20, 22]), result_handler=handler)
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+        updates = await watch(worker, *handlers)
+    final = {u.task_id: u.result for u in updates if u.is_terminal and u.result is not None}
+
+    kept, refused, delayed = final["kept"], final["refused"], final["delayed"]
+    assert (kept.state, kept.outputs_json) == (pb.TaskState.SUCCEEDED, "[42]")
+    assert kept.timings is not None
+    assert kept.timings.plugin_ms == 25
+    assert (refused.state, refused.phase, refused.failure_code, refused.message) == (
+        pb.TaskState.FAILED,
+        pb.TaskPhase.PLUGIN,
+        "PLUGIN_FAILED",
+        "full",
+    )
+    assert delayed.state == pb.TaskState.SUCCEEDED
+    assert delayed.timings is not None
+    assert delayed.timings.plugin_ms == 40
+    assert actors == ["delayed"]  # the one its plugin declined to run in a step
 
 
 async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(

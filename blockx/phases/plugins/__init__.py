@@ -1,7 +1,9 @@
 """Plugins: the third phase of a task, storing the outputs where its result handler says.
 
 A worker assembles its `PluginRegistry` once, from names (`plugin_registry`);
-the task actor looks the result handler's type up in it and awaits `run`. A
+the slot table looks the result handler's type up in it; the task actor awaits
+`run`, unless the plugin is an `InlinePlugin`, whose `run_now` the slot table
+calls in its own step. A
 plugin that cannot store the outputs raises `PluginFailed`, whose message
 names what is wrong and whose `retryable` says whether trying again may help.
 """
@@ -16,8 +18,14 @@ from blockx.phases.plugins._bundle_write import BundleWritePlugin
 from blockx.phases.plugins._jsonl import JsonlPlugin
 from blockx.phases.plugins._log import LogPlugin
 from blockx.phases.plugins._memory import TEST_STORE_TASKS, MemoryPlugin, test_outputs
-from blockx.phases.plugins._model import Plugin, PluginFailed, PluginRegistry, PluginRequest
-from blockx.phases.plugins._result import MAX_OUTPUTS_BYTES, ResultPlugin
+from blockx.phases.plugins._model import (
+    InlinePlugin,
+    Plugin,
+    PluginFailed,
+    PluginRegistry,
+    PluginRequest,
+)
+from blockx.phases.plugins._result import INLINE_OUTPUTS_BYTES, MAX_OUTPUTS_BYTES, ResultPlugin
 from blockx.phases.plugins._table_upserts import TableUpsertsPlugin
 
 _FACTORIES: Final[Mapping[str, Callable[[], Plugin]]] = {
@@ -40,10 +48,12 @@ def plugin_registry(names: Iterable[str]) -> PluginRegistry:
 
 
 __all__ = [
+    "INLINE_OUTPUTS_BYTES",
     "KNOWN_PLUGINS",
     "MAX_OUTPUTS_BYTES",
     "TEST_STORE_TASKS",
     "BundleWritePlugin",
+    "InlinePlugin",
     "JsonlPlugin",
     "LogPlugin",
     "MemoryPlugin",

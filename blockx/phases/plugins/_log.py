@@ -42,6 +42,10 @@ class LogPlugin:
     usage: Final = "no config: logs how many outputs there were and a preview of them"
 
     async def run(self, request: PluginRequest) -> PluginResult:
+        return self.run_now(request)
+
+    def run_now(self, request: PluginRequest) -> PluginResult:
+        """The same line, in the caller's step: it never blocks (`InlinePlugin`)."""
         parse_config(NAME, request.handler.config_json, ())
         if logger.isEnabledFor(logging.INFO):
             logger.info(

@@ -88,23 +88,39 @@ class MemoryPlugin:
     )
 
     async def run(self, request: PluginRequest) -> PluginResult:
-        config = parse_config(
-            NAME, request.handler.config_json, ("fail", "message", "retryable", "code", "delay_ms")
-        )
-        delay_ms = config_integer(NAME, config, "delay_ms", (0, 0, MAX_DELAY_MS), PluginFailed)
-        code = _code(config)
+        config, delay_ms = _config(request)
         await trio.sleep(delay_ms / 1000)
-        if _flag(config, "fail"):
-            raise PluginFailed(
-                message=_text(config, "message", DEFAULT_FAILURE),
-                code=code,
-                retryable=_flag(config, "retryable"),
-            )
-        values = tuple(
-            decoded_output(NAME, index, output) for index, output in enumerate(request.outputs)
+        return _store(request, config)
+
+    def run_now(self, request: PluginRequest) -> PluginResult | None:
+        """`run` in the caller's step (`InlinePlugin`); declined when a delay is configured."""
+        config, delay_ms = _config(request)
+        return _store(request, config) if delay_ms == 0 else None
+
+
+def _config(request: PluginRequest) -> tuple[dict[str, object], int]:
+    """The handler's config, every key checked before any delay, and its delay in ms."""
+    config = parse_config(
+        NAME, request.handler.config_json, ("fail", "message", "retryable", "code", "delay_ms")
+    )
+    delay_ms = config_integer(NAME, config, "delay_ms", (0, 0, MAX_DELAY_MS), PluginFailed)
+    _code(config)
+    return config, delay_ms
+
+
+def _store(request: PluginRequest, config: dict[str, object]) -> PluginResult:
+    """Fail as configured, or keep the decoded outputs."""
+    if _flag(config, "fail"):
+        raise PluginFailed(
+            message=_text(config, "message", DEFAULT_FAILURE),
+            code=_code(config),
+            retryable=_flag(config, "retryable"),
         )
-        _stored.pop(request.task_id, None)
-        _stored[request.task_id] = values
-        while len(_stored) > TEST_STORE_TASKS:
-            _stored.popitem(last=False)
-        return PluginResult(plugin_type=NAME, ok=True, records_written=len(values))
+    values = tuple(
+        decoded_output(NAME, index, output) for index, output in enumerate(request.outputs)
+    )
+    _stored.pop(request.task_id, None)
+    _stored[request.task_id] = values
+    while len(_stored) > TEST_STORE_TASKS:
+        _stored.popitem(last=False)
+    return PluginResult(plugin_type=NAME, ok=True, records_written=len(values))

@@ -52,6 +52,20 @@ class Plugin(Protocol):
     async def run(self, request: PluginRequest) -> PluginResult: ...
 
 
+class InlinePlugin(Plugin, Protocol):
+    """A plugin that does no IO and little work: it keeps, counts or logs the outputs.
+
+    The worker runs `run_now` within the slot table's own step, as soon as the
+    task's calls end, without a task actor and without taking a plugin slot (it
+    is over before any other task runs), so such a task costs fewer trips
+    through the scheduler. `run_now` may decline (None) a request that is too
+    much work for a step (large outputs, a configured delay): the task actor
+    then awaits `run`, which must store the same outputs the same way.
+    """
+
+    def run_now(self, request: PluginRequest) -> PluginResult | None: ...
+
+
 class PluginFailed(PhaseFailed):
     """The outputs could not be stored (a full disk may clear, a bad config never does)."""
 

@@ -6,8 +6,10 @@ carries as `outputs_json` for as long as the worker retains it. A retained
 result is memory, so the array is bounded: at most `MAX_OUTPUTS_BYTES` of
 UTF-8, or the handler's `config_json.max_bytes` when that is lower. Larger
 outputs fail the phase with `OUTPUTS_TOO_LARGE`, naming their size and the
-limit; nothing is kept. Encoding runs in a worker thread so the Trio loop
-never blocks on it.
+limit; nothing is kept. Outputs of at most `INLINE_OUTPUTS_BYTES` (msgpack)
+are encoded in the slot table's step (`run_now`, an `InlinePlugin`): a few
+small values cost less than a trip to a thread. Larger ones are encoded in a
+worker thread so the Trio loop never blocks on them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ NAME: Final = "result"
 MAX_OUTPUTS_BYTES: Final = 1024 * 1024
 """The most a retained result keeps of a task's outputs, as UTF-8 JSON: the worker's limit,
 which a task's `config_json.max_bytes` may lower but never raise."""
+INLINE_OUTPUTS_BYTES: Final = 16 * 1024
+"""The most msgpack bytes of outputs `run_now` encodes in the caller's step (well under a
+millisecond of work); more go to a worker thread (`run`)."""
 
 
 def _limit(config_json: str) -> tuple[int, str]:
@@ -91,9 +96,21 @@ class ResultPlugin:
         outputs_json = await trio.to_thread.run_sync(
             encode_outputs, request.outputs, limit, set_by, abandon_on_cancel=True
         )
-        return PluginResult(
-            plugin_type=NAME,
-            ok=True,
-            records_written=len(request.outputs),
-            outputs_json=outputs_json,
-        )
+        return _kept(request, outputs_json)
+
+    def run_now(self, request: PluginRequest) -> PluginResult | None:
+        """`run` in the caller's step (`InlinePlugin`); declined for outputs of more than
+        `INLINE_OUTPUTS_BYTES`."""
+        limit, set_by = _limit(request.handler.config_json)
+        if sum(map(len, request.outputs)) > INLINE_OUTPUTS_BYTES:
+            return None
+        return _kept(request, encode_outputs(request.outputs, limit, set_by))
+
+
+def _kept(request: PluginRequest, outputs_json: str) -> PluginResult:
+    return PluginResult(
+        plugin_type=NAME,
+        ok=True,
+        records_written=len(request.outputs),
+        outputs_json=outputs_json,
+    )

@@ -14,11 +14,23 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from blockx.hub import Right, Store, create_credential, create_queue
 from tests.adapters.certificates import Pki
 from tests.adapters.hub_harness import HubEndpoint
 from tests.e2e.serve_process import REPO, START_TIMEOUT_S, free_port
 
 READY_LINE = "listening on"
+
+
+def queue_with_credential(db: str, queue_id: str) -> str:
+    """Queue `queue_id` on the hub database `db` (a path or URL), and a token that may
+    produce and work on it."""
+    store = Store(db)
+    try:
+        create_queue(store, queue_id, 0)
+        return create_credential(store, queue_id, frozenset({Right.PRODUCER, Right.WORKER}), 0)
+    finally:
+        store.close()
 
 
 @attrs.define(eq=False)

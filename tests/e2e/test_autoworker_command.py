@@ -18,9 +18,8 @@ from typing import Final
 import trio
 
 from blockx.autoworker import Capability, HubClient
-from tests.e2e.hub_process import hub_process
+from tests.e2e.hub_process import hub_process, queue_with_credential
 from tests.e2e.serve_process import REPO
-from tests.e2e.test_autoworker_example import prepare
 
 RUN_TIMEOUT_S: Final = 60
 CAPABILITY: Final = Capability(handler="text.normalize", handler_version="v1", payload_version="v1")
@@ -46,7 +45,7 @@ def command(url: str, credential_file: Path) -> list[str]:
 
 async def test_the_command_runs_a_plain_handler_and_drains_at_sigint(tmp_path: Path) -> None:
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, "text")
     credential_file = tmp_path / "worker.credential"
     credential_file.write_text(token + "\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -88,7 +87,7 @@ async def test_the_command_runs_a_plain_handler_and_drains_at_sigint(tmp_path: P
 
 async def test_a_refused_credential_ends_the_command_with_status_1(tmp_path: Path) -> None:
     db = str(tmp_path / "hub.sqlite3")
-    prepare(db)
+    queue_with_credential(db, "text")
     credential_file = tmp_path / "worker.credential"
     credential_file.write_text("bxc_not_a_credential\n")
     with trio.fail_after(RUN_TIMEOUT_S):

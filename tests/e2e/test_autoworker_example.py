@@ -15,21 +15,11 @@ from pathlib import Path
 
 import trio
 
-from blockx.hub import Right, Store, create_credential, create_queue
-from tests.e2e.hub_process import hub_process
+from tests.e2e.hub_process import hub_process, queue_with_credential
 from tests.e2e.serve_process import REPO
 
 RUN_TIMEOUT_S = 90
 TASK_LINE = re.compile(r'task=([0-9a-f]{32}) state=SUCCEEDED result=(\{"text":"[A-Z ]+"\})')
-
-
-def prepare(db: str) -> str:
-    store = Store(db)
-    try:
-        create_queue(store, "text", 0)
-        return create_credential(store, "text", frozenset({Right.PRODUCER, Right.WORKER}), 0)
-    finally:
-        store.close()
 
 
 async def run_example(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
@@ -48,7 +38,7 @@ async def run_example(url: str, env: dict[str, str]) -> subprocess.CompletedProc
 
 async def test_the_example_prints_the_documented_walk_through(tmp_path: Path) -> None:
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, "text")
     credentials = tmp_path / "worker.credential"
     credentials.write_text(token + "\n")
     with trio.fail_after(RUN_TIMEOUT_S):

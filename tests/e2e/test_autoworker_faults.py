@@ -50,7 +50,6 @@ from blockx.autoworker import (
     WorkerHandler,
     WorkerOptions,
 )
-from blockx.hub import Right, Store, create_credential, create_queue
 from blockx.hubwire import (
     AttemptStatus,
     Disposition,
@@ -66,7 +65,7 @@ from blockx.hubwire import (
 from tests.adapters.certificates import Pki
 from tests.adapters.hub_harness import CAPABILITY, QUEUE
 from tests.e2e.autoworker_runner import STARTED
-from tests.e2e.hub_process import HubProcess, hub_process
+from tests.e2e.hub_process import HubProcess, hub_process, queue_with_credential
 from tests.e2e.serve_process import REPO
 from tests.e2e.tcp_proxy import TO_HUB, TO_WORKER, TcpProxy, tcp_proxy
 
@@ -84,16 +83,6 @@ POLL_S: Final = 0.02
 ENDED: Final = ("SUCCEEDED", "FAILED", "NEEDS_REVIEW")
 
 Handle = Callable[[WorkerExecution], Awaitable[Any]]
-
-
-def prepare(db: str) -> str:
-    """Queue `QUEUE` on the database `db`, and a token that may produce and work on it."""
-    store = Store(db)
-    try:
-        create_queue(store, QUEUE, 0)
-        return create_credential(store, QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
-    finally:
-        store.close()
 
 
 def options(handle: Handle, *, capacity: int = 1) -> WorkerOptions:
@@ -187,7 +176,7 @@ class Rig:
 async def faulty_hub(tmp_path: Path, tls: Pki | None) -> AsyncIterator[Rig]:
     """A hub process on a fresh SQLite database, and a proxy to it (TLS with `tls`)."""
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, QUEUE)
     async with hub_process(db, ENV, tls) as hub, tcp_proxy(hub.port, tls) as proxy:
         yield Rig(hub=hub, proxy=proxy, token=token)
 
@@ -363,7 +352,7 @@ async def test_a_hub_killed_and_started_again_loses_nothing_the_worker_was_told(
     is back on the same database, behind the same address. The leases outlast the
     outage, so the worker resumes both attempts and every task succeeds on its first."""
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, QUEUE)
     env = {**ENV, "HUB_LEASE_MS": "30000"}  # far longer than a hub takes to start
     release = [trio.Event() for _ in range(3)]
     release[0].set()

@@ -13,28 +13,18 @@ from pathlib import Path
 
 import trio
 
-from blockx.hub import Right, Store, create_credential, create_queue
 from blockx.hubwire import ErrorCode, Succeeded
 from tests.adapters.hub_harness import QUEUE
-from tests.e2e.hub_process import hub_process
+from tests.e2e.hub_process import hub_process, queue_with_credential
 from tests.e2e.serve_process import REPO
 
 ENV = {"HUB_POLL_MS": "20", "LOG_FORMAT": "text"}
 FAIL_AFTER_S = 30
 
 
-def prepare(db: str) -> str:
-    store = Store(db)
-    try:
-        create_queue(store, QUEUE, 0)
-        return create_credential(store, QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
-    finally:
-        store.close()
-
-
 async def test_a_task_past_its_retention_answers_404(tmp_path: Path) -> None:
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, QUEUE)
     env = {**ENV, "HUB_TASK_RETENTION_MS": "500"}
     with trio.fail_after(FAIL_AFTER_S):
         async with hub_process(db, env) as hub, hub.worker(token) as worker:
@@ -56,7 +46,7 @@ async def test_a_credential_revoked_by_command_loses_its_session_within_a_second
     tmp_path: Path,
 ) -> None:
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, QUEUE)
     credential_id = token.removeprefix("bxc_").partition(".")[0]
     with trio.fail_after(FAIL_AFTER_S):
         async with hub_process(db, ENV) as hub, hub.worker(token) as worker:

@@ -21,8 +21,7 @@ from blockx.hub import Store, set_key_limit
 from blockx.hub._store import Tx
 from blockx.hubwire import Succeeded
 from tests.adapters.hub_harness import QUEUE
-from tests.e2e.hub_process import HubProcess, hub_process
-from tests.e2e.test_hub_kill import prepare
+from tests.e2e.hub_process import HubProcess, hub_process, queue_with_credential
 
 LIMITS = {"one": 1, "two": 2}
 TASKS_PER_KEY = 30
@@ -108,7 +107,7 @@ def most_live_at_once(rows: list[tuple[Any, ...]]) -> dict[str, int]:
 
 
 async def test_two_hubs_keep_every_key_within_its_limit(postgres_url: str) -> None:
-    token = prepare(postgres_url)
+    token = queue_with_credential(postgres_url, QUEUE)
     store = Store(postgres_url)
     for key, limit in LIMITS.items():
         set_key_limit(store, QUEUE, key, limit)

@@ -27,11 +27,10 @@ from typing import Any
 
 import trio
 
-from blockx.hub import Right, Store, create_credential, create_queue
 from blockx.hubwire import Answer, Disposition, Finish, Granted, Offer, Recorded, Succeeded
 from tests.adapters.certificates import Pki
 from tests.adapters.hub_harness import QUEUE, HubClient
-from tests.e2e.hub_process import HubProcess, hub_process
+from tests.e2e.hub_process import HubProcess, hub_process, queue_with_credential
 
 TASKS = 30
 LEASE_MS = 1_500
@@ -45,15 +44,6 @@ ENV = {
     "LOG_FORMAT": "text",
 }
 FAIL_AFTER_S = 120
-
-
-def prepare(url: str) -> str:
-    store = Store(url)
-    try:
-        create_queue(store, QUEUE, 0)
-        return create_credential(store, QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
-    finally:
-        store.close()
 
 
 async def claim_all(worker: HubClient) -> tuple[list[Offer], list[Granted]]:
@@ -102,7 +92,7 @@ async def settled(hub: HubProcess, token: str, task_id: str) -> dict[str, Any]:
 async def test_a_killed_hub_loses_nothing_it_acknowledged(
     hub_url: str, hub_tls: Pki | None
 ) -> None:
-    token = prepare(hub_url)
+    token = queue_with_credential(hub_url, QUEUE)
     with trio.fail_after(FAIL_AFTER_S):
         async with hub_process(hub_url, ENV, hub_tls) as hub:
             submitted, answered, in_flight, running, last_lease_ms = await before_the_kill(

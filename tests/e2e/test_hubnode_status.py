@@ -11,21 +11,11 @@ import trio
 from trio_websocket import open_websocket_url
 
 from blockx.autoworker import HubClient
-from blockx.hub import Right, Store, create_credential, create_queue
-from tests.e2e.hub_process import hub_process
+from tests.e2e.hub_process import hub_process, queue_with_credential
 from tests.e2e.serve_process import free_port, serve_process
 
 QUEUE = "node-status"
 TIMEOUT_S = 90
-
-
-def prepare(db: str) -> str:
-    store = Store(db)
-    try:
-        create_queue(store, QUEUE, 0)
-        return create_credential(store, QUEUE, frozenset({Right.PRODUCER, Right.WORKER}), 0)
-    finally:
-        store.close()
 
 
 ADD_TASK = {
@@ -41,7 +31,7 @@ async def test_a_hub_fed_node_shows_its_session_and_counts_on_its_status_page(
     tmp_path: Path,
 ) -> None:
     db = str(tmp_path / "hub.sqlite3")
-    token = prepare(db)
+    token = queue_with_credential(db, QUEUE)
     credential_file = tmp_path / "credential"
     credential_file.write_text(token)
     metrics_port = free_port()

@@ -12,7 +12,7 @@ import secrets
 from typing import Final
 
 from blockx.hub._committer import Committer
-from blockx.hub._model import Credential
+from blockx.hub._model import Credential, Right
 from blockx.hub._store import Tx
 
 TOKEN_PREFIX: Final = "bxc_"
@@ -56,6 +56,12 @@ def check(tx: Tx, token: str) -> Credential | None:
     if not secrets.compare_digest(secret_hash(secret), expected):
         return None
     return None if credential.revoked else credential
+
+
+def is_admin(tx: Tx, token: str) -> bool:
+    """Whether `token` stands for a valid, unrevoked credential with the admin right."""
+    credential = check(tx, token)
+    return credential is not None and Right.ADMIN in credential.rights
 
 
 async def authenticate(committer: Committer, token: str) -> Credential | None:

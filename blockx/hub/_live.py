@@ -27,10 +27,9 @@ import trio
 
 from blockx.hub._admin_api import AdminAnswer, AdminWork, _as_admin, list_queues
 from blockx.hub._api import _as_producer, unreachable
-from blockx.hub._auth import check
+from blockx.hub._auth import is_admin
 from blockx.hub._browser import Refusal
 from blockx.hub._committer import Committer
-from blockx.hub._model import Credential, Right
 from blockx.hub._series import Series
 from blockx.hub._store import StoreError, Tx
 from blockx.hubwire import AttemptStatus, Capability, dumps
@@ -289,10 +288,6 @@ def _read_tick(
 ) -> Callable[[Tx], tuple[frozenset[str], list[dict[str, Any]]]]:
     """Which of `tokens` are still an admin's, and the queues."""
     read_queues = list_queues(now_ms)
-
-    def is_admin(tx: Tx, token: str) -> bool:
-        credential: Credential | None = check(tx, token)
-        return credential is not None and Right.ADMIN in credential.rights
 
     def read(tx: Tx) -> tuple[frozenset[str], list[dict[str, Any]]]:
         return frozenset(token for token in tokens if is_admin(tx, token)), read_queues(tx)

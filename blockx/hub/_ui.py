@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from blockx.hub._api import unreachable
-from blockx.hub._auth import check
+from blockx.hub._auth import is_admin
 from blockx.hub._browser import (
     SAFE_METHODS,
     WRONG_CSRF,
@@ -42,7 +42,6 @@ from blockx.hub._browser import (
     session_cookie,
 )
 from blockx.hub._committer import Committer
-from blockx.hub._model import Right
 from blockx.hub._store import StoreError
 from blockx.hubwire import dumps
 from blockx.net.http import BadRequest, Connection, Request, header, read_body, respond_keeping
@@ -215,10 +214,10 @@ class Dashboard:
                 400, "the sign-in form must hold one field credential, URL-encoded"
             )
         try:
-            credential = await self._committer.do(lambda tx: check(tx, token))
+            admin = await self._committer.do(lambda tx: is_admin(tx, token))
         except StoreError as error:
             return _sign_in_page(503, unreachable(error))
-        if credential is None or Right.ADMIN not in credential.rights:
+        if not admin:
             return _sign_in_page(401, NOT_ADMIN)
         session = self._sessions.open(token, self._now_ms())
         return _see_other(HOME_PATH, ("set-cookie", self._cookie(session)))

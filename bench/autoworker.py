@@ -75,10 +75,11 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import h11
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -337,51 +338,59 @@ def percentile(values: list[float], fraction: float) -> float:
 
 async def http(
     url: str, method: str, path: str, *, cookie: str = "", body: bytes = b""
-) -> tuple[int, dict[str, str], trio.SocketStream, bytes]:
-    """Send one request to the hub at `url`; its status, headers (the last of each name),
-    the open connection and what was read past the head (the start of the body)."""
+) -> tuple[h11.Response, AsyncIterator[bytes]]:
+    """Send one request to the hub at `url` on a connection of its own (HTTP/1.1 by h11);
+    its answer's head, and its body as it comes (the connection closes at its end)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
-    head = [f"{method} {path} HTTP/1.1", f"host: {host}:{port}", "connection: close"]
-    head += [f"cookie: {cookie}"] if cookie else []
-    if body:
-        head += ["content-type: application/x-www-form-urlencoded"]
-        head += [f"content-length: {len(body)}"]
-    await stream.send_all(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-    received = b""
-    while b"\r\n\r\n" not in received:
-        chunk = await stream.receive_some()
-        if not chunk:
-            raise SystemExit(f"{method} {path}: the hub closed the connection")
-        received += chunk
-    text, _, rest = received.partition(b"\r\n\r\n")
-    status_line, *lines = text.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return int(status_line.split()[1]), headers, stream, rest
+    connection = h11.Connection(h11.CLIENT)
+    headers = [("host", f"{host}:{port}"), ("content-length", str(len(body)))]
+    headers += [("cookie", cookie)] if cookie else []
+    headers += [("content-type", "application/x-www-form-urlencoded")] if body else []
+    request = h11.Request(method=method, target=path, headers=headers)
+    await stream.send_all(
+        connection.send(request)
+        + connection.send(h11.Data(data=body))
+        + connection.send(h11.EndOfMessage())
+    )
+    events = _events(connection, stream)
+    head = await anext(events)
+    assert isinstance(head, h11.Response)
+    return head, (event.data async for event in events if isinstance(event, h11.Data))
+
+
+async def _events(connection: h11.Connection, stream: trio.SocketStream) -> AsyncIterator[Any]:
+    """The h11 events of the answer on `stream`, until its end; then the stream is closed."""
+    async with stream:
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                connection.receive_data(await stream.receive_some())
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return
+            else:
+                yield event
 
 
 async def read_all(url: str, path: str, cookie: str) -> bytes:
-    """The body of `GET path` (the hub closes the connection after it)."""
-    status, _, stream, body = await http(url, "GET", path, cookie=cookie)
-    async with stream:
-        while chunk := await stream.receive_some():
-            body += chunk
-    if status != 200:
-        raise SystemExit(f"GET {path}: {status} {body[:200]!r}")
+    """The body of `GET path`."""
+    head, chunks = await http(url, "GET", path, cookie=cookie)
+    body = b"".join([chunk async for chunk in chunks])
+    if head.status_code != 200:
+        raise SystemExit(f"GET {path}: {head.status_code} {body[:200]!r}")
     return body
 
 
 async def sign_in(url: str, token: str) -> str:
     """Sign an admin in to the dashboard; the cookie to send."""
     form = urllib.parse.urlencode({"credential": token}).encode()
-    status, headers, stream, _ = await http(url, "POST", "/ui/sign-in", body=form)
-    await stream.aclose()
+    head, chunks = await http(url, "POST", "/ui/sign-in", body=form)
+    async for _ in chunks:  # read to its end: the connection closes
+        pass
+    headers = {name.decode(): value.decode() for name, value in head.headers}
     cookie = headers.get("set-cookie", "").split(";", 1)[0]
-    if status != 303 or not cookie.startswith(f"{SESSION_COOKIE}="):
-        raise SystemExit(f"signing in to the dashboard: {status} {headers}")
+    if head.status_code != 303 or not cookie.startswith(f"{SESSION_COOKIE}="):
+        raise SystemExit(f"signing in to the dashboard: {head.status_code} {headers}")
     return cookie
 
 
@@ -390,19 +399,18 @@ async def open_dashboard(url: str, cookie: str, ticks: list[int]) -> None:
     series, then the live stream, each tick read to its end (counted in `ticks`)."""
     await read_all(url, "/ui/overview", cookie)
     json.loads(await read_all(url, "/v1/stats", cookie))
-    status, _, stream, buffer = await http(url, "GET", "/v1/events", cookie=cookie)
-    if status != 200:
-        raise SystemExit(f"GET /v1/events: {status}")
-    async with stream:
-        while True:
-            while b"\n\n" in buffer:
-                event, _, buffer = buffer.partition(b"\n\n")
-                data = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
-                json.loads(b"".join(data))
-                ticks[0] += 1
-            if not (chunk := await stream.receive_some()):
-                raise SystemExit("the hub ended the dashboard's event stream")
-            buffer += chunk
+    head, chunks = await http(url, "GET", "/v1/events", cookie=cookie)
+    if head.status_code != 200:
+        raise SystemExit(f"GET /v1/events: {head.status_code}")
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, _, buffer = buffer.partition(b"\n\n")
+            data = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+            json.loads(b"".join(data))
+            ticks[0] += 1
+    raise SystemExit("the hub ended the dashboard's event stream")
 
 
 async def dashboard_rounds(

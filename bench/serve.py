@@ -43,6 +43,10 @@ measures, from a plain-asyncio grpclib client in this process:
   jsonl writer) through gRPC, submit -> terminal update, median of 3;
   engine_calls_per_s: bench/calls.py's engine rate for as many calls, run
   beside it in this run; w2_to_engine_ratio: the first over the second.
+  ppe_map_calls_per_s: `concurrent.futures.ProcessPoolExecutor` with as many
+  processes as the worker has executors, `map(chunksize=64)` of the same
+  addition over 20,000 argument pairs, median of 3 after a warm-up map;
+  w2_to_ppe_ratio: w2_e2e_calls_per_s over it.
 * w3_efficiency: 200 one-call tasks of 10 ms of CPU each (`demo.burn`) over
   RunTasks (as stream_tasks_per_s runs them): the ideal time (the work spread
   evenly over the executors) divided by the time taken; w3_efficiency_unary:
@@ -51,6 +55,9 @@ measures, from a plain-asyncio grpclib client in this process:
   tasks of one 50 ms call, submitted together; first submit -> last terminal
   update, divided by the ideal 2.0 s.
 
+`--phases` picks the phases to run (default all): latency and the task
+rates need `tasks`, their ratios to the echo also `rpc`.
+
 Targets (issue 12; the stream's CPU since tightened for batched requests), all
 against figures of the same run: worker_cpu_ms_per_task_stream <= 0.6 x
 echo_cpu_ms_per_rpc; worker_cpu_ms_per_task_stream_result <= 0.7 x
@@ -58,7 +65,8 @@ echo_cpu_ms_per_rpc; stream_tasks_per_s >= echo_rpc_per_s;
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
 0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
 1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8;
-mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85; w2_to_engine_ratio >= 0.6.
+mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85; w2_to_engine_ratio >= 0.6;
+w2_to_ppe_ratio >= 0.4 (issue 31).
 Prints each figure as `RESULT name=<figure> value=<number>`; never asserts.
 """
 
@@ -66,7 +74,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
+import operator
 import os
 import re
 import signal
@@ -659,6 +669,21 @@ async def engine_calls_per_s() -> float:
     return float(found[1])
 
 
+def ppe_map_calls_per_s(processes: int) -> float:
+    """A process pool's chunked map of the same addition as w2, median of `W2_RUNS`."""
+    firsts, seconds = range(W2_CALLS), [1] * W2_CALLS
+    rates = []
+    with concurrent.futures.ProcessPoolExecutor(processes) as pool:
+        list(pool.map(operator.add, range(1000), [1] * 1000, chunksize=64))  # warm-up
+        for _ in range(W2_RUNS):
+            started = time.perf_counter()
+            sums = list(pool.map(operator.add, firsts, seconds, chunksize=64))
+            rates.append(W2_CALLS / (time.perf_counter() - started))
+            if sums[-1] != W2_CALLS:
+                raise SystemExit("the process pool's map returned a wrong sum")
+    return statistics.median(rates)
+
+
 W3_TASKS = 200
 W3_CALL_MS = 10.0
 
@@ -754,6 +779,9 @@ async def stop_worker(worker: WorkerProcess, log_path: str | None) -> int:
 
 
 async def bench(args: argparse.Namespace) -> None:
+    phases = set(args.phases.split(","))
+    if unknown := phases - PHASES:
+        raise SystemExit(f"unknown phases {sorted(unknown)}; known: {sorted(PHASES)}")
     worker, ready_s, spawned = await start_worker(args.executors)
     channels = [Channel(HOST, worker.port) for _ in range(args.channels)]
     stub = pb.WorkerServiceStub(channels[0])
@@ -763,28 +791,52 @@ async def bench(args: argparse.Namespace) -> None:
         result("first_result_s", first_ended - spawned, 3)
         pids = await measure_idle_rss(worker, stub)
         serving = {"bench": [os.getpid()], "worker": [worker.process.pid], "executors": pids}
-        stream_result_ms = await measure_tasks(args, channels, serving)
-        with tempfile.TemporaryDirectory() as out_dir:
-            w2 = await phase("w2", lambda: w2_calls_per_s(stub, out_dir))
-        result("w2_e2e_calls_per_s", w2, 0)
-        engine = await phase("engine", engine_calls_per_s)
-        result("engine_calls_per_s", engine, 0)
-        result("w2_to_engine_ratio", w2 / engine, 3)
-        efficiency = await phase("w3", lambda: w3_efficiency(channels, args.executors))
-        result("w3_efficiency", efficiency, 3)
-        efficiency = await phase(
-            "w3 unary", lambda: w3_efficiency_unary(channels, args.executors, args.in_flight)
-        )
-        result("w3_efficiency_unary", efficiency, 3)
-        if args.executors == 2:  # the figure is defined on 2 executors
-            ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))
-            result("mixed_makespan_ratio", ratio, 3)
-        echo_cpu_ms = await measure_rpc(args, worker, serving)
-        result("stream_result_to_echo_cpu_ratio", stream_result_ms / echo_cpu_ms, 3)
+        if "tasks" in phases:
+            stream_result_ms = await measure_tasks(args, channels, serving)
+        if "w2" in phases:
+            await measure_calls(stub, args.executors)
+        if "w3" in phases:
+            await measure_w3(args, channels, stub)
+        if "rpc" in phases:
+            echo_cpu_ms = await measure_rpc(args, worker, serving)
+            if "tasks" in phases:
+                ratio = stream_result_ms / echo_cpu_ms
+                result("stream_result_to_echo_cpu_ratio", ratio, 3)
     finally:
         for channel in channels:
             channel.close()
         await stop_worker(worker, args.worker_log)
+
+
+async def measure_calls(stub: pb.WorkerServiceStub, executors: int) -> None:
+    """w2 beside the engine alone and a process pool's chunked map."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        w2 = await phase("w2", lambda: w2_calls_per_s(stub, out_dir))
+    result("w2_e2e_calls_per_s", w2, 0)
+    engine = await phase("engine", engine_calls_per_s)
+    result("engine_calls_per_s", engine, 0)
+    result("w2_to_engine_ratio", w2 / engine, 3)
+    ppe = await phase("ppe", lambda: asyncio.to_thread(ppe_map_calls_per_s, executors))
+    result("ppe_map_calls_per_s", ppe, 0)
+    result("w2_to_ppe_ratio", w2 / ppe, 3)
+
+
+async def measure_w3(
+    args: argparse.Namespace, channels: list[Channel], stub: pb.WorkerServiceStub
+) -> None:
+    """Calls of 10 ms over the executors, by stream and by unary loops; the mixed makespan."""
+    efficiency = await phase("w3", lambda: w3_efficiency(channels, args.executors))
+    result("w3_efficiency", efficiency, 3)
+    efficiency = await phase(
+        "w3 unary", lambda: w3_efficiency_unary(channels, args.executors, args.in_flight)
+    )
+    result("w3_efficiency_unary", efficiency, 3)
+    if args.executors == 2:  # the figure is defined on 2 executors
+        ratio = await phase("mixed", lambda: mixed_makespan_ratio(stub))
+        result("mixed_makespan_ratio", ratio, 3)
+
+
+PHASES = frozenset({"tasks", "w2", "w3", "rpc"})
 
 
 def main() -> None:
@@ -798,6 +850,9 @@ def main() -> None:
     parser.add_argument("--rpc-seconds", type=float, default=3.0, help="RPC load per server")
     parser.add_argument("--rpc-rounds", type=int, default=3, help="alternating rounds; medians")
     parser.add_argument("--channels", type=int, default=4, help="client connections per server")
+    parser.add_argument(
+        "--phases", default=",".join(sorted(PHASES)), help="comma-separated: tasks,w2,w3,rpc"
+    )
     parser.add_argument("--worker-log", metavar="PATH", help="write the worker's stderr here")
     parser.add_argument("--echo-server", nargs=2, metavar=("PORT", "REPLY"), help=argparse.SUPPRESS)
     args = parser.parse_args()

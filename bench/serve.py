@@ -45,7 +45,7 @@ measures, from a plain-asyncio grpclib client in this process:
   beside it in this run; w2_to_engine_ratio: the first over the second.
   ppe_map_calls_per_s: `concurrent.futures.ProcessPoolExecutor` with as many
   processes as the worker has executors, `map(chunksize=64)` of the same
-  addition over 20,000 argument pairs, median of 3 after a warm-up map;
+  `demo.add` over 20,000 argument pairs, median of 3 after a warm-up map;
   w2_to_ppe_ratio: w2_e2e_calls_per_s over it.
 * w3_efficiency: 200 one-call tasks of 10 ms of CPU each (`demo.burn`) over
   RunTasks (as stream_tasks_per_s runs them): the ideal time (the work spread
@@ -75,8 +75,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import importlib
 import json
-import operator
 import os
 import re
 import signal
@@ -671,13 +671,15 @@ async def engine_calls_per_s() -> float:
 
 def ppe_map_calls_per_s(processes: int) -> float:
     """A process pool's chunked map of the same addition as w2, median of `W2_RUNS`."""
+    sys.path.insert(0, str(EXAMPLES))
+    add = importlib.import_module("demo").add  # w2's function, examples/functions/demo.py
     firsts, seconds = range(W2_CALLS), [1] * W2_CALLS
     rates = []
     with concurrent.futures.ProcessPoolExecutor(processes) as pool:
-        list(pool.map(operator.add, range(1000), [1] * 1000, chunksize=64))  # warm-up
+        list(pool.map(add, range(1000), [1] * 1000, chunksize=64))  # warm-up
         for _ in range(W2_RUNS):
             started = time.perf_counter()
-            sums = list(pool.map(operator.add, firsts, seconds, chunksize=64))
+            sums = list(pool.map(add, firsts, seconds, chunksize=64))
             rates.append(W2_CALLS / (time.perf_counter() - started))
             if sums[-1] != W2_CALLS:
                 raise SystemExit("the process pool's map returned a wrong sum")

@@ -256,12 +256,13 @@ class DispatcherActor:
     def _on_executor_message(self, event: ExecutorMessage) -> None:
         executor_id, message = event.executor_id, event.message
         match message:
-            case CallResults(results=results):
+            case CallResults(results=results, succeeded=succeeded):
                 now_ms, stimulus_id = self._stamp("results")
                 self._apply(
                     CallResultsArrived(
                         executor_id=executor_id,
                         outcomes=results,
+                        succeeded=succeeded,
                         now_ms=now_ms,
                         stimulus_id=stimulus_id,
                         draw=self._rng.random(),

@@ -28,6 +28,7 @@ from blockx.calls._model import (
     CallSpec,
     CallStats,
     RetryPolicy,
+    Succeeded,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "FailureCode",
     "InvalidArguments",
     "RetryPolicy",
+    "Succeeded",
     "decode_args",
     "decode_value",
     "encode_args",

@@ -10,7 +10,7 @@ table records that outcome in the task's result. Immutable values only.
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, TypeAlias
 
 import attrs
 
@@ -116,6 +116,12 @@ class CallOutcome:
             error_message=error_message,
             retryable=retryable,
         )
+
+
+Succeeded: TypeAlias = tuple[str, int, bytes]
+"""(call id, attempt, msgpack value) of an attempt that succeeded: how successes travel
+in bulk, from an executor's frame to the dispatch core, without a `CallOutcome` each.
+The value is never empty (as in a successful `CallOutcome`)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import attrs
 
 from blockx.calls import CallOutcome, CallPhaseOutcome
 
 
-@attrs.frozen(kw_only=True)
-class CallDispatch:
-    """One attempt of one call, sent to an executor."""
+class CallDispatch(NamedTuple):
+    """One attempt of one call, sent to an executor.
+
+    A named tuple rather than an attrs class: one is made per call attempt, on the
+    hottest path of the core, and a tuple is made at a fraction of the cost."""
 
     call_id: str
     task_id: str

@@ -164,6 +164,35 @@ class _Executor:
         return self.room() + self.waiting
 
 
+@attrs.define
+class _Room:
+    """The room executors have during one `_pump`: plain (fresh calls and retries),
+    for subcalls, and which executors have nothing at all."""
+
+    plain: dict[str, int]
+    subcall: dict[str, int]
+    idle: dict[str, None]  # served first, in the executors' order (a set would hash)
+
+    @classmethod
+    def of(cls, executors: dict[str, _Executor]) -> _Room:
+        plain = {e: room for e, x in executors.items() if (room := x.room()) > 0}
+        subcall = {e: room for e, x in executors.items() if (room := x.subcall_room()) > 0}
+        return cls(plain, subcall, dict.fromkeys(e for e in plain if not executors[e].running))
+
+    def fresh_choice(self) -> str:
+        """Where a fresh call goes: an executor with nothing, else the most plain room."""
+        return max(self.idle or self.plain, key=self.plain.__getitem__)
+
+    def take(self, executor_id: str) -> None:
+        """One call was placed on `executor_id`: one unit less of each room it had."""
+        for pool in (self.plain, self.subcall):
+            if executor_id in pool:
+                pool[executor_id] -= 1
+                if not pool[executor_id]:
+                    del pool[executor_id]
+        self.idle.pop(executor_id, None)
+
+
 class DispatchCore:
     """Runs the calls of many tasks on many executors. See the module docstring."""
 
@@ -275,6 +304,15 @@ class DispatchCore:
         executor = self._executors.get(event.executor_id)
         if executor is None:
             return  # answers of an executor that has since left
+        zombies, running = executor.zombies, executor.running
+        for call_id, number, value in event.succeeded:
+            if zombies and (call_id, number) in zombies:
+                zombies.discard((call_id, number))
+                continue
+            call = running.get(call_id)
+            if call is not None and call.attempts == number:
+                self._take_off(call, commands)
+                self._succeed(call, value, commands)
         for outcome in event.outcomes:
             attempt = (outcome.call_id, outcome.attempt)
             if attempt in executor.zombies:
@@ -620,40 +658,34 @@ class DispatchCore:
         """
         if not self._ring:
             return
-        rooms: dict[str, int] = {}
-        subcall_rooms: dict[str, int] = {}
-        for executor_id, executor in self._executors.items():
-            if (room := executor.room()) > 0:
-                rooms[executor_id] = room
-            if (room := executor.subcall_room()) > 0:
-                subcall_rooms[executor_id] = room
+        room = _Room.of(self._executors)
         batches: dict[str, list[CallDispatch]] = {}
         deferred: list[_Task] = []  # fresh work waiting for plain room only
-        # Served first, in the executors' order (a set would break ties by hash).
-        idle = dict.fromkeys(e for e in rooms if not self._executors[e].running)
-        while self._ring and subcall_rooms:
+        while self._ring and room.subcall:
             task = self._ring.popleft()
             if task.task_id not in self._tasks:
                 continue
             call = self._next_subcall(task)
             if call is not None:
-                executor_id = max(subcall_rooms, key=subcall_rooms.__getitem__)
+                executor_id = max(room.subcall, key=room.subcall.__getitem__)
+                room.take(executor_id)
+                self._start(call, self._executors[executor_id], now_ms, task, batches)
             elif not self._wants_fresh_room(task):
                 task.in_ring = False
                 continue
-            elif not rooms:
+            elif not room.plain:
                 deferred.append(task)
                 continue
+            elif not self._ring:
+                # The lone task in the ring: its turns follow one another, so they are
+                # taken in one go (the same calls on the same executors, far cheaper).
+                self._fill(task, room, now_ms, batches)
             else:
-                call = task.ready.popleft()
-                executor_id = max(idle or rooms, key=rooms.__getitem__)
-            for pool in (rooms, subcall_rooms):
-                if executor_id in pool:
-                    pool[executor_id] -= 1
-                    if not pool[executor_id]:
-                        del pool[executor_id]
-            idle.pop(executor_id, None)
-            self._start(call, self._executors[executor_id], now_ms, task, batches)
+                executor_id = room.fresh_choice()
+                room.take(executor_id)
+                self._start(
+                    task.ready.popleft(), self._executors[executor_id], now_ms, task, batches
+                )
             if self._dispatchable(task):
                 self._ring.append(task)
             else:
@@ -663,6 +695,20 @@ class DispatchCore:
             RunCalls(executor_id=executor_id, calls=tuple(calls))
             for executor_id, calls in batches.items()
         )
+
+    def _fill(
+        self, task: _Task, room: _Room, now_ms: int, batches: dict[str, list[CallDispatch]]
+    ) -> None:
+        """Turn after turn of `task`, alone in the ring, each placing one fresh call as
+        `_pump` would, until its window, its calls or the room run out."""
+        ready, window = task.ready, task.policy.window
+        while room.plain and ready and task.running_top < window:
+            call = ready.popleft()
+            if call.ended:
+                continue
+            executor_id = room.fresh_choice()
+            room.take(executor_id)
+            self._start(call, self._executors[executor_id], now_ms, task, batches)
 
     def _steal(self, commands: list[DispatchCommand]) -> None:
         """Revoke queued calls for each executor that has nothing (rule 7)."""

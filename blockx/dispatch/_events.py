@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from blockx.calls import CallOutcome, CallSpec, FailureCode
+from blockx.calls import CallOutcome, CallSpec, FailureCode, Succeeded
 from blockx.dispatch._model import CallPolicy
 from blockx.errors import Misuse
 
@@ -62,11 +62,14 @@ class CallsAdded:
 
 @attrs.frozen(kw_only=True)
 class CallResultsArrived:
+    """Attempts of `executor_id` ended: `succeeded` in bulk, then `outcomes` (any kind)."""
+
     executor_id: str
     outcomes: tuple[CallOutcome, ...]
     now_ms: int
     stimulus_id: str
     draw: float = attrs.field(default=0.0, validator=_check_draw)
+    succeeded: tuple[Succeeded, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -621,13 +621,17 @@ class ExecutorPoolManager:
                 if executor.state in (ExecutorState.READY, ExecutorState.BUSY):
                     busy = message.running_call_id is not None
                     executor.state = ExecutorState.BUSY if busy else ExecutorState.READY
-            case CallResults(results=results):
-                executor.calls_served += len(results)
+            case CallResults(results=results, succeeded=succeeded):
+                executor.calls_served += len(results) + len(succeeded)
                 # Taken off here, before the results go on: the task they end must never
                 # be seen ended while its call still shows running (the next heartbeat
                 # would tell only up to an interval later). An executor sends a call's
                 # results after every heartbeat that names it (see the child).
-                if any(result.call_id == executor.running_call_id for result in results):
+                running = executor.running_call_id
+                if running is not None and (
+                    any(result.call_id == running for result in results)
+                    or any(row[0] == running for row in succeeded)
+                ):
                     executor.running_call_id = None
                     if executor.state is ExecutorState.BUSY:
                         executor.state = ExecutorState.READY

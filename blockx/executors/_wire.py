@@ -22,12 +22,13 @@ import attrs
 import cattrs
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 
-from blockx.calls import CallOutcome, FailureCode
+from blockx.calls import CallOutcome, FailureCode, Succeeded
 from blockx.errors import BlockxError
 from blockx.executors._errors import FrameTooLarge, MalformedFrame, UnknownMessageType
 
-PROTOCOL_VERSION: Final = 3
-"""Raised whenever a message is added or changes shape (3: RevokeCall)."""
+PROTOCOL_VERSION: Final = 4
+"""Raised whenever a message is added or changes shape (3: RevokeCall; 4: successes
+in bulk in CallResults)."""
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """Largest frame payload either end sends or accepts (64 MiB)."""
@@ -100,9 +101,21 @@ class RunCalls:
 
 @attrs.frozen(kw_only=True)
 class CallResults:
-    """Executor → worker: outcomes of call attempts that finished, several per frame."""
+    """Executor → worker: call attempts that finished, several per frame.
 
-    results: tuple[CallOutcome, ...]
+    Successes travel as `succeeded` rows, flattened into one array on the wire (call
+    id, attempt, value, call id, ...), so a frame of many is decoded without a map and
+    an outcome object each; failures, and successes an older sender puts there, as
+    `results`."""
+
+    results: tuple[CallOutcome, ...] = ()
+    succeeded: tuple[Succeeded, ...] = ()
+
+    def outcomes(self) -> tuple[CallOutcome, ...]:
+        """Every attempt of the frame as an outcome, the successes first: for readers
+        off the hot path."""
+        made = (CallOutcome.success(call_id=c, attempt=a, value=v) for c, a, v in self.succeeded)
+        return (*made, *self.results)
 
 
 @attrs.frozen(kw_only=True)
@@ -268,6 +281,62 @@ def _failure_code(value: object) -> FailureCode:
         raise ValueError(f"error_code {value!r} is not a failure code") from None
 
 
+def _structure_call_results(value: object, _type: type[Any]) -> CallResults:
+    if type(value) is not dict:
+        raise TypeError(f"CallResults: expected a map, got {type(value).__name__}")
+    if not value.keys() <= {"results", "succeeded"}:
+        raise TypeError(f"CallResults: keys {sorted(value)} are not results and succeeded")
+    flat = value.get("succeeded", [])
+    if type(flat) is not list or len(flat) % 3:
+        raise TypeError("CallResults.succeeded: expected an array of (call id, attempt, value)")
+    call_ids, attempts, values = flat[0::3], flat[1::3], flat[2::3]
+    # Checked a column at a time: these frames carry most of the executors' traffic.
+    if not (
+        set(map(type, call_ids)) <= {str}
+        and set(map(type, attempts)) <= {int}
+        and set(map(type, values)) <= {bytes}
+        and all(values)
+    ):
+        raise TypeError(_bad_success(flat))
+    return CallResults(
+        results=_outcomes(value.get("results", [])),
+        succeeded=tuple(zip(call_ids, attempts, values, strict=True)),
+    )
+
+
+def _bad_success(flat: list[object]) -> str:
+    """What is wrong with the first bad row of a flattened `succeeded` array."""
+    for start in range(0, len(flat), 3):
+        row = flat[start : start + 3]
+        if [*map(type, row)] != [str, int, bytes] or not row[2]:
+            got = [type(f).__name__ if f != b"" else "empty bytes" for f in row]
+            return (
+                f"a success is (string, integer, non-empty bytes), got {got} @ $.succeeded[{start}]"
+            )
+    raise AssertionError("no bad row")  # only called once a column check failed
+
+
+def _outcomes(results: object) -> tuple[CallOutcome, ...]:
+    if type(results) is not list:
+        raise TypeError(f"CallResults.results: expected an array, got {type(results).__name__}")
+    structure = CONVERTER.get_structure_hook(CallOutcome)
+    outcomes = []
+    for index, result in enumerate(results):
+        try:
+            outcomes.append(structure(result, CallOutcome))
+        except (TypeError, ValueError, BlockxError) as exc:
+            raise TypeError(f"{exc} @ $.results[{index}]") from exc
+    return tuple(outcomes)
+
+
+def _unstructure_call_results(message: CallResults) -> dict[str, object]:
+    outcome = CONVERTER.get_unstructure_hook(CallOutcome)
+    return {
+        "results": [outcome(result) for result in message.results],
+        "succeeded": [field for row in message.succeeded for field in row],
+    }
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     for primitive in (str, int, bytes, bool):
@@ -276,6 +345,8 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(
         CallOutcome, _flat_hook(CallOutcome, {"error_code": _failure_code})
     )
+    converter.register_structure_hook(CallResults, _structure_call_results)
+    converter.register_unstructure_hook(CallResults, _unstructure_call_results)
     return converter
 
 

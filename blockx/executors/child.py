@@ -38,6 +38,7 @@ from blockx.calls import (
     CallOutcome,
     FailureCode,
     InvalidArguments,
+    Succeeded,
     decode_args,
     decode_value,
     encode_args,
@@ -243,7 +244,7 @@ class Executor:
         self._subcall_results: dict[str, SubcallResult] = {}
         self._pending_code: set[str] = set()
         self._code_replies: dict[str, CodeReply] = {}
-        self._outbox: list[CallOutcome] = []
+        self._outbox: list[CallOutcome | Succeeded] = []
         self._outbox_bytes = 0
         self._outbox_since = 0.0
         self._shutdown = False
@@ -446,7 +447,7 @@ class Executor:
     def _run(self, request: CallRequest, deadline_at: float | None) -> None:
         result = self._execute(request, deadline_at)
         self._calls_served += 1
-        size = len(result.value) + len(result.error_message)
+        size = len(result[2]) if isinstance(result, tuple) else len(result.error_message)
         with self._cond:
             self._running.pop()
             self._cancelled.discard((request.call_id, request.attempt))
@@ -462,9 +463,13 @@ class Executor:
         with self._cond:
             results, self._outbox, self._outbox_bytes = self._outbox, [], 0
         if results:
-            self._connection.send(CallResults(results=tuple(results)))
+            succeeded = tuple(r for r in results if isinstance(r, tuple))
+            failed = tuple(r for r in results if not isinstance(r, tuple))
+            self._connection.send(CallResults(results=failed, succeeded=succeeded))
 
-    def _execute(self, request: CallRequest, deadline_at: float | None) -> CallOutcome:
+    def _execute(self, request: CallRequest, deadline_at: float | None) -> CallOutcome | Succeeded:
+        """How the attempt ended: a failure's outcome, or a success as it travels."""
+
         def failed(code: FailureCode, message: str, *, retryable: bool = False) -> CallOutcome:
             return CallOutcome.failure(
                 call_id=request.call_id,
@@ -514,16 +519,14 @@ class Executor:
         try:
             packed = encode_value(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            return failed(
-                FailureCode.RESULT_NOT_SERIALIZABLE,
-                f"the {type(value).__name__} returned has no msgpack form: {exc}",
-            )
+            why = f"the {type(value).__name__} returned has no msgpack form: {exc}"
+            return failed(FailureCode.RESULT_NOT_SERIALIZABLE, why)
         if len(packed) > self._max_result_bytes:
             return failed(
                 FailureCode.RESULT_TOO_LARGE,
                 f"the result takes {len(packed)} bytes; the limit is {self._max_result_bytes}",
             )
-        return CallOutcome.success(call_id=request.call_id, attempt=request.attempt, value=packed)
+        return (request.call_id, request.attempt, packed)
 
     def _resolve(self, epoch: str, function: str) -> Callable[..., object]:
         epochs = self._epochs

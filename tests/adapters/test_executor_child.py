@@ -187,14 +187,14 @@ class FakeWorker:
     async def results(self, count: int) -> list[CallResults]:
         """CallResults frames until `count` results have arrived."""
         frames: list[CallResults] = []
-        while sum(len(f.results) for f in frames) < count:
+        while sum(len(f.outcomes()) for f in frames) < count:
             message = await self.receive()
             assert isinstance(message, CallResults), message
             frames.append(message)
         return frames
 
     async def results_by_id(self, count: int) -> dict[str, CallOutcome]:
-        return {r.call_id: r for f in await self.results(count) for r in f.results}
+        return {r.call_id: r for f in await self.results(count) for r in f.outcomes()}
 
 
 @asynccontextmanager
@@ -273,7 +273,7 @@ async def test_a_batch_runs_in_order_and_its_results_come_back_batched() -> None
             calls = [call(f"c{i}", "demo.add", i, 1) for i in range(50)]
             await worker.send(RunCalls(calls=tuple(calls)))
             frames = await worker.results(50)
-            results = [r for f in frames for r in f.results]
+            results = [r for f in frames for r in f.outcomes()]
             assert [(r.call_id, r.attempt) for r in results] == [(c.call_id, 1) for c in calls]
             assert values(results) == [i + 1 for i in range(50)]
             assert all(r.ok and r.error_code is None for r in results)
@@ -358,7 +358,7 @@ async def test_a_subcall_round_trip_while_the_executor_keeps_running_calls() -> 
 
             # While "p" waits, the executor runs what else it is given.
             await worker.send(RunCalls(calls=(call("other", "demo.add", 2, 3),)))
-            (other,) = (await worker.results(1))[0].results
+            (other,) = (await worker.results(1))[0].outcomes()
             assert (other.call_id, other.attempt, decode_value(other.value)) == ("other", 1, 5)
 
             # Waiting on a subcall is no stall, however long it takes.
@@ -375,7 +375,7 @@ async def test_a_subcall_round_trip_while_the_executor_keeps_running_calls() -> 
                     )
                 )
             )
-            (parent,) = (await worker.results(1))[0].results
+            (parent,) = (await worker.results(1))[0].outcomes()
             assert (parent.call_id, parent.attempt, decode_value(parent.value)) == ("p", 2, 50)
 
 
@@ -421,16 +421,16 @@ async def test_cancel_drops_a_queued_call_and_ends_a_subcall_wait() -> None:
                 CancelCall(call_id="queued", attempt=1),
             )
             cancelled, busy = await worker.results(2)
-            assert [(r.call_id, r.attempt, r.error_code) for r in cancelled.results] == [
+            assert [(r.call_id, r.attempt, r.error_code) for r in cancelled.outcomes()] == [
                 ("queued", 1, FailureCode.CALL_CANCELLED)
             ]
-            assert [(r.call_id, r.ok) for r in busy.results] == [("busy", True)]
+            assert [(r.call_id, r.ok) for r in busy.outcomes()] == [("busy", True)]
 
             await worker.send(RunCalls(calls=(call("waiting", "demo.parent", 1),)))
             subcall = await worker.receive()
             assert isinstance(subcall, Subcall)
             await worker.send(CancelCall(call_id="waiting", attempt=1))
-            (waiting,) = (await worker.results(1))[0].results
+            (waiting,) = (await worker.results(1))[0].outcomes()
             assert (waiting.call_id, waiting.attempt, waiting.error_code, waiting.retryable) == (
                 "waiting",
                 1,
@@ -446,7 +446,7 @@ async def test_cancel_drops_a_queued_call_and_ends_a_subcall_wait() -> None:
                 ),
                 RunCalls(calls=(call("after", "demo.add", 1, 1),)),
             )
-            (after,) = (await worker.results(1))[0].results
+            (after,) = (await worker.results(1))[0].outcomes()
             assert (after.call_id, decode_value(after.value)) == ("after", 2)
 
 
@@ -461,9 +461,9 @@ async def test_revoke_gives_back_a_queued_call_and_leaves_a_started_one_running(
             )
             given_back, busy = await worker.results(2)
             assert [
-                (r.call_id, r.attempt, r.error_code, r.retryable) for r in given_back.results
+                (r.call_id, r.attempt, r.error_code, r.retryable) for r in given_back.outcomes()
             ] == [("queued", 1, FailureCode.CALL_REVOKED, True)]
-            assert [(r.call_id, r.ok) for r in busy.results] == [("busy", True)]
+            assert [(r.call_id, r.ok) for r in busy.outcomes()] == [("busy", True)]
 
             # Once a call has started (here: it waits on its subcall), a revoke is ignored.
             await worker.send(RunCalls(calls=(call("started", "demo.parent", 1),)))
@@ -477,7 +477,7 @@ async def test_revoke_gives_back_a_queued_call_and_leaves_a_started_one_running(
                     )
                 ),
             )
-            (started,) = (await worker.results(1))[0].results
+            (started,) = (await worker.results(1))[0].outcomes()
             assert (started.call_id, started.ok) == ("started", True)
 
 
@@ -495,7 +495,7 @@ async def test_cancel_names_one_attempt_of_a_call() -> None:
                 CancelCall(call_id="c", attempt=1),  # no such attempt: nothing happens
                 CancelCall(call_id="c", attempt=3),
             )
-            results = [r for f in await worker.results(3) for r in f.results]
+            results = [r for f in await worker.results(3) for r in f.outcomes()]
     assert [(r.call_id, r.attempt, r.error_code) for r in results] == [
         ("c", 3, FailureCode.CALL_CANCELLED),
         ("busy", 1, None),
@@ -531,7 +531,7 @@ async def test_shutdown_finishes_the_running_call_starts_nothing_new_and_exits()
             while (await worker.heartbeat()).running_call_id != "last":
                 pass
             await worker.send(Shutdown(), RunCalls(calls=(call("never", "demo.add", 1, 1),)))
-            (last,) = (await worker.results(1))[0].results
+            (last,) = (await worker.results(1))[0].outcomes()
             assert (last.call_id, decode_value(last.value)) == ("last", "slept")
             rest: list[Message] = []
             while (message := await worker.receive_any()) is not None:
@@ -600,7 +600,7 @@ async def test_a_signal_from_outside_does_not_reach_a_running_call(signum: int) 
             await worker.send(RunCalls(calls=(call("s", "demo.sleepy", 0.2),)))
             await trio.sleep(0.05)
             worker.process.send_signal(signum)
-            (result,) = (await worker.results(1))[0].results
+            (result,) = (await worker.results(1))[0].outcomes()
             assert result.ok, result
 
 

@@ -4,6 +4,7 @@ order, exact stats, streamed batches and sealing, and cancellation.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from blockx.calls import CallFailure, CallPhaseOutcome, CallStats, FailureCode
@@ -280,6 +281,30 @@ def test_outputs_are_in_call_order_whatever_the_order_of_results(core: DispatchC
             ),
         ),
     )
+
+
+def test_successes_in_bulk_end_calls_as_outcomes_do(core: DispatchCore) -> None:
+    """Rows of `succeeded` are successes: a stale attempt's row is ignored, a cancelled
+    attempt's row only ends its zombie, and a frame may mix rows and outcomes."""
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    start(core, "t1", "c0", "c1", "c2", now_ms=0, policy=_BEST_EFFORT)
+    start(core, "t2", "b0", now_ms=1)
+    core.handle(cancelled("t2", now_ms=2))  # b0 becomes a zombie on e0
+    bulk = attrs.evolve(
+        arrived("e0", failed("c2"), now_ms=10),
+        succeeded=(("c1", 2, b"stale"), ("c0", 1, value_of("c0")), ("b0", 1, b"late")),
+    )
+    assert core.handle(bulk).commands == ()
+    assert core.running_calls("e0") == ("c1",)
+    # The zombie has ended: e0 takes new calls again.
+    assert start(core, "t3", "d0", now_ms=10) == (
+        run("e0", dispatch("d0", at_ms=10, task_id="t3")),
+    )
+    done = attrs.evolve(arrived("e0", now_ms=11), succeeded=(("c1", 1, value_of("c1")),))
+    [finish] = core.handle(done).commands
+    assert isinstance(finish, FinishCallPhase)
+    assert finish.outcome.outputs == (value_of("c0"), value_of("c1"))
+    assert finish.outcome.stats == CallStats(calls_total=3, calls_succeeded=2, calls_failed=1)
 
 
 # ------------------------------------------------------------------ streaming

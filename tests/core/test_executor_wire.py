@@ -97,7 +97,13 @@ STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         calls_served=counts,
     ),
     RunCalls: st.builds(RunCalls, calls=st.lists(call_requests, max_size=5).map(tuple)),
-    CallResults: st.builds(CallResults, results=st.lists(outcomes, max_size=5).map(tuple)),
+    CallResults: st.builds(
+        CallResults,
+        results=st.lists(outcomes, max_size=5).map(tuple),
+        succeeded=st.lists(
+            st.tuples(ids, counts, st.binary(min_size=1, max_size=16)), max_size=5
+        ).map(tuple),
+    ),
     CancelCall: st.builds(CancelCall, call_id=ids, attempt=counts),
     RevokeCall: st.builds(RevokeCall, call_id=ids, attempt=counts),
     CodeRequest: st.builds(CodeRequest, request_id=ids, epoch=ids, module=ids),
@@ -309,6 +315,27 @@ def test_a_bad_frame_is_consumed_and_the_next_one_still_decodes() -> None:
         (
             msgpack.packb({"type": "run_calls", "calls": "none"}),
             "$.calls",
+        ),
+        (
+            msgpack.packb({"type": "call_results", "succeeded": ["c", 1]}),
+            "CallResults.succeeded: expected an array of (call id, attempt, value)",
+        ),
+        (
+            msgpack.packb({"type": "call_results", "succeeded": ["c", 1, b"v", "d", "2", b"v"]}),
+            "a success is (string, integer, non-empty bytes), got ['str', 'str', 'bytes'] "
+            "@ $.succeeded[3]",
+        ),
+        (
+            msgpack.packb({"type": "call_results", "succeeded": ["c", 1, b""]}),
+            "got ['str', 'int', 'empty bytes'] @ $.succeeded[0]",
+        ),
+        (
+            msgpack.packb({"type": "call_results", "results": {}, "succeeded": []}),
+            "CallResults.results: expected an array, got dict",
+        ),
+        (
+            msgpack.packb({"type": "call_results", "outcomes": []}),
+            "keys ['outcomes'] are not results and succeeded",
         ),
     ],
 )

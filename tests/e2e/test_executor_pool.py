@@ -190,7 +190,7 @@ async def test_executors_become_ready_and_serve_calls() -> None:
             pool.send("executor-1", RunCalls(calls=(call("c1", "demo.add", 2, 3),)))
             message = (await dispatcher.expect(ExecutorMessage, "executor-1")).message
             assert isinstance(message, CallResults)
-            (result,) = message.results
+            (result,) = message.outcomes()
             assert (result.call_id, result.attempt, decode_value(result.value)) == ("c1", 1, 5)
             views = {v.executor_id: v for v in pool.snapshot()}
             assert views["executor-1"].calls_served == 1
@@ -221,7 +221,7 @@ async def test_a_call_no_longer_shows_running_once_its_results_are_in(tmp_path: 
             release.touch()
             message = (await dispatcher.expect(ExecutorMessage, "executor-0")).message
             assert isinstance(message, CallResults)
-            assert message.results[0].call_id == "slow"
+            assert message.outcomes()[0].call_id == "slow"
             (view,) = pool.snapshot()
             assert (view.state, view.running_call_id, view.calls_served) == (
                 ExecutorState.READY,

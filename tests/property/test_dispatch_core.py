@@ -356,15 +356,17 @@ class DispatchTable(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self._completable())
-    @rule(data=st.data())
-    def finish_executor_batch(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), in_bulk=st.booleans())
+    def finish_executor_batch(self, data: st.DataObject, in_bulk: bool) -> None:
+        """Every call running on an executor succeeds in one frame: as outcomes, or as
+        rows in bulk (`succeeded`), as executors send them."""
         executor_id = data.draw(
             st.sampled_from(sorted({self.running[c].executor_id for c in self._completable()})),
             label="executor_id",
         )
-        self._succeed_all_on(executor_id)
+        self._succeed_all_on(executor_id, in_bulk=in_bulk)
 
-    def _succeed_all_on(self, executor_id: str) -> None:
+    def _succeed_all_on(self, executor_id: str, *, in_bulk: bool = False) -> None:
         done = {
             c: self.running[c].attempt
             for c in self._completable()
@@ -374,14 +376,13 @@ class DispatchTable(RuleBasedStateMachine):
             del self.running[call_id]
             self.waiting.pop(call_id, None)
             self.succeeded.add(call_id)
-        outcomes = tuple(
-            CallOutcome.success(call_id=c, attempt=attempt, value=b"v")
-            for c, attempt in done.items()
-        )
+        rows = tuple((c, attempt, b"v") for c, attempt in done.items())
+        outcomes = tuple(CallOutcome.success(call_id=c, attempt=a, value=v) for c, a, v in rows)
         self._send(
             CallResultsArrived(
                 executor_id=executor_id,
-                outcomes=outcomes,
+                outcomes=() if in_bulk else outcomes,
+                succeeded=rows if in_bulk else (),
                 now_ms=self.now,
                 stimulus_id=self.stimuli.stamp("arrived"),
             )

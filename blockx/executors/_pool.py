@@ -60,6 +60,7 @@ from blockx.executors._model import (
 from blockx.executors._wire import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    RECV_BYTES,
     TOKEN_ENV,
     CallResults,
     CodeRequest,
@@ -81,7 +82,6 @@ CHILD_MODULE: Final = "blockx.executors.child"
 SOCKET_NAME: Final = "executors.sock"
 _MAX_SOCKET_PATH_BYTES: Final = 107  # sun_path is 108 bytes with its NUL
 _HELLO_MAX_FRAME_BYTES: Final = 64 * 1024  # before authentication, frames stay small
-_RECV_BYTES: Final = 256 * 1024
 _WRITE_BATCH_BYTES: Final = 1024 * 1024
 _EXIT_AFTER_EOF_S: Final = 1.0
 """After its connection ends, a process gets this long to exit before it is killed."""
@@ -595,7 +595,7 @@ class ExecutorPoolManager:
             while True:
                 for message in decoder:
                     self._on_message(executor, incarnation, message)
-                data = await stream.receive_some(_RECV_BYTES)
+                data = await stream.receive_some(RECV_BYTES)
                 if not data:
                     return True
                 decoder.feed(data)

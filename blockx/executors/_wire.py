@@ -32,6 +32,10 @@ in bulk in CallResults)."""
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """Largest frame payload either end sends or accepts (64 MiB)."""
+RECV_BYTES: Final = 64 * 1024
+"""Bytes either end asks of its socket per read. Kept under glibc's mmap threshold
+(128 KiB): `recv(n)` allocates n bytes first, and a larger request is a fresh
+mapping per read, measured at 9.5 us a read against 1 us for 64 KiB."""
 
 TOKEN_ENV: Final = "BLOCKX_EXECUTOR_TOKEN"
 """Environment variable that hands an executor its token (never argv: `ps` shows argv)."""

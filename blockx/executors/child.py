@@ -47,6 +47,7 @@ from blockx.calls import (
 from blockx.executors._errors import CodeUnavailable, WireError
 from blockx.executors._wire import (
     PROTOCOL_VERSION,
+    RECV_BYTES,
     TOKEN_ENV,
     CallRequest,
     CallResults,
@@ -95,7 +96,6 @@ EXIT_REJECTED: Final = 5
 EXIT_INTERNAL_ERROR: Final = 70
 """A bug in this module; the traceback is on stderr."""
 
-_RECV_BYTES: Final = 256 * 1024
 _MAX_BATCH_RESULTS: Final = 512
 _MAX_BATCH_BYTES: Final = 1024 * 1024
 _RESULT_FLUSH_AFTER_S: Final = 0.02
@@ -182,7 +182,7 @@ class _Connection:
     def receive_some(self, *, before_welcome: bool = False) -> bytes:
         """The next bytes from the worker; never empty (end of file exits)."""
         try:
-            data = self._sock.recv(_RECV_BYTES)
+            data = self._sock.recv(RECV_BYTES)
         except OSError:
             _exit(EXIT_CONNECTION_LOST)
         if not data:

@@ -28,7 +28,8 @@ from blockx.executors._errors import FrameTooLarge, MalformedFrame, UnknownMessa
 
 PROTOCOL_VERSION: Final = 4
 """Raised whenever a message is added or changes shape (3: RevokeCall; 4: successes
-in bulk in CallResults)."""
+in bulk in CallResults, calls
+as arrays in RunCalls)."""
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """Largest frame payload either end sends or accepts (64 MiB)."""
@@ -98,7 +99,9 @@ class CallRequest:
 
 @attrs.frozen(kw_only=True)
 class RunCalls:
-    """Worker → executor: calls to run in order, several per frame."""
+    """Worker → executor: calls to run in order, several per frame. On the wire each
+    call is an array of CallRequest's fields in their order, not a map: this frame
+    carries most of a worker's traffic."""
 
     calls: tuple[CallRequest, ...]
 
@@ -333,6 +336,65 @@ def _outcomes(results: object) -> tuple[CallOutcome, ...]:
     return tuple(outcomes)
 
 
+_REQUEST_TYPES: Final = (
+    (str,),
+    (int,),
+    (str,),
+    (str,),
+    (str,),
+    (bytes,),
+    (int, type(None)),
+)
+_REQUEST_FIELDS: Final = tuple(field.name for field in attrs.fields(CallRequest))
+
+
+def _structure_run_calls(value: object, _type: type[Any]) -> RunCalls:
+    if type(value) is not dict or value.keys() != {"calls"}:
+        raise TypeError("RunCalls: expected a map whose one key is calls")
+    if type(value["calls"]) is not list:
+        raise TypeError(f"expected an array, got {type(value['calls']).__name__} @ $.calls")
+    rows = value["calls"]
+    # Checked a column at a time; the loop that names the fault runs only on one.
+    width = len(_REQUEST_TYPES)
+    if not (
+        all(type(row) is list and len(row) == width for row in rows)
+        and all(
+            set(map(type, column)) <= set(allowed)
+            for column, allowed in zip(zip(*rows, strict=True), _REQUEST_TYPES, strict=False)
+        )
+    ):
+        raise TypeError(_bad_request(rows))
+    return RunCalls(
+        calls=tuple(
+            CallRequest(
+                call_id=call_id,
+                attempt=attempt,
+                task_id=task_id,
+                epoch=epoch,
+                function=function,
+                args=args,
+                deadline_ms_from_now=deadline,
+            )
+            for call_id, attempt, task_id, epoch, function, args, deadline in rows
+        )
+    )
+
+
+def _bad_request(rows: list[object]) -> str:
+    """What is wrong with the first bad call of a RunCalls array."""
+    for index, row in enumerate(rows):
+        if type(row) is not list or len(row) != len(_REQUEST_TYPES):
+            return f"a call is an array of {len(_REQUEST_TYPES)} fields @ $.calls[{index}]"
+        for field, allowed, name in zip(row, _REQUEST_TYPES, _REQUEST_FIELDS, strict=True):
+            if type(field) not in allowed:
+                return f"{name}: unexpected {type(field).__name__} @ $.calls[{index}]"
+    raise AssertionError("no bad call")  # only called once a check failed
+
+
+def _unstructure_run_calls(message: RunCalls) -> dict[str, object]:
+    return {"calls": [list(attrs.astuple(call)) for call in message.calls]}
+
+
 def _unstructure_call_results(message: CallResults) -> dict[str, object]:
     outcome = CONVERTER.get_unstructure_hook(CallOutcome)
     return {
@@ -349,6 +411,8 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(
         CallOutcome, _flat_hook(CallOutcome, {"error_code": _failure_code})
     )
+    converter.register_structure_hook(RunCalls, _structure_run_calls)
+    converter.register_unstructure_hook(RunCalls, _unstructure_run_calls)
     converter.register_structure_hook(CallResults, _structure_call_results)
     converter.register_unstructure_hook(CallResults, _unstructure_call_results)
     return converter
@@ -388,21 +452,7 @@ def encode_run_calls_frame(
     """`encode_frame(RunCalls(calls=...))` from (call_id, attempt, task_id, epoch, function,
     args, deadline_ms_from_now) tuples, byte for byte, without building a CallRequest
     per call: this frame carries most of a worker's traffic."""
-    mapping = {
-        "calls": [
-            {
-                "call_id": call_id,
-                "attempt": attempt,
-                "task_id": task_id,
-                "epoch": epoch,
-                "function": function,
-                "args": args,
-                "deadline_ms_from_now": deadline,
-            }
-            for call_id, attempt, task_id, epoch, function, args, deadline in calls
-        ],
-        TYPE_KEY: MESSAGE_TAGS[RunCalls],
-    }
+    mapping = {"calls": list(calls), TYPE_KEY: MESSAGE_TAGS[RunCalls]}
     payload: bytes = msgpack.packb(mapping)
     if len(payload) > max_frame_bytes:
         raise FrameTooLarge(frame_bytes=len(payload), max_frame_bytes=max_frame_bytes)

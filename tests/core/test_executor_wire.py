@@ -317,6 +317,20 @@ def test_a_bad_frame_is_consumed_and_the_next_one_still_decodes() -> None:
             "$.calls",
         ),
         (
+            msgpack.packb({"type": "run_calls", "calls": [["c", 1, "t", "e", "m.f", b""]]}),
+            "a call is an array of 7 fields @ $.calls[0]",
+        ),
+        (
+            msgpack.packb(
+                {"type": "run_calls", "calls": [["c", 1, "t", "e", "m.f", b"", None], ["c"] * 7]}
+            ),
+            "attempt: unexpected str @ $.calls[1]",
+        ),
+        (
+            msgpack.packb({"type": "run_calls", "calls": [], "extra": 1}),
+            "RunCalls: expected a map whose one key is calls",
+        ),
+        (
             msgpack.packb({"type": "call_results", "succeeded": ["c", 1]}),
             "CallResults.succeeded: expected an array of (call id, attempt, value)",
         ),

@@ -3,7 +3,9 @@
 Executors answer by call id, so the core needs ids unique across every task
 it runs, while builders number each task's calls from 0. A task's calls are
 known to the core as `<task id>#<run>:<call id>`, the run counting up, so even
-a later run of the same task id never meets a late answer of an earlier one.
+a later run of the same task id never meets a late answer of an earlier one;
+the dispatcher hands the core that prefix with the calls (`CallsAdded.id_prefix`),
+which puts it before each id as it books the call.
 Subcall ids an executor makes are unique only within that process: the core
 knows them as `<executor>#<pid>:<subcall id>` and they go back to the
 executor as they came.
@@ -12,9 +14,6 @@ executor as they came.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
-
-from blockx.calls import CallSpec
 
 
 class CallIds:
@@ -23,16 +22,8 @@ class CallIds:
         self._subcalls: dict[str, str] = {}  # core id -> the executor's subcall id
 
     def run_prefix(self, task_id: str) -> str:
-        """What the ids of a new run of `task_id` start with (`task_calls`)."""
+        """What the core's ids of the calls of a new run of `task_id` start with."""
         return f"{task_id}#{next(self._runs)}:"
-
-    @staticmethod
-    def task_calls(prefix: str, calls: Iterable[CallSpec]) -> tuple[CallSpec, ...]:
-        """`calls` under the ids the core knows them by, for the run `prefix` names."""
-        return tuple(
-            CallSpec(call_id=prefix + call.call_id, function=call.function, args=call.args)
-            for call in calls
-        )
 
     def subcall(self, executor_id: str, pid: int, subcall_id: str) -> str:
         """The core's id of subcall `subcall_id` that process `pid` of `executor_id` made."""

@@ -208,10 +208,14 @@ class DispatcherActor:
         if message.window is not None:
             self._streams[task_id] = (prefix, message.window)
             return
-        calls = self._ids.task_calls(prefix, message.calls)
         self._apply(
             CallsAdded(
-                task_id=task_id, calls=calls, sealed=True, now_ms=now_ms, stimulus_id=stimulus_id
+                task_id=task_id,
+                calls=message.calls,
+                sealed=True,
+                now_ms=now_ms,
+                stimulus_id=stimulus_id,
+                id_prefix=prefix,
             )
         )
 
@@ -227,10 +231,11 @@ class DispatcherActor:
         now_ms, stimulus_id = self._stamp("add")
         added = CallsAdded(
             task_id=task_id,
-            calls=self._ids.task_calls(prefix, message.calls),
+            calls=message.calls,
             sealed=message.sealed,
             now_ms=now_ms,
             stimulus_id=stimulus_id,
+            id_prefix=prefix,
         )
         try:
             self._apply(added)

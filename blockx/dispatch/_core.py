@@ -101,6 +101,7 @@ costs a failed attribute write on the frozen instance per step."""
 @attrs.define(eq=False)
 class _Call:
     spec: CallSpec
+    call_id: str  # the core's id: the spec's, after the batch's `id_prefix`
     task_id: str
     index: int  # position among the task's calls; -1 for a subcall
     parent: _Call | None = None
@@ -285,20 +286,29 @@ class DispatchCore:
         task = self._tasks.get(event.task_id)
         if task is None or task.sealed:
             raise Misuse(what=f"calls added to a closed or unknown task {event.task_id!r}")
-        seen: set[str] = set()
-        for spec in event.calls:  # all checked before any is queued
-            if spec.call_id in seen or spec.call_id in self._call_owner:
-                raise Misuse(what=f"call id {spec.call_id!r} used twice")
-            seen.add(spec.call_id)
-        for spec in event.calls:
-            call = _Call(spec=spec, task_id=task.task_id, index=task.total)
+        prefix = event.id_prefix
+        call_ids = [prefix + spec.call_id for spec in event.calls]
+        if len(set(call_ids)) < len(call_ids) or not self._call_owner.keys().isdisjoint(call_ids):
+            # All checked before any is queued.
+            raise Misuse(what=f"call id {self._repeated(call_ids)!r} used twice")
+        for spec, call_id in zip(event.calls, call_ids, strict=True):
+            call = _Call(spec=spec, call_id=call_id, task_id=task.task_id, index=task.total)
             task.total += 1
-            task.calls[spec.call_id] = call
-            self._call_owner[spec.call_id] = task.task_id
+            task.calls[call_id] = call
+            self._call_owner[call_id] = task.task_id
             task.ready.append(call)
         task.sealed = event.sealed
         self._ring_in(task)
         self._maybe_finish(task, commands)
+
+    def _repeated(self, call_ids: list[str]) -> str:
+        """The first of `call_ids` that is another call's, or earlier in the list."""
+        seen: set[str] = set()
+        for call_id in call_ids:
+            if call_id in seen or call_id in self._call_owner:
+                return call_id
+            seen.add(call_id)
+        raise AssertionError("no id repeats")
 
     def _on_results(self, event: CallResultsArrived, commands: list[DispatchCommand]) -> None:
         executor = self._executors.get(event.executor_id)
@@ -368,9 +378,15 @@ class DispatchCore:
         task = self._tasks[parent.task_id]
         if event.subcall.call_id in self._call_owner:
             raise Misuse(what=f"call id {event.subcall.call_id!r} used twice")
-        child = _Call(spec=event.subcall, task_id=task.task_id, index=-1, parent=parent)
-        task.calls[child.spec.call_id] = child
-        self._call_owner[child.spec.call_id] = task.task_id
+        child = _Call(
+            spec=event.subcall,
+            call_id=event.subcall.call_id,
+            task_id=task.task_id,
+            index=-1,
+            parent=parent,
+        )
+        task.calls[child.call_id] = child
+        self._call_owner[child.call_id] = task.task_id
         task.sub_ready.append(child)
         task.subcalls += 1
         parent.children.append(child)
@@ -429,7 +445,7 @@ class DispatchCore:
         """Remove a running attempt from its executor; abandon its subcalls."""
         assert call.executor_id is not None
         executor = self._executors[call.executor_id]
-        del executor.running[call.spec.call_id]
+        del executor.running[call.call_id]
         executor.waiting -= call.waiting_on
         call.waiting_on = 0
         call.executor_id = None
@@ -444,7 +460,7 @@ class DispatchCore:
         """Take a running attempt off its executor and tell the executor to stop it."""
         assert call.executor_id is not None
         executor = self._executors[call.executor_id]
-        attempt = (call.spec.call_id, call.attempts)
+        attempt = (call.call_id, call.attempts)
         self._take_off(call, commands)
         if not executor.leaving:
             executor.zombies.add(attempt)
@@ -463,7 +479,7 @@ class DispatchCore:
         task = self._tasks[call.task_id]
         if call.parent is not None:
             succeeded = CallOutcome.success(
-                call_id=call.spec.call_id, attempt=call.attempts, value=value
+                call_id=call.call_id, attempt=call.attempts, value=value
             )
             self._deliver(call, succeeded, commands)
             return
@@ -499,7 +515,7 @@ class DispatchCore:
         call.ended = True
         if call.parent is not None:
             failed = CallOutcome.failure(
-                call_id=call.spec.call_id,
+                call_id=call.call_id,
                 attempt=call.attempts,
                 error_code=error_code,
                 error_message=message,
@@ -509,7 +525,7 @@ class DispatchCore:
             return
         task.failures.append(
             CallFailure(
-                call_id=call.spec.call_id,
+                call_id=call.call_id,
                 function=call.spec.function,
                 attempts=call.tries,
                 error_code=error_code,
@@ -522,7 +538,7 @@ class DispatchCore:
             outcome = CallPhaseOutcome(
                 ok=False,
                 failure_code=error_code,
-                message=f"call {call.spec.call_id} ({call.spec.function}) failed after "
+                message=f"call {call.call_id} ({call.spec.function}) failed after "
                 f"{call.tries} attempt(s): {message}",
                 retryable=retryable,
                 stats=self._stats(task),
@@ -545,8 +561,8 @@ class DispatchCore:
     def _forget(self, task: _Task, call: _Call) -> None:
         """A top-level call ended: drop it (and its arguments), so a task streaming many
         calls holds only those not yet ended; its id may be used again."""
-        del task.calls[call.spec.call_id]
-        del self._call_owner[call.spec.call_id]
+        del task.calls[call.call_id]
+        del self._call_owner[call.call_id]
 
     def _requeue(self, task: _Task, call: _Call) -> None:
         """A retry runs ahead of the task's fresh calls."""
@@ -565,7 +581,7 @@ class DispatchCore:
         commands.append(
             DeliverSubcallResult(
                 executor_id=parent.executor_id,
-                parent_call_id=parent.spec.call_id,
+                parent_call_id=parent.call_id,
                 parent_attempt=parent.attempts,
                 outcome=outcome,
             )
@@ -601,7 +617,7 @@ class DispatchCore:
         for call in running:
             assert call.executor_id is not None
             executor = self._executors[call.executor_id]
-            attempt = (call.spec.call_id, call.attempts)
+            attempt = (call.call_id, call.attempts)
             self._take_off(call, commands)
             if not executor.leaving:
                 executor.zombies.add(attempt)
@@ -771,7 +787,7 @@ class DispatchCore:
         commands.append(
             RevokeCalls(
                 executor_id=executor_id,
-                attempts=tuple((call.spec.call_id, call.attempts) for call in calls),
+                attempts=tuple((call.call_id, call.attempts) for call in calls),
             )
         )
 
@@ -786,13 +802,13 @@ class DispatchCore:
         call.attempts += 1
         call.executor_id = executor.executor_id
         call.deadline_ms = now_ms + task.policy.call_deadline_ms
-        executor.running[call.spec.call_id] = call
+        executor.running[call.call_id] = call
         if call.parent is None:
             task.running_top += 1
         heapq.heappush(self._deadlines, (call.deadline_ms, next(self._seq), call, call.attempts))
         batches.setdefault(executor.executor_id, []).append(
             CallDispatch(
-                call_id=call.spec.call_id,
+                call_id=call.call_id,
                 task_id=call.task_id,
                 function=call.spec.function,
                 args=call.spec.args,
@@ -835,7 +851,7 @@ class DispatchCore:
                 assert call.tries <= task.policy.retry.max_attempts
                 assert not call.revoking or call.executor_id is not None
                 if call.executor_id is not None:
-                    assert placed.get(call.spec.call_id) == call.executor_id
+                    assert placed.get(call.call_id) == call.executor_id
                     top_running += call.parent is None
                 if call.ended:
                     assert call.executor_id is None

@@ -51,13 +51,15 @@ class TaskOpened:
 
 @attrs.frozen(kw_only=True)
 class CallsAdded:
-    """More calls of a task; `sealed` says no more will follow."""
+    """More calls of a task; `sealed` says no more will follow. The core knows each call
+    by `id_prefix` followed by its spec's id (and answers and commands use that id)."""
 
     task_id: str
     calls: tuple[CallSpec, ...]
     sealed: bool
     now_ms: int
     stimulus_id: str
+    id_prefix: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -9,6 +9,7 @@ import pytest
 
 from blockx.calls import CallFailure, CallPhaseOutcome, CallStats, FailureCode
 from blockx.dispatch import DispatchCore, FinishCallPhase, ReplaceExecutor
+from blockx.errors import Misuse
 from tests.core.dispatch_helpers import (
     added,
     arrived,
@@ -21,6 +22,7 @@ from tests.core.dispatch_helpers import (
     left,
     observe,
     ok,
+    opened,
     retryable_failure,
     revoke,
     revoked,
@@ -281,6 +283,29 @@ def test_outputs_are_in_call_order_whatever_the_order_of_results(core: DispatchC
             ),
         ),
     )
+
+
+def test_calls_are_known_by_their_batch_s_id_prefix(core: DispatchCore) -> None:
+    """The core's id of a call is `id_prefix` + its spec's id: in commands, answers and
+    failures; batches of one run share the prefix, and a prefixed id used twice is
+    refused."""
+    core.handle(joined("e0", capacity=4, now_ms=0))
+    core.handle(opened("t1", now_ms=0, policy=_BEST_EFFORT))
+    batch = attrs.evolve(added("t1", "c0", now_ms=0, sealed=False), id_prefix="t1#7:")
+    first = dispatch("t1#7:c0", at_ms=0)._replace(args=b"c0")  # the spec's own arguments
+    assert core.handle(batch).commands == (run("e0", first),)
+    later = attrs.evolve(added("t1", "c1", now_ms=1, sealed=False), id_prefix="t1#7:")
+    second = dispatch("t1#7:c1", at_ms=1)._replace(args=b"c1")
+    assert core.handle(later).commands == (run("e0", second),)
+    again = attrs.evolve(added("t1", "c0", now_ms=2), id_prefix="t1#7:")
+    with pytest.raises(Misuse, match="call id 't1#7:c0' used twice"):
+        core.handle(again)
+    assert core.handle(added("t1", now_ms=2)).commands == ()  # sealed
+    core.handle(arrived("e0", failed("t1#7:c1"), now_ms=3))
+    [finish] = core.handle(arrived("e0", ok("t1#7:c0"), now_ms=4)).commands
+    assert isinstance(finish, FinishCallPhase)
+    assert [f.call_id for f in finish.outcome.failures] == ["t1#7:c1"]
+    assert finish.outcome.outputs == (value_of("t1#7:c0"),)
 
 
 def test_successes_in_bulk_end_calls_as_outcomes_do(core: DispatchCore) -> None:

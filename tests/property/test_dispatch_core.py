@@ -249,12 +249,14 @@ class DispatchTable(RuleBasedStateMachine):
     @rule(data=st.data(), count=st.integers(0, 6), sealed=st.booleans())
     def add_calls(self, data: st.DataObject, count: int, sealed: bool) -> None:
         task_id = data.draw(st.sampled_from(self._open_tasks()), label="task_id")
+        # Ids under a prefix (as the dispatcher sends a run's calls) or whole.
+        prefix = data.draw(st.sampled_from(["", f"{task_id}#:"]), label="id_prefix")
         specs = []
         for _ in range(count):
-            call_id = f"c{next(self.ids)}"
-            specs.append(CallSpec(call_id=call_id, function="demo.add"))
-            self.tasks[task_id].calls.append(call_id)
-            self.call_task[call_id] = task_id
+            own_id = f"c{next(self.ids)}"
+            specs.append(CallSpec(call_id=own_id, function="demo.add"))
+            self.tasks[task_id].calls.append(prefix + own_id)
+            self.call_task[prefix + own_id] = task_id
         self.tasks[task_id].sealed = sealed
         self._send(
             CallsAdded(
@@ -263,6 +265,7 @@ class DispatchTable(RuleBasedStateMachine):
                 sealed=sealed,
                 now_ms=self.now,
                 stimulus_id=self.stimuli.stamp("added"),
+                id_prefix=prefix,
             )
         )
 

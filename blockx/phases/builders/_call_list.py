@@ -7,9 +7,12 @@ entry that is not exactly a call fails the whole task, naming the entry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
-from blockx.calls import CallSpec, encode_args
+import msgpack  # type: ignore[import-untyped]  # ships no type information
+
+from blockx.calls import CallSpec
 from blockx.errors import shown
 from blockx.phases.builders._json import (
     argument_list,
@@ -51,6 +54,7 @@ def call_list_calls(request: BuildRequest) -> list[CallSpec]:
     calls: list[CallSpec] = []
     seen: set[str] = set()
     functions: set[str] = set()  # references already checked: a task names few
+    pack = msgpack.Packer().pack  # encode_args' own encoding, one packer for the task
     for index, entry in enumerate(entries):
         # The common case is checked without building messages; `_call` checks the rest
         # field by field, naming what is wrong.
@@ -59,11 +63,11 @@ def call_list_calls(request: BuildRequest) -> list[CallSpec]:
             and entry.keys() <= _CALL_KEY_SET
             and type(function := entry.get("function")) is str
             and function in functions
-            and type(args := entry.get("args", [])) is list
+            and type(args := entry.get("args", _NO_ARGS)) is list
             and type(call_id := entry.get("id", str(index))) is str
             and call_id
             and call_id not in seen
-            and (encoded := _encoded_or_none(args)) is not None
+            and (encoded := _packed_or_none(pack, args)) is not None
         ):
             seen.add(call_id)
             calls.append(CallSpec(call_id=call_id, function=function, args=encoded))
@@ -74,15 +78,19 @@ def call_list_calls(request: BuildRequest) -> list[CallSpec]:
     return calls
 
 
-_CALL_KEY_SET: Final = frozenset(CALL_KEYS)
+_NO_ARGS: Final[list[object]] = []
 
 
-def _encoded_or_none(args: list[object]) -> bytes | None:
-    """`args` encoded, or None when they cannot be (`_call` then says why)."""
+def _packed_or_none(pack: Callable[[object], bytes], args: list[object]) -> bytes | None:
+    """`args` encoded as `encode_args` does, or None when they cannot be (`_call` then
+    says why)."""
     try:
-        return encode_args(args)
+        return pack(args)
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+_CALL_KEY_SET: Final = frozenset(CALL_KEYS)
 
 
 def _call(index: int, entry: object, seen: set[str]) -> CallSpec:

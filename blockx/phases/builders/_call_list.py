@@ -53,7 +53,9 @@ def call_list_calls(request: BuildRequest) -> list[CallSpec]:
     entries = _entries(parse_json(NAME, "payload", request.payload))
     calls: list[CallSpec] = []
     seen: set[str] = set()
-    functions: set[str] = set()  # references already checked: a task names few
+    functions = _CHECKED_FUNCTIONS
+    if len(functions) > _MAX_CHECKED_FUNCTIONS:
+        functions.clear()
     pack = msgpack.Packer().pack  # encode_args' own encoding, one packer for the task
     for index, entry in enumerate(entries):
         # The common case is checked without building messages; `_call` checks the rest
@@ -79,6 +81,10 @@ def call_list_calls(request: BuildRequest) -> list[CallSpec]:
 
 
 _NO_ARGS: Final[list[object]] = []
+_CHECKED_FUNCTIONS: Final[set[str]] = set()
+"""Function references `_call` has found well formed, in every task: a task names few,
+and a worker's tasks name the same ones, so a task of one call is checked quickly too."""
+_MAX_CHECKED_FUNCTIONS: Final = 10_000
 
 
 def _packed_or_none(pack: Callable[[object], bytes], args: list[object]) -> bytes | None:

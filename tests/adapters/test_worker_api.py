@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Awaitable
 from typing import Any
 
@@ -817,9 +818,15 @@ async def test_a_builder_that_waits_runs_in_a_task_actor_with_or_without_a_plugi
 )
 async def test_an_in_process_worker_holds_its_threads_cpu_only_while_it_serves() -> None:
     allowed = os.sched_getaffinity(0)
+    policy = os.sched_getscheduler(0)
     with trio.CancelScope() as serving:
         async with running_worker():
             assert len(os.sched_getaffinity(0)) == 1  # pinLoopThreads, on by default
+            [grpc_loop] = [t for t in threading.enumerate() if t.name == "grpc-loop"]
+            assert grpc_loop.native_id is not None
+            for thread_id in (0, grpc_loop.native_id):  # woken, neither preempts the other
+                assert os.sched_getscheduler(thread_id) == os.SCHED_BATCH
             serving.cancel()  # ended by cancellation, not by its stop event
             await trio.sleep_forever()
     assert os.sched_getaffinity(0) == allowed
+    assert os.sched_getscheduler(0) == policy

@@ -63,7 +63,8 @@ against figures of the same run: worker_cpu_ms_per_task_stream <= 0.6 x
 echo_cpu_ms_per_rpc; worker_cpu_ms_per_task_stream_result <= 0.7 x
 echo_cpu_ms_per_rpc; stream_tasks_per_s >= echo_rpc_per_s;
 worker_cpu_ms_per_task_unary <= 3 x echo_cpu_ms_per_rpc; unary_tasks_per_s >=
-0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms; ready_s <=
+0.35 x echo_rpc_per_s; latency_p50_ms <= 2.5 x echo_latency_p50_ms (issue 31 asks
+2.0 x; docs/runtime.md says where the time goes); ready_s <=
 1.0; first_result_s <= 1.2; idle_rss_mb <= 150; rpc_ratio >= 0.8;
 mixed_makespan_ratio <= 1.15; w3_efficiency >= 0.85; w2_to_engine_ratio >= 0.6;
 w2_to_ppe_ratio >= 0.4 (issue 31).

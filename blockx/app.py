@@ -449,6 +449,7 @@ async def _serve_rpcs(
         identity=actors.probe.identity,
         executors=actors.transport.snapshot,
         ready=lambda: actors.readiness.ready,
+        retained=actors.retained,
         shadow=shadow.offer if shadow is not None else None,
     )
     front_end = GrpcFrontEnd(

@@ -4,6 +4,8 @@
 * task actors (`run_task`): one per task whose builder or plugin waits on IO.
 * `DispatcherActor`: the one owner of the dispatch core, driving the executors.
 * `WatchFanout`: fans task updates out to watch streams (part of the slot-table actor).
+* `RetainedSnapshots`: the terminal snapshots of retained results, published by the slot
+  table for the gRPC handlers.
 
 An actor is one task with one inbox (`Inbox`); its messages are all in
 `blockx.actors._messages`, re-exported here. `run_actors` starts the graph;
@@ -48,6 +50,7 @@ from blockx.actors._messages import (
     WatchChanged,
     WorkerStatus,
 )
+from blockx.actors._retained import RetainedSnapshots
 from blockx.actors._slot_table import FreeSlots, SlotTableActor
 from blockx.actors._streams import (
     Accepted,
@@ -90,6 +93,7 @@ __all__ = [
     "Refused",
     "Reply",
     "RequestSlot",
+    "RetainedSnapshots",
     "RunFedTask",
     "RunTaskCalls",
     "SlotTableActor",

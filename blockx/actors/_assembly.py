@@ -31,6 +31,7 @@ from blockx.actors._messages import (
     WorkerStatus,
 )
 from blockx.actors._readiness import Readiness
+from blockx.actors._retained import RetainedSnapshots
 from blockx.actors._slot_table import FreeSlots, SlotTableActor
 from blockx.actors._task import Admission, TaskRuntime
 from blockx.actors._watch import WatchFanout
@@ -86,6 +87,8 @@ class WorkerActors:
     """Whether some executor is up: the worker admits work only then."""
     free_slots: FreeSlots
     """How many slots are free (published by the slot table)."""
+    retained: RetainedSnapshots
+    """The terminal snapshots of retained results (published by the slot table)."""
 
     def start_drain(self) -> None:
         """Stop admitting: new slots and unactivated submits are refused from now on."""
@@ -202,6 +205,7 @@ async def run_actors(nursery: trio.Nursery, parts: ActorParts) -> AsyncIterator[
                 drained=slot_table.drained,
                 readiness=readiness,
                 free_slots=slot_table.free_slots,
+                retained=slot_table.retained,
             )
     finally:
         with trio.CancelScope(shield=True):

@@ -50,6 +50,7 @@ from blockx.actors._messages import (
     WatchChanged,
     WorkerStatus,
 )
+from blockx.actors._retained import RetainedSnapshots
 from blockx.actors._streams import HubStream
 from blockx.actors._task import (
     Activation,
@@ -221,6 +222,9 @@ class SlotTableActor:
         """Published: set once draining started and no task is live any more."""
         self.free_slots = FreeSlots(count=self._admitting())
         """Published: the slots a new task could take, updated after each batch of messages."""
+        self.retained = RetainedSnapshots()
+        """Published: the terminal snapshots of retained results, changed in the step the
+        machine retains or forgets one."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -458,6 +462,7 @@ class SlotTableActor:
                 self._end_task(task_id, result)
             case ForgetTask(task_id=task_id, reason=reason):
                 self._slot_freed = True
+                self.retained.forgotten(task_id)
                 if reason in _RESERVATION_ENDED:  # streams still on it are told
                     self._fanout.forget(task_id)
 
@@ -623,7 +628,9 @@ class SlotTableActor:
             self._release(task)  # after the cancel: the next calls go in behind it
         if self._code.pinned_epoch(task_id) is not None:
             self._code.unpin(task_id, self._clock.now_ms())
-        self._fanout.publish(TaskSnapshot.of_result(result))
+        snapshot = TaskSnapshot.of_result(result)
+        self.retained.retained(snapshot)  # ConvergeTask: the machine retains every result
+        self._fanout.publish(snapshot)
         for hook in self._on_finished:
             hook(result)
 

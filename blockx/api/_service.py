@@ -9,6 +9,11 @@ full, or the front end is closing, the answer is UNAVAILABLE at once.
 asyncio event; the handler sends what the stream holds whenever it is set.
 A stream that ends after the terminal update of every task it follows is a
 clean detach; a handler cancelled by its client going away is a disconnect.
+A watch of tasks that have all ended, and `GetTaskResult` of one, are answered
+from the terminal snapshots the slot table publishes (`RetainedSnapshots`)
+without a round trip to the actors: the answer the actor would give, a hop and
+two thread wake-ups sooner (for a client that watches right after its submit,
+the task has usually ended by then).
 
 `RunTasks` does both on one stream: a reader posts each task of a request (one
 or many, up to `MAX_RUN_TASKS_BATCH`) as a submit that carries the stream's
@@ -41,6 +46,7 @@ from blockx.actors import (
     Refused,
     Reply,
     RequestSlot,
+    RetainedSnapshots,
     SlotTableMessage,
     StreamEvent,
     SubmitTask,
@@ -92,9 +98,11 @@ class WorkerService(pb.WorkerServiceBase):
         identity: WorkerIdentity,
         executors: Callable[[], Sequence[ExecutorView]],
         ready: Callable[[], bool],
+        retained: RetainedSnapshots,
         shadow: Callable[[pb.TaskSpec], object] | None = None,
     ) -> None:
         self._slot_table = slot_table
+        self._retained = retained
         self.shadow = shadow
         """Offered every accepted submit that is not itself a shadow (`ShadowForwarder.offer`)."""
         self.identity = identity
@@ -195,9 +203,13 @@ class WorkerService(pb.WorkerServiceBase):
 
     async def _get_task_result(self, rpc: Stream[Any, Any]) -> None:
         message = await _request(rpc)
-        snapshot: TaskSnapshot = await self._ask(
-            lambda reply: GetResult(task_id=message.task_id, reply=reply)
-        )
+        self._check_open()
+        snapshot = self._retained.get(message.task_id)
+        if snapshot is None:
+            asked: TaskSnapshot = await self._ask(
+                lambda reply: GetResult(task_id=message.task_id, reply=reply)
+            )
+            snapshot = asked
         await rpc.send_message(result_response(snapshot))
 
     async def _get_worker_status(self, rpc: Stream[Any, Any]) -> None:
@@ -337,6 +349,11 @@ class WorkerService(pb.WorkerServiceBase):
                 Status.INVALID_ARGUMENT,
                 f"task_ids has {len(message.task_ids)} ids; at most {MAX_WATCH_TASK_IDS}",
             )
+        ended = self._retained.all_of(message.task_ids)
+        if ended is not None:  # what the fan-out would send: each terminal update, then the end
+            for snapshot in ended:
+                await rpc.send_message(task_update(snapshot))
+            return
         wake = asyncio.Event()
         stream = WatchStream(
             message.task_ids, wake=functools.partial(self.bridge.to_loop, wake.set)

@@ -1,4 +1,5 @@
-"""The watch fan-out and its streams: bounded buffers and first/last stream bookkeeping."""
+"""The watch fan-out and its streams: bounded buffers and first/last stream bookkeeping;
+the retained snapshots the slot table publishes beside them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import trio.testing
 
 from blockx.actors import (
     Inbox,
+    RetainedSnapshots,
     SlotTableMessage,
     TaskStream,
     WatchChanged,
@@ -171,3 +173,26 @@ def test_a_run_stream_whose_events_are_not_taken_is_full_until_they_are() -> Non
     assert stream.full
     stream.answer(0, "u0", running("u0", TaskPhase.CALLS))
     assert (stream.full, rooms) == (False, [None, None])
+
+
+def test_retained_snapshots_answer_only_for_every_id_they_hold_in_order_once_each() -> None:
+    retained = RetainedSnapshots()
+    retained.retained(ended("a"))
+    retained.retained(ended("b"))
+    assert retained.get("a") == ended("a")
+    assert retained.get("c") is None
+    assert retained.all_of(["b", "a", "b"]) == [ended("b"), ended("a")]
+    assert retained.all_of(["a", "c"]) is None  # one unknown: the actor answers for all
+    retained.forgotten("a")
+    retained.forgotten("never-held")
+    assert retained.get("a") is None
+    assert retained.all_of(["b"]) == [ended("b")]
+
+
+def test_retained_snapshots_keep_the_newest_up_to_their_capacity() -> None:
+    retained = RetainedSnapshots(capacity=2)
+    for task_id in ("a", "b", "a", "c"):  # "a" again: the newest before "c"
+        retained.retained(ended(task_id))
+    assert len(retained) == 2
+    assert retained.get("b") is None
+    assert [retained.get(task_id) for task_id in ("a", "c")] == [ended("a"), ended("c")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Awaitable
 from typing import Any
 
@@ -21,6 +22,7 @@ from grpclib.reflection.v1alpha import reflection_grpc as reflection_v1alpha_grp
 from grpclib.reflection.v1alpha import reflection_pb2 as reflection_v1alpha
 
 from blockx._proto.blockx.worker import v1 as pb
+from blockx.actors import SlotTableMessage
 from blockx.actors import _slot_table as slot_table
 from blockx.actors._task import TaskRuntime, TaskStart, run_task
 from blockx.api import SERVICE_NAME, STATUS_OF, grpc_error
@@ -669,6 +671,45 @@ async def test_a_result_read_again_is_the_same_and_a_rerun_after_purge_is_new(
         assert worker.calls.started == ["again", "again"]
 
 
+async def test_ended_tasks_are_watched_and_read_without_a_trip_to_the_slot_table(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = virtual_clock_config(**{"worker.resultRetentionMs": 1_000})
+    async with running_worker(config) as worker:
+        for task_id in ("e1", "e2"):
+            task = call_list_task(task_id, ("demo.add", [1, 2]))
+            await worker.call(worker.stub.submit_task, pb.SubmitTaskRequest(task=task))
+            await watch(worker, task_id)
+        inbox = worker.serving.slot_table
+        posted: list[str] = []
+        post = inbox.post
+
+        def recording(message: SlotTableMessage) -> None:
+            posted.append(type(message).__name__)
+            post(message)
+
+        monkeypatch.setattr(inbox, "post", recording)
+        updates = await watch(worker, "e2", "e1", "e2")
+        assert [(update.task_id, update.state) for update in updates] == [
+            ("e2", pb.TaskState.SUCCEEDED),
+            ("e1", pb.TaskState.SUCCEEDED),
+        ]
+        assert all(update.is_terminal and update.result is not None for update in updates)
+        request = pb.GetTaskResultRequest(task_id="e1")
+        read = await worker.call(worker.stub.get_task_result, request)
+        assert read.state == pb.TaskState.SUCCEEDED
+        assert posted == []
+        with pytest.raises(GRPCError) as raised:  # one id not ended: the slot table answers
+            await watch(worker, "e1", "ghost")
+        assert raised.value.status is Status.NOT_FOUND
+        assert posted[0] == "OpenWatch"
+        await trio.sleep(2)  # past the retention: forgotten, and no longer answered here
+        posted.clear()
+        code, _ = await status_of(worker, worker.stub.get_task_result, request)
+        assert code is Status.NOT_FOUND
+        assert posted == ["GetResult"]
+
+
 async def test_results_past_the_byte_bound_are_evicted_oldest_first_and_read_as_evicted(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -777,9 +818,15 @@ async def test_a_builder_that_waits_runs_in_a_task_actor_with_or_without_a_plugi
 )
 async def test_an_in_process_worker_holds_its_threads_cpu_only_while_it_serves() -> None:
     allowed = os.sched_getaffinity(0)
+    policy = os.sched_getscheduler(0)
     with trio.CancelScope() as serving:
         async with running_worker():
             assert len(os.sched_getaffinity(0)) == 1  # pinLoopThreads, on by default
+            [grpc_loop] = [t for t in threading.enumerate() if t.name == "grpc-loop"]
+            assert grpc_loop.native_id is not None
+            for thread_id in (0, grpc_loop.native_id):  # woken, neither preempts the other
+                assert os.sched_getscheduler(thread_id) == os.SCHED_BATCH
             serving.cancel()  # ended by cancellation, not by its stop event
             await trio.sleep_forever()
     assert os.sched_getaffinity(0) == allowed
+    assert os.sched_getscheduler(0) == policy

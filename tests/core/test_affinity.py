@@ -1,4 +1,5 @@
-"""Pinning the loop threads: the pinned thread gets one CPU, threads it starts get all back."""
+"""Pinning the loop threads: the pinned thread gets one CPU and never preempts on wake-up;
+threads it starts get every CPU and the usual scheduling back."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def cpus_of_a_new_process() -> str:
     return line.split(":", 1)[1].strip()
 
 
+def policy_of_a_new_process() -> int:
+    """The scheduling policy of a process started from the calling thread."""
+    sched = subprocess.run(["cat", "/proc/self/sched"], capture_output=True, text=True, check=True)
+    [line] = [ln for ln in sched.stdout.splitlines() if ln.startswith("policy")]
+    return int(line.split(":", 1)[1])
+
+
 def test_threads_and_processes_started_after_the_pin_get_every_cpu_back() -> None:
     allowed = frozenset(os.sched_getaffinity(0))
     cpu = max(allowed)
@@ -41,17 +49,21 @@ def test_threads_and_processes_started_after_the_pin_get_every_cpu_back() -> Non
     def started_later() -> None:
         seen["thread"] = frozenset(os.sched_getaffinity(0))
         seen["process"] = cpus_of_a_new_process()
+        seen["thread policy"] = os.sched_getscheduler(0)
+        seen["process policy"] = policy_of_a_new_process()
 
     def loop_thread() -> None:
         unpin = pin_loop_threads(cpu, allowed)
         try:
             seen["pinned"] = frozenset(os.sched_getaffinity(0))
+            seen["pinned policy"] = os.sched_getscheduler(0)
             later = threading.Thread(target=started_later)
             later.start()
             later.join()
         finally:
             unpin()
         seen["unpinned"] = frozenset(os.sched_getaffinity(0))
+        seen["unpinned policy"] = os.sched_getscheduler(0)
 
     thread = threading.Thread(target=loop_thread)
     thread.start()
@@ -61,4 +73,26 @@ def test_threads_and_processes_started_after_the_pin_get_every_cpu_back() -> Non
     assert seen["unpinned"] == allowed
     assert seen["thread"] == allowed
     assert seen["process"] == cpus_of_a_new_process()
+    assert seen["pinned policy"] == os.SCHED_BATCH  # woken, the pinned thread never preempts
+    assert seen["unpinned policy"] == seen["thread policy"] == os.SCHED_OTHER
+    assert seen["process policy"] == os.SCHED_OTHER
     assert frozenset(os.sched_getaffinity(0)) == allowed  # this thread was never pinned
+
+
+def test_a_policy_an_operator_chose_is_left_as_it_is() -> None:
+    allowed = frozenset(os.sched_getaffinity(0))
+    seen: dict[str, int] = {}
+
+    def loop_thread() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # as `chrt --idle` would
+        unpin = pin_loop_threads(max(allowed), allowed)
+        try:
+            seen["pinned"] = os.sched_getscheduler(0)
+        finally:
+            unpin()
+        seen["unpinned"] = os.sched_getscheduler(0)
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    thread.join()
+    assert seen == {"pinned": os.SCHED_IDLE, "unpinned": os.SCHED_IDLE}

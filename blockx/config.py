@@ -185,14 +185,18 @@ class DispatcherSection:
     """`dispatcher.*`: how a task's calls are spread over the executors."""
 
     call_window: int = setting(512, "callWindow", positive=True)
-    """Calls of one task in flight at once: enough for one task to fill the queues of 8
-    executors (8 x executorCapacity), so a task of many short calls keeps each queue
-    full and its results come back in frames of up to 64 rather than 64 / executors
-    (a window of 64 cost the worker 8.5-9.2 us of CPU a call on 2 executors, 512 cost
+    """Calls of one task in flight at once: enough for one task of short calls to keep
+    the queues of its executors deep, so its results come back in large frames (a
+    window of 64 cost the worker 8.5-9.2 us of CPU a call on 2 executors, 512 cost
     7.0-7.1). Tasks still take turns for every free place (round robin)."""
     call_deadline_ms: int = setting(60_000, "callDeadlineMs", "CALL_DEADLINE_MS", positive=True)
-    executor_capacity: int = setting(64, "executorCapacity", positive=True)
-    """Calls queued on one executor at once: what a call of another task may wait behind."""
+    executor_capacity: int = setting(512, "executorCapacity", positive=True)
+    """The most calls queued on one executor at once (64 until the pace of its results is
+    known)."""
+    executor_queue_ms: int = setting(50, "executorQueueMs", positive=True)
+    """How much work an executor's queue holds, at the pace its results come back: what a
+    call of another task may wait behind. Short calls travel in deep batches (up to
+    executorCapacity), long ones two at a time (one running, one waiting)."""
     cancel_grace_ms: int = setting(
         2_000, "cancelGraceMs", "EXECUTOR_CANCEL_GRACE_MS", positive=True
     )

@@ -108,7 +108,9 @@ class DispatcherActor:
         self._stimuli = stimuli
         self._rng = rng or random.Random()
         self._readiness = readiness or Readiness()
-        self._core = DispatchCore(cancel_grace_ms=settings.cancel_grace_ms)
+        self._core = DispatchCore(
+            cancel_grace_ms=settings.cancel_grace_ms, queue_ms=settings.executor_queue_ms
+        )
         self._ids = CallIds()
         self._code: dict[str, FunctionSnapshot] = {}  # task id -> its pinned code
         self._pids: dict[str, int] = {}

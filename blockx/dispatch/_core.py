@@ -46,6 +46,14 @@ queued on them at once, which keeps their pipe full.
    attempt does not count) and those calls run next, on the idle one. What
    had started runs on. So no queued call waits behind another while an
    executor is idle, and pipelining stays deep for short calls.
+8. Paced queues (when the core is made with `queue_ms`): an executor's queue
+   holds as many calls as it runs in `queue_ms` at the pace its results came
+   back at (time between two of its result events while it was busy, over the
+   attempts they ended, averaged with the pace before), at least 2 and at
+   most its capacity; 64 until a pace is known, and again once it has been
+   idle longer than `queue_ms`. Short calls travel in deep batches, while a
+   call of another task never waits behind more than about `queue_ms` of
+   queued work.
 """
 
 from __future__ import annotations
@@ -151,12 +159,16 @@ class _Executor:
     replacing: bool = False  # ReplaceExecutor was sent: it is on its way out
     waiting: int = 0  # outstanding subcalls of its running calls
     leaving: bool = False
+    depth: int = 0  # calls its queue may hold now: its capacity, or its paced depth (rule 8)
+    pace_us: float | None = None  # time per attempt ended, while busy (rule 8)
+    busy_since_ms: int | None = None  # its last result event while busy, or its start
+    idle_since_ms: int | None = None
 
     def room(self) -> int:
         """Room for fresh calls and retries: none while it holds a cancelled call (rule 5)."""
         if self.zombies or self.replacing:
             return 0
-        return self.capacity - len(self.running)
+        return self.depth - len(self.running)
 
     def subcall_room(self) -> int:
         """Room for subcalls: one more unit per subcall its calls wait for."""
@@ -197,8 +209,12 @@ class _Room:
 class DispatchCore:
     """Runs the calls of many tasks on many executors. See the module docstring."""
 
-    def __init__(self, *, cancel_grace_ms: int = 2_000) -> None:
+    def __init__(self, *, cancel_grace_ms: int = 2_000, queue_ms: int | None = None) -> None:
+        """`queue_ms`: pace executors' queues (rule 8); None: each holds its capacity."""
+        if queue_ms is not None and queue_ms < 1:
+            raise Misuse(what=f"queue_ms must be >= 1, got {queue_ms}")
         self._cancel_grace_ms = cancel_grace_ms
+        self._queue_ms = queue_ms
         self._tasks: dict[str, _Task] = {}
         self._executors: dict[str, _Executor] = {}
         self._ring: collections.deque[_Task] = collections.deque()
@@ -226,6 +242,10 @@ class DispatchCore:
     def running_calls(self, executor_id: str) -> tuple[str, ...]:
         return tuple(self._executors[executor_id].running)
 
+    def executor_depth(self, executor_id: str) -> int:
+        """Calls `executor_id`'s queue may hold now: its capacity, or as paced (rule 8)."""
+        return self._executors[executor_id].depth
+
     def next_deadline_ms(self) -> int | None:
         """When a back-off ends or a call deadline passes next (None: nothing armed)."""
         while self._backoffs and self._backoffs[0][2].ended:
@@ -252,9 +272,9 @@ class DispatchCore:
             case ExecutorJoined():
                 if event.executor_id in self._executors or event.capacity < 1:
                     raise Misuse(what=f"cannot join {event!r}")
-                self._executors[event.executor_id] = _Executor(
-                    executor_id=event.executor_id, capacity=event.capacity
-                )
+                executor = _Executor(executor_id=event.executor_id, capacity=event.capacity)
+                self._unpace(executor)
+                self._executors[event.executor_id] = executor
             case ExecutorLeft():
                 self._on_executor_left(event, commands)
             case TaskOpened():
@@ -301,6 +321,32 @@ class DispatchCore:
         self._ring_in(task)
         self._maybe_finish(task, commands)
 
+    _UNPACED_DEPTH = 64
+    _MIN_DEPTH = 2
+
+    def _unpace(self, executor: _Executor) -> None:
+        """Forget `executor`'s pace: its queue holds what it may before one is known."""
+        executor.pace_us = None
+        if self._queue_ms is None:
+            executor.depth = executor.capacity
+        else:
+            executor.depth = min(executor.capacity, self._UNPACED_DEPTH)
+
+    def _pace(self, executor: _Executor, ended: int, now_ms: int) -> None:
+        """Rule 8: `ended` attempts of `executor` ended at `now_ms`; its depth follows."""
+        assert self._queue_ms is not None
+        since = executor.busy_since_ms
+        if ended > 0 and since is not None:
+            sample = (now_ms - since) * 1000 / ended
+            pace = sample if executor.pace_us is None else (executor.pace_us + sample) / 2
+            executor.pace_us = pace
+            paced = int(self._queue_ms * 1000 / max(pace, 1.0))
+            executor.depth = min(executor.capacity, max(self._MIN_DEPTH, paced))
+        if executor.running:
+            executor.busy_since_ms = now_ms
+        else:
+            executor.busy_since_ms, executor.idle_since_ms = None, now_ms
+
     def _repeated(self, call_ids: list[str]) -> str:
         """The first of `call_ids` that is another call's, or earlier in the list."""
         seen: set[str] = set()
@@ -314,6 +360,14 @@ class DispatchCore:
         executor = self._executors.get(event.executor_id)
         if executor is None:
             return  # answers of an executor that has since left
+        self._book_results(executor, event, commands)
+        if self._queue_ms is not None:
+            revoked = sum(o.error_code is FailureCode.CALL_REVOKED for o in event.outcomes)
+            self._pace(executor, len(event.succeeded) + len(event.outcomes) - revoked, event.now_ms)
+
+    def _book_results(
+        self, executor: _Executor, event: CallResultsArrived, commands: list[DispatchCommand]
+    ) -> None:
         zombies, running = executor.zombies, executor.running
         for call_id, number, value in event.succeeded:
             if zombies and (call_id, number) in zombies:
@@ -672,6 +726,12 @@ class DispatchCore:
         also use the extra room of executors whose calls wait on subcalls, and
         nothing else may take that room.
         """
+        if self._queue_ms is not None:
+            for executor in self._executors.values():
+                idle = executor.idle_since_ms
+                if not executor.running and idle is not None and now_ms - idle > self._queue_ms:
+                    self._unpace(executor)  # its pace is stale (rule 8)
+                    executor.idle_since_ms = None
         if not self._ring:
             return
         room = _Room.of(self._executors)
@@ -799,6 +859,8 @@ class DispatchCore:
         task: _Task,
         batches: dict[str, list[CallDispatch]],
     ) -> None:
+        if not executor.running and executor.busy_since_ms is None:
+            executor.busy_since_ms = now_ms  # busy from now on (rule 8)
         call.attempts += 1
         call.executor_id = executor.executor_id
         call.deadline_ms = now_ms + task.policy.call_deadline_ms
@@ -836,9 +898,13 @@ class DispatchCore:
             live = {(call_id, call.attempts) for call_id, call in executor.running.items()}
             assert not (live & executor.zombies)
             assert executor.waiting == sum(c.waiting_on for c in executor.running.values())
-            # Room may be negative only through cancellation (zombies outstay the
-            # subcall room they were dispatched into); _pump never overfills.
+            # Room may be negative through cancellation (zombies outstay the subcall
+            # room they were dispatched into) or a depth paced down (rule 8) below
+            # what was queued; _pump never overfills.
             assert not executor.leaving
+            assert 1 <= executor.depth <= executor.capacity
+            if self._queue_ms is None:
+                assert executor.depth == executor.capacity
             for call_id, call in executor.running.items():
                 assert call.executor_id == executor_id
                 assert not call.ended

@@ -470,6 +470,7 @@ POSITIVE_SETTINGS = [
     "dispatcher.cancelGraceMs",
     "dispatcher.callDeadlineMs",
     "dispatcher.executorCapacity",
+    "dispatcher.executorQueueMs",
     "functionCode.refreshMs",
     "etcdLeaseTtlMs",
     "heartbeatIntervalMs",

@@ -4,8 +4,11 @@ one batch per executor per step, the per-task window and round-robin fairness.
 
 from __future__ import annotations
 
+import pytest
+
 from blockx.calls import CallPhaseOutcome, CallStats
-from blockx.dispatch import DispatchCore, FinishCallPhase
+from blockx.dispatch import DispatchCommand, DispatchCore, FinishCallPhase, RunCalls
+from blockx.errors import Misuse
 from tests.core.dispatch_helpers import (
     added,
     arrived,
@@ -300,3 +303,57 @@ def test_a_revoke_answer_that_was_not_asked_for_is_a_failed_attempt(
     assert core.handle(arrived("e0", revoked("c0"), now_ms=5)).commands == (
         run("e0", dispatch("c0", at_ms=5, attempt=2)),
     )
+
+
+# ------------------------------------------------------------ paced queues (rule 8)
+
+
+def _placed(commands: tuple[DispatchCommand, ...]) -> int:
+    """How many calls `commands` place, on any executor."""
+    return sum(len(c.calls) for c in commands if isinstance(c, RunCalls))
+
+
+def _ended_on(core: DispatchCore, executor_id: str, count: int, now_ms: int) -> int:
+    """The `count` oldest calls running on `executor_id` succeed at `now_ms`; returns how
+    many calls the step then placed on it."""
+    done = tuple(ok(call_id) for call_id in core.running_calls(executor_id)[:count])
+    return _placed(core.handle(arrived(executor_id, *done, now_ms=now_ms)).commands)
+
+
+def test_a_paced_queue_deepens_for_short_calls_and_shrinks_for_long_ones() -> None:
+    core = DispatchCore(queue_ms=10)
+    core.handle(joined("e0", capacity=200, now_ms=0))
+    core.handle(opened("t1", now_ms=0, policy=call_policy(window=1000)))
+    many = [f"c{index}" for index in range(1000)]
+    # No pace yet: 64 calls, as before queues were paced.
+    assert _placed(core.handle(added("t1", *many, now_ms=0)).commands) == 64
+    assert core.executor_depth("e0") == 64
+    # 64 ended 1 ms after they were sent: 15.6 us a call, 10 ms of them is 640: the
+    # capacity, 200, bounds the queue.
+    assert _ended_on(core, "e0", 64, now_ms=1) == 200
+    assert core.executor_depth("e0") == 200
+    # 2 ended 100 ms later: 50 ms a call (averaged: 25 ms): two at a time, one waiting.
+    assert _ended_on(core, "e0", 2, now_ms=101) == 0
+    assert core.executor_depth("e0") == 2
+    assert len(core.running_calls("e0")) == 198  # already queued: not taken back
+
+
+def test_a_paced_queue_forgets_its_pace_once_idle_for_longer_than_its_target() -> None:
+    core = DispatchCore(queue_ms=10)
+    core.handle(joined("e0", capacity=200, now_ms=0))
+    start(core, "t1", "c0", "c1", now_ms=0)
+    core.handle(arrived("e0", ok("c0"), ok("c1"), now_ms=100))  # 50 ms a call
+    assert core.executor_depth("e0") == 2
+    # Idle 10 ms: the pace still holds.
+    assert _placed(start(core, "t2", "b0", "b1", "b2", now_ms=110)) == 2
+    assert _ended_on(core, "e0", 2, now_ms=120) == 1
+    assert _ended_on(core, "e0", 1, now_ms=130) == 0
+    assert core.running_calls("e0") == ()
+    # Idle 11 ms: 64, as if new.
+    assert _placed(start(core, "t3", *[f"d{index}" for index in range(100)], now_ms=141)) == 64
+    assert core.executor_depth("e0") == 64
+
+
+def test_queue_ms_must_be_positive() -> None:
+    with pytest.raises(Misuse, match="queue_ms must be >= 1"):
+        DispatchCore(queue_ms=0)

@@ -69,10 +69,27 @@ class Running:
     subcall: bool
 
 
+@attrs.define
+class Pace:
+    """The model's own account of an executor's paced queue (the core's rule 8)."""
+
+    depth: int
+    pace_us: float | None = None
+    busy_since_ms: int | None = None
+    idle_since_ms: int | None = None
+
+
+UNPACED_DEPTH = 64
+
+
 class DispatchTable(RuleBasedStateMachine):
+    QUEUE_MS: int | None = None
+    """The core's `queue_ms`: None, queues hold their capacity; else rule 8, mirrored."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.core = DispatchCore()
+        self.core = DispatchCore(queue_ms=self.QUEUE_MS)
+        self.paces: dict[str, Pace] = {}
         self.now = 0
         self.ids = itertools.count()
         self.stimuli = StimulusIds()
@@ -100,11 +117,18 @@ class DispatchTable(RuleBasedStateMachine):
         assert (logged.stimulus_id, logged.event) == (event.stimulus_id, event)
         assert logged.outcome == (",".join(type(c).__name__ for c in commands) or "-")
         per_task: collections.Counter[str] = collections.Counter()
+        paced = False
         for command in commands:
+            if not paced and isinstance(command, RunCalls | RevokeCalls | ReplaceExecutor):
+                paced = True  # the core's pump begins: its queues are paced by now
+                self._pace(event)
             match command:
                 case RunCalls(executor_id=executor_id, calls=calls):
                     assert calls, "empty RunCalls"
                     assert executor_id in self.capacity, "dispatched to an absent executor"
+                    pace = self.paces[executor_id]
+                    if pace.busy_since_ms is None and not self._running_on(executor_id):
+                        pace.busy_since_ms = self.now
                     for call in calls:
                         self._check_room_for(executor_id, call.call_id)
                         self._started(executor_id, call.call_id, call.task_id, call.attempt)
@@ -143,9 +167,45 @@ class DispatchTable(RuleBasedStateMachine):
                             c in self.succeeded for c in record.calls
                         )
                         assert len(outcome.outputs) + len(outcome.failures) == len(record.calls)
+        if not paced:
+            self._pace(event)
         self._check_fair(per_task)
         self.core.check_invariants()
+        for executor_id, pace in self.paces.items():
+            assert self.core.executor_depth(executor_id) == pace.depth, executor_id
         return commands
+
+    def _running_on(self, executor_id: str) -> list[str]:
+        return [c for c, r in self.running.items() if r.executor_id == executor_id]
+
+    def _pace(self, event: DispatchEvent) -> None:
+        """Rule 8 as the model sees it: the pace of the executor whose results came, then
+        the executors idle for longer than QUEUE_MS forget theirs."""
+        queue_ms = self.QUEUE_MS
+        if queue_ms is None:
+            return
+        if isinstance(event, CallResultsArrived) and event.executor_id in self.paces:
+            pace = self.paces[event.executor_id]
+            revoked = sum(o.error_code is FailureCode.CALL_REVOKED for o in event.outcomes)
+            ended = len(event.succeeded) + len(event.outcomes) - revoked
+            if ended and pace.busy_since_ms is not None:
+                sample = (self.now - pace.busy_since_ms) * 1000 / ended
+                pace.pace_us = sample if pace.pace_us is None else (pace.pace_us + sample) / 2
+                paced = int(queue_ms * 1000 / max(pace.pace_us, 1.0))
+                pace.depth = min(self.capacity[event.executor_id], max(2, paced))
+            if self._running_on(event.executor_id):
+                pace.busy_since_ms = self.now
+            else:
+                pace.busy_since_ms, pace.idle_since_ms = None, self.now
+        for executor_id, pace in self.paces.items():
+            idle = pace.idle_since_ms
+            if (
+                not self._running_on(executor_id)
+                and idle is not None
+                and self.now - idle > queue_ms
+            ):
+                pace.pace_us, pace.idle_since_ms = None, None
+                pace.depth = min(self.capacity[executor_id], UNPACED_DEPTH)
 
     def _started(self, executor_id: str, call_id: str, task_id: str, attempt: int) -> None:
         record = self.tasks[task_id]
@@ -174,7 +234,7 @@ class DispatchTable(RuleBasedStateMachine):
         """
         here = [c for c, r in self.running.items() if r.executor_id == executor_id]
         occupied = len(here) + sum(1 for e in self.zombies.values() if e == executor_id)
-        room = self.capacity[executor_id]
+        room = self.paces[executor_id].depth  # its capacity, or its paced depth (rule 8)
         if call_id in self.subcall_ids:
             room += sum(self.waiting[c] for c in here)
         assert occupied < room, f"{call_id} dispatched to a full {executor_id}"
@@ -274,6 +334,8 @@ class DispatchTable(RuleBasedStateMachine):
         if executor_id in self.capacity:
             return
         self.capacity[executor_id] = capacity
+        unpaced = capacity if self.QUEUE_MS is None else min(capacity, UNPACED_DEPTH)
+        self.paces[executor_id] = Pace(depth=unpaced)
         self._send(
             ExecutorJoined(
                 executor_id=executor_id,
@@ -303,6 +365,7 @@ class DispatchTable(RuleBasedStateMachine):
     def _lose(self, executor_id: str, code: FailureCode, draw: float) -> None:
         self.replacing.discard(executor_id)
         del self.capacity[executor_id]
+        del self.paces[executor_id]
         for call_id in [c for c, r in self.running.items() if r.executor_id == executor_id]:
             self.may_have_run.add(call_id)
             del self.running[call_id]
@@ -550,3 +613,12 @@ class DispatchTable(RuleBasedStateMachine):
 
 
 TestDispatchTable = DispatchTable.TestCase
+
+
+class PacedDispatchTable(DispatchTable):
+    """The same machine with paced queues (rule 8) at a target the clock here crosses."""
+
+    QUEUE_MS = 5
+
+
+TestPacedDispatchTable = PacedDispatchTable.TestCase

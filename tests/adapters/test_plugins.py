@@ -534,3 +534,30 @@ def test_registry_of_plugin_instances_refuses_two_with_one_name() -> None:
     with pytest.raises(DuplicateName) as caught:
         PluginRegistry([LogPlugin(), LogPlugin()])
     assert caught.value.name == "log"
+
+
+INTEGERS_AT_THE_EDGES: list[object] = [
+    0,
+    1,
+    -1,
+    2**63 - 1,
+    -(2**63),
+    2**64 - 1,
+    10**18,
+    -(10**18) + 7,
+    True,
+    False,
+]
+
+
+async def test_integers_are_written_as_the_json_encoder_writes_them(tmp_path: Path) -> None:
+    """Both plugins spell an integer out themselves, past the encoder: the same text; a
+    bool is no integer there (true and false, not 1 and 0)."""
+    path = tmp_path / "out.jsonl"
+    expected = [json.dumps(value) for value in INTEGERS_AT_THE_EDGES]
+    with trio.fail_after(TIMEOUT_S):
+        await JsonlPlugin().run(request("jsonl", INTEGERS_AT_THE_EDGES, config={"path": str(path)}))
+        kept = await ResultPlugin().run(request("result", INTEGERS_AT_THE_EDGES))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [line.split('"value":')[1][:-1] for line in lines] == expected
+    assert kept.outputs_json == "[" + ",".join(expected) + "]"

@@ -41,7 +41,9 @@ def encode_lines(task_id: str, outputs: Sequence[bytes]) -> bytes:
     for index, output in enumerate(outputs):
         value = decoded_output(NAME, index, output)
         try:
-            encoded = _ENCODER.encode(json_ready(value))
+            # An integer's JSON is its decimal form: spelled out here, since the encoder
+            # builds its machinery anew for every value that is not a string.
+            encoded = str(value) if type(value) is int else _ENCODER.encode(json_ready(value))
         except (TypeError, ValueError, RecursionError) as error:
             raise PluginFailed(
                 message=f"{NAME}: output {index} cannot be written as JSON ({error}); "

@@ -50,6 +50,11 @@ def _limit(config_json: str) -> tuple[int, str]:
     return max_bytes, " (config_json.max_bytes)"
 
 
+_ENCODER: Final = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+"""One encoder for every output (`json.dumps` with options makes one per call); an
+integer is written as its decimal form, which is its JSON, without it."""
+
+
 def encode_outputs(outputs: Sequence[bytes], limit: int, set_by: str = "") -> str:
     """`outputs` as one compact JSON array of at most `limit` UTF-8 bytes.
 
@@ -62,9 +67,7 @@ def encode_outputs(outputs: Sequence[bytes], limit: int, set_by: str = "") -> st
     for index, output in enumerate(outputs):
         value = decoded_output(NAME, index, output)
         try:
-            part = json.dumps(
-                json_ready(value), allow_nan=False, ensure_ascii=False, separators=(",", ":")
-            )
+            part = str(value) if type(value) is int else _ENCODER.encode(json_ready(value))
         except (TypeError, ValueError, RecursionError) as error:
             raise PluginFailed(
                 message=f"{NAME}: output {index} has no JSON form ({error}); nothing was kept"

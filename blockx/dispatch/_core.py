@@ -62,7 +62,7 @@ import collections
 import heapq
 import itertools
 from collections.abc import Iterable
-from typing import TypeAlias, assert_never
+from typing import Final, TypeAlias, assert_never
 
 import attrs
 
@@ -104,6 +104,12 @@ Step: TypeAlias = CoreStep[None, DispatchCommand]
 """For annotations; steps are made with `CoreStep(...)`: calling the parameterized alias
 costs a failed attribute write on the frozen instance per step."""
 """What one event produced: commands for the dispatcher actor (a core has no reply)."""
+
+
+_UNPACED_DEPTH: Final = 64
+"""Calls an executor's queue holds before its pace is known (rule 8)."""
+_MIN_DEPTH: Final = 2
+"""The least a paced queue holds: one call running, one waiting to."""
 
 
 @attrs.define(eq=False)
@@ -321,16 +327,13 @@ class DispatchCore:
         self._ring_in(task)
         self._maybe_finish(task, commands)
 
-    _UNPACED_DEPTH = 64
-    _MIN_DEPTH = 2
-
     def _unpace(self, executor: _Executor) -> None:
         """Forget `executor`'s pace: its queue holds what it may before one is known."""
         executor.pace_us = None
         if self._queue_ms is None:
             executor.depth = executor.capacity
         else:
-            executor.depth = min(executor.capacity, self._UNPACED_DEPTH)
+            executor.depth = min(executor.capacity, _UNPACED_DEPTH)
 
     def _pace(self, executor: _Executor, ended: int, now_ms: int) -> None:
         """Rule 8: `ended` attempts of `executor` ended at `now_ms`; its depth follows."""
@@ -341,7 +344,7 @@ class DispatchCore:
             pace = sample if executor.pace_us is None else (executor.pace_us + sample) / 2
             executor.pace_us = pace
             paced = int(self._queue_ms * 1000 / max(pace, 1.0))
-            executor.depth = min(executor.capacity, max(self._MIN_DEPTH, paced))
+            executor.depth = min(executor.capacity, max(_MIN_DEPTH, paced))
         if executor.running:
             executor.busy_since_ms = now_ms
         else:

@@ -27,9 +27,8 @@ from blockx.errors import BlockxError
 from blockx.executors._errors import FrameTooLarge, MalformedFrame, UnknownMessageType
 
 PROTOCOL_VERSION: Final = 4
-"""Raised whenever a message is added or changes shape (3: RevokeCall; 4: successes
-in bulk in CallResults, calls
-as arrays in RunCalls)."""
+"""Raised whenever a message is added or changes shape (3: RevokeCall; 4: successes in
+bulk in CallResults, calls as arrays in RunCalls)."""
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 """Largest frame payload either end sends or accepts (64 MiB)."""

@@ -7,30 +7,14 @@ of them (it exits non-zero otherwise).
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-
-import trio
-
-from tests.e2e.serve_process import REPO
+from tests.e2e.processes import run_bench
 
 RUN_TIMEOUT_S = 120
-RESULT_LINE = re.compile(r"^RESULT name=(\w+) value=(-?[0-9.]+)$", re.MULTILINE)
 
 
 async def test_a_quick_fleet_run_accounts_for_every_task() -> None:
-    with trio.fail_after(RUN_TIMEOUT_S):
-        done: subprocess.CompletedProcess[bytes] = await trio.run_process(
-            [sys.executable, "-m", "bench.fleet", "--quick"],
-            cwd=REPO,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    output = done.stdout.decode()
-    assert done.returncode == 0, output + done.stderr.decode()
-    figures = {name: float(value) for name, value in RESULT_LINE.findall(output)}
+    run = await run_bench("-m", "bench.fleet", "--quick", timeout_s=RUN_TIMEOUT_S)
+    figures = run.figures
     for way in ("hub_fed", "direct"):
         assert figures[f"{way}_tasks_per_s"] > 0
         assert 0 < figures[f"{way}_p50_ms"] <= figures[f"{way}_p99_ms"]
